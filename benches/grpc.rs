@@ -1,0 +1,538 @@
+//! End-to-end gRPC throughput: ratekeeper against a no-op RLS server, both driven by h2load.
+//!
+//! Starts, in this process and each on its own multi-thread tokio runtime:
+//! - the real ratekeeper server ([`Server::bind`] + [`Server::run`]) with the limits below;
+//! - a no-op `RateLimitService` that answers OK at once, served by tonic with the same
+//!   transport settings as ratekeeper (TCP_NODELAY, default HTTP/2 settings).
+//!
+//! Both listen on `127.0.0.1:0`. Each request body is a pre-encoded gRPC frame (5-byte prefix
+//! + protobuf `RateLimitRequest`) in a temp file that h2load POSTs to `ShouldRateLimit`.
+//! h2load counts HTTP 200 as success even when the gRPC status is an error, so before any
+//! load each body is sent once with a tonic client (checking the decoded response) and
+//! once with `nghttp` (checking `grpc-status: 0` on the exact bytes h2load will send).
+//!
+//! Runs alternate between the servers (the order flips every round) so drift on this shared
+//! machine hits both alike. h2load runs on the same cores as the servers. Per run: req/s from
+//! h2load's summary, p50/p99 from its per-request log, and the CPU this process (i.e. the
+//! server under test; the other one idles) used per request, from `/proc/self/stat`.
+//!
+//! Run with `cargo bench --bench grpc`. `GRPC_BENCH_ROUNDS` (default 4) and
+//! `GRPC_BENCH_REQUESTS` (default 200000) override the run sizes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use ratekeeper::engine::EngineConfig;
+use ratekeeper::limits::Limits;
+use ratekeeper::rls::LimiterOptions;
+use ratekeeper::server::{Server, ServerOptions};
+use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const CONNECTIONS: u32 = 8;
+const STREAMS_PER_CONNECTION: u32 = 32;
+
+/// `api_key`: far above any rate reachable here, so the hot path answers OK.
+/// `tenant`: one per day, so after the first request every answer is OVER_LIMIT.
+const LIMITS: &str = "\
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+  - key: tenant
+    rate_limit:
+      unit: day
+      requests_per_unit: 1
+";
+
+/// The do-nothing baseline: OK for every request, without looking at it.
+struct Noop;
+
+#[tonic::async_trait]
+impl RateLimitService for Noop {
+    async fn should_rate_limit(
+        &self,
+        _request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..Default::default()
+        }))
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Target {
+    Noop,
+    Ratekeeper,
+}
+
+impl Target {
+    fn name(self) -> &'static str {
+        match self {
+            Target::Noop => "no-op",
+            Target::Ratekeeper => "ratekeeper",
+        }
+    }
+}
+
+/// One request body and what ratekeeper must answer to it.
+struct Body {
+    name: &'static str,
+    request: RateLimitRequest,
+    file: PathBuf,
+    /// Ratekeeper's expected overall code once the body has been sent before.
+    expected: Code,
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "bench".to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+/// The gRPC wire frame h2load sends: uncompressed flag, big-endian length, message.
+fn grpc_frame(request: &RateLimitRequest) -> Vec<u8> {
+    let message = request.encode_to_vec();
+    let len = u32::try_from(message.len()).expect("a small request");
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.push(0);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&message);
+    frame
+}
+
+fn bodies(dir: &Path) -> Vec<Body> {
+    let specs = [
+        (
+            "1 descriptor, allowed",
+            request(vec![descriptor(&[("api_key", "key-1")])]),
+            Code::Ok,
+        ),
+        (
+            "4 descriptors, allowed",
+            request(
+                ["key-1", "key-2", "key-3", "key-4"]
+                    .iter()
+                    .map(|key| descriptor(&[("api_key", key)]))
+                    .collect(),
+            ),
+            Code::Ok,
+        ),
+        (
+            "1 descriptor, over limit",
+            request(vec![descriptor(&[("tenant", "acme")])]),
+            Code::OverLimit,
+        ),
+    ];
+    specs
+        .into_iter()
+        .enumerate()
+        .map(|(index, (name, request, expected))| {
+            let file = dir.join(format!("body-{index}.bin"));
+            std::fs::write(&file, grpc_frame(&request)).expect("write a body file");
+            Body {
+                name,
+                request,
+                file,
+                expected,
+            }
+        })
+        .collect()
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn stopped(mut rx: watch::Receiver<bool>) -> impl Future<Output = ()> + Send {
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+fn start_noop(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
+    let listener = runtime
+        .block_on(TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the no-op server");
+    let addr = listener.local_addr().expect("a bound address");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    runtime.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(Noop))
+            .serve_with_incoming_shutdown(incoming, stopped(stop))
+            .await
+            .expect("the no-op server runs");
+    });
+    addr
+}
+
+fn start_ratekeeper(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
+    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
+    let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
+    let options = ServerOptions {
+        grpc_addr: localhost,
+        http_addr: localhost,
+        engine: EngineConfig::default(),
+        limiter: LimiterOptions::default(),
+    };
+    let server = runtime
+        .block_on(Server::bind(&options, limits))
+        .expect("bind ratekeeper");
+    let addr = server.grpc_addr();
+    runtime.spawn(async move {
+        server.run(stopped(stop)).await.expect("ratekeeper runs");
+    });
+    addr
+}
+
+/// Sends each body's request with a real gRPC client and checks the decoded answer.
+fn check_with_tonic(target: Target, addr: SocketAddr, bodies: &[Body]) {
+    let client_runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    client_runtime.block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect a gRPC client");
+        for body in bodies {
+            // Twice: the second answer is the steady state h2load will see.
+            let mut response = None;
+            for _ in 0..2 {
+                response = Some(
+                    client
+                        .should_rate_limit(body.request.clone())
+                        .await
+                        .unwrap_or_else(|status| {
+                            panic!("{} answered {status} to {:?}", target.name(), body.name)
+                        })
+                        .into_inner(),
+                );
+            }
+            let response = response.expect("two calls were made");
+            let expected = match target {
+                Target::Noop => Code::Ok,
+                Target::Ratekeeper => body.expected,
+            };
+            assert_eq!(
+                response.overall_code,
+                expected as i32,
+                "{} answered {response:?} to {:?}",
+                target.name(),
+                body.name
+            );
+            if target == Target::Ratekeeper {
+                assert_eq!(
+                    response.statuses.len(),
+                    body.request.descriptors.len(),
+                    "one status per descriptor"
+                );
+                assert!(
+                    response
+                        .statuses
+                        .iter()
+                        .all(|status| status.current_limit.is_some()),
+                    "every descriptor matched a limit: {response:?}"
+                );
+            }
+            println!(
+                "check: {} answers {:?} with {:?} ({} statuses)",
+                target.name(),
+                body.name,
+                Code::try_from(response.overall_code).unwrap_or(Code::Unknown),
+                response.statuses.len()
+            );
+        }
+    });
+}
+
+/// Sends the exact bytes of each body file with nghttp and checks the gRPC status trailer.
+fn check_with_nghttp(target: Target, addr: SocketAddr, bodies: &[Body]) {
+    for body in bodies {
+        let output = Command::new("nghttp")
+            .arg("-v")
+            .arg("-d")
+            .arg(&body.file)
+            .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+            .arg(format!("http://{addr}{PATH}"))
+            .output()
+            .expect("run nghttp (package nghttp2-client)");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && text.contains("grpc-status: 0"),
+            "{} did not answer grpc-status 0 to the {:?} body file:\n{text}",
+            target.name(),
+            body.name
+        );
+    }
+    println!("check: {} answers grpc-status 0 to every body file (nghttp)", target.name());
+}
+
+/// This process's user + system CPU time so far, from `/proc/self/stat`.
+fn process_cpu(ticks_per_second: f64) -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    // Fields after the command name (which may hold spaces) start at field 3 (state);
+    // utime and stime are fields 14 and 15.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8_lossy(&output.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+struct Run {
+    target: Target,
+    body: usize,
+    requests_per_second: f64,
+    p50_us: u64,
+    p99_us: u64,
+    max_us: u64,
+    cpu_us_per_request: f64,
+}
+
+fn percentile(sorted: &[u64], fraction: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn h2load(
+    target: Target,
+    addr: SocketAddr,
+    body_index: usize,
+    body: &Body,
+    requests: u64,
+    log: &Path,
+    ticks: f64,
+) -> Run {
+    let cpu_before = process_cpu(ticks);
+    let output = Command::new("h2load")
+        .args(["-c", &CONNECTIONS.to_string()])
+        .args(["-m", &STREAMS_PER_CONNECTION.to_string()])
+        .args(["-n", &requests.to_string()])
+        .arg("-d")
+        .arg(&body.file)
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg(format!("--log-file={}", log.display()))
+        .arg(format!("http://{addr}{PATH}"))
+        .output()
+        .expect("run h2load (package nghttp2-client)");
+    let cpu = process_cpu(ticks).saturating_sub(cpu_before);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "h2load failed:\n{text}");
+    // "finished in 4.21s, 47501.20 req/s, 3.11MB/s"
+    let requests_per_second: f64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("finished in "))
+        .and_then(|rest| rest.split(", ").nth(1))
+        .and_then(|field| field.strip_suffix(" req/s"))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no req/s in h2load's output:\n{text}"));
+    // "requests: 200000 total, 200000 started, 200000 done, 200000 succeeded, 0 failed, ..."
+    let expected_ok = format!("{requests} succeeded, 0 failed, 0 errored");
+    assert!(text.contains(&expected_ok), "not every request succeeded:\n{text}");
+    let log_text = std::fs::read_to_string(log).expect("read h2load's log");
+    let mut latencies: Vec<u64> = log_text
+        .lines()
+        .filter_map(|line| {
+            let mut columns = line.split('\t');
+            let status = columns.nth(1)?;
+            let elapsed = columns.next()?;
+            assert_eq!(status, "200", "a request failed: {line}");
+            elapsed.trim().parse().ok()
+        })
+        .collect();
+    assert_eq!(latencies.len() as u64, requests, "one log line per request");
+    latencies.sort_unstable();
+    Run {
+        target,
+        body: body_index,
+        requests_per_second,
+        p50_us: percentile(&latencies, 0.50),
+        p99_us: percentile(&latencies, 0.99),
+        max_us: latencies.last().copied().unwrap_or(0),
+        cpu_us_per_request: cpu.as_secs_f64() * 1e6 / requests as f64,
+    }
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
+}
+
+fn main() {
+    let rounds = env_or("GRPC_BENCH_ROUNDS", 4);
+    let requests = env_or("GRPC_BENCH_REQUESTS", 200_000);
+    let ticks = clock_ticks();
+    let dir = std::env::temp_dir().join(format!("ratekeeper-grpc-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create a temp dir");
+    let bodies = bodies(&dir);
+    let log = dir.join("h2load.log");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let noop_runtime = runtime();
+    let ratekeeper_runtime = runtime();
+    let noop = start_noop(&noop_runtime, stop_rx.clone());
+    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, stop_rx);
+    let addr = |target| match target {
+        Target::Noop => noop,
+        Target::Ratekeeper => ratekeeper,
+    };
+
+    for target in [Target::Noop, Target::Ratekeeper] {
+        check_with_tonic(target, addr(target), &bodies);
+        check_with_nghttp(target, addr(target), &bodies);
+    }
+
+    // (target, body) pairs of one round. The no-op server gets the allowed bodies only: the
+    // over-limit body is the same size, and it answers OK to everything.
+    let pairs: Vec<(Target, usize)> = vec![
+        (Target::Noop, 0),
+        (Target::Ratekeeper, 0),
+        (Target::Noop, 1),
+        (Target::Ratekeeper, 1),
+        (Target::Ratekeeper, 2),
+    ];
+    println!(
+        "h2load -c {CONNECTIONS} -m {STREAMS_PER_CONNECTION} -n {requests}, {rounds} rounds, \
+         servers on two 2-worker runtimes in this process, h2load on the same 2 cores"
+    );
+    // Warm-up, not counted: connections, allocator, the engine's key.
+    for &(target, body) in &pairs {
+        h2load(target, addr(target), body, &bodies[body], requests / 10, &log, ticks);
+    }
+    println!();
+    println!("| round | server | body | req/s | p50 | p99 | max | server CPU/req |");
+    println!("|---:|---|---|---:|---:|---:|---:|---:|");
+    let mut runs = Vec::new();
+    for round in 0..rounds {
+        let mut order = pairs.clone();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for (target, body) in order {
+            let run = h2load(target, addr(target), body, &bodies[body], requests, &log, ticks);
+            println!(
+                "| {} | {} | {} | {:.0} | {} us | {} us | {} us | {:.1} us |",
+                round + 1,
+                target.name(),
+                bodies[body].name,
+                run.requests_per_second,
+                run.p50_us,
+                run.p99_us,
+                run.max_us,
+                run.cpu_us_per_request
+            );
+            runs.push(run);
+        }
+    }
+
+    println!();
+    println!("Medians over {rounds} runs each:");
+    println!();
+    println!("| server | body | req/s | p50 | p99 | server CPU/req | vs no-op (same body) |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
+    let summary = |target: Target, body: usize| {
+        let mine: Vec<&Run> = runs
+            .iter()
+            .filter(|run| run.target == target && run.body == body)
+            .collect();
+        let mut rps: Vec<f64> = mine.iter().map(|run| run.requests_per_second).collect();
+        let mut p50: Vec<f64> = mine.iter().map(|run| run.p50_us as f64).collect();
+        let mut p99: Vec<f64> = mine.iter().map(|run| run.p99_us as f64).collect();
+        let mut cpu: Vec<f64> = mine.iter().map(|run| run.cpu_us_per_request).collect();
+        (median(&mut rps), median(&mut p50), median(&mut p99), median(&mut cpu))
+    };
+    let mut ratios = Vec::new();
+    for &(target, body) in &pairs {
+        let (rps, p50, p99, cpu) = summary(target, body);
+        let ratio = match target {
+            Target::Noop => "-".to_owned(),
+            Target::Ratekeeper if body < 2 => {
+                let (noop_rps, ..) = summary(Target::Noop, body);
+                ratios.push((body, rps / noop_rps));
+                format!("{:.1}%", 100.0 * rps / noop_rps)
+            }
+            Target::Ratekeeper => {
+                let (noop_rps, ..) = summary(Target::Noop, 0);
+                format!("{:.1}% (of 1-descriptor no-op)", 100.0 * rps / noop_rps)
+            }
+        };
+        println!(
+            "| {} | {} | {rps:.0} | {p50:.0} us | {p99:.0} us | {cpu:.1} us | {ratio} |",
+            target.name(),
+            bodies[body].name,
+        );
+    }
+    println!();
+    if let Some(&(_, ratio)) = ratios.iter().find(|(body, _)| *body == 0) {
+        let verdict = if ratio >= 0.85 { "met" } else { "NOT met" };
+        println!(
+            "target: ratekeeper >= 85% of the no-op server's throughput (1 descriptor): {:.1}%, {verdict}",
+            100.0 * ratio
+        );
+    }
+
+    let _ = stop_tx.send(true);
+    drop(noop_runtime);
+    drop(ratekeeper_runtime);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,470 @@
+//! Rate-limit algorithms as pure functions over `(rate, state, now, cost) -> decision`.
+//!
+//! Nothing here reads a clock or does IO: `now` is nanoseconds since the Unix epoch, passed
+//! in by the shard actor. Windows are aligned to the epoch, as the reference service does
+//! (so a `week` starts on a Thursday, a `month` is 30 days and a `year` 365 days).
+//!
+//! Invariants:
+//! - A denied request consumes nothing (a rejected call never eats quota that a later,
+//!   smaller call could have used).
+//! - `requests_per_unit == 0` denies everything.
+//! - The per-key [`State`] is 12 bytes; its meaning depends on the algorithm, which is part
+//!   of the key's identity, so one key's state is always read by the algorithm that wrote it.
+
+use std::fmt;
+
+pub const NANOS_PER_SEC: u64 = 1_000_000_000;
+
+/// The `unit` of a limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    pub const ALL: [Unit; 7] = [
+        Unit::Second,
+        Unit::Minute,
+        Unit::Hour,
+        Unit::Day,
+        Unit::Week,
+        Unit::Month,
+        Unit::Year,
+    ];
+
+    pub const fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3_600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    pub const fn nanos(self) -> u64 {
+        self.seconds() * NANOS_PER_SEC
+    }
+
+    /// Parses a unit name in any case (`second`, `SECOND`, `Second`).
+    pub fn parse(name: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|unit| unit.as_str().eq_ignore_ascii_case(name))
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
+    /// The value of Envoy's `RateLimitResponse.RateLimit.Unit` enum.
+    pub const fn to_proto(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// The unit for a value of Envoy's `Unit` enum; `None` for `UNKNOWN` and unknown values.
+    pub const fn from_proto(value: i32) -> Option<Unit> {
+        match value {
+            1 => Some(Unit::Second),
+            2 => Some(Unit::Minute),
+            3 => Some(Unit::Hour),
+            4 => Some(Unit::Day),
+            5 => Some(Unit::Month),
+            6 => Some(Unit::Year),
+            7 => Some(Unit::Week),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Unit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a limit counts. See README.md, "Algorithms", for what each parameter means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// At most `requests_per_unit` hits per epoch-aligned window of one `unit`.
+    #[default]
+    FixedWindow,
+    /// Like a fixed window, but the previous window's count is weighted by how much of it
+    /// still overlaps the sliding window ending now (the two-window approximation).
+    SlidingWindow,
+    /// A bucket of `burst` tokens (default `requests_per_unit`), refilled continuously at
+    /// `requests_per_unit` per `unit`; a hit takes one token.
+    TokenBucket,
+    /// Generic cell rate algorithm: one hit every `unit / requests_per_unit`, with up to
+    /// `burst` (default 1) hits at once. One timestamp of state.
+    Gcra,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ];
+
+    pub fn parse(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| algorithm.as_str().eq_ignore_ascii_case(name))
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    /// Whether `burst` means something for this algorithm.
+    pub const fn uses_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A limit's counting rule: everything an algorithm needs besides state, time and cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rate {
+    pub algorithm: Algorithm,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// Bucket size for `token_bucket` and `gcra`; equal to `requests_per_unit` for windows.
+    pub burst: u32,
+}
+
+impl Rate {
+    /// A rate with the algorithm's default burst when `burst` is `None`.
+    pub fn new(algorithm: Algorithm, requests_per_unit: u32, unit: Unit, burst: Option<u32>) -> Rate {
+        let burst = match algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => requests_per_unit,
+            Algorithm::TokenBucket => burst.unwrap_or(requests_per_unit),
+            Algorithm::Gcra => burst.unwrap_or(1),
+        };
+        Rate {
+            algorithm,
+            requests_per_unit,
+            unit,
+            burst,
+        }
+    }
+
+    /// A fixed window limit, the reference service's only kind.
+    pub fn fixed(requests_per_unit: u32, unit: Unit) -> Rate {
+        Rate::new(Algorithm::FixedWindow, requests_per_unit, unit, None)
+    }
+
+    /// The most hits one request can ever be admitted with (a larger cost never passes).
+    pub fn capacity(&self) -> u64 {
+        match self.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => u64::from(self.requests_per_unit),
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                if self.requests_per_unit == 0 {
+                    0
+                } else {
+                    u64::from(self.burst)
+                }
+            }
+        }
+    }
+
+    /// Nanoseconds per token for the bucket algorithms (at least 1).
+    fn emission_interval(&self) -> u64 {
+        (self.unit.nanos() / u64::from(self.requests_per_unit.max(1))).max(1)
+    }
+}
+
+/// Per-key state. Its meaning depends on the algorithm:
+/// - fixed window: `a` = window index, `b` = hits in that window;
+/// - sliding window: `a` = (window index mod 2^32) << 32 | previous window's hits,
+///   `b` = hits in the current window;
+/// - token bucket: `a` = time of the last refill (ns), `b` = whole tokens left;
+/// - gcra: `a` = theoretical arrival time (ns), `b` unused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct State {
+    pub a: u64,
+    pub b: u32,
+}
+
+/// The outcome of one check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// Hits that could still be admitted right now after this decision.
+    pub remaining: u32,
+    /// Nanoseconds until the limit has fully recovered (the window ends, the bucket is full).
+    pub reset_after: u64,
+    /// When denied: nanoseconds until this same cost would be admitted, or `None` if it
+    /// never can (the cost exceeds the limit's capacity). `Some(0)` when allowed.
+    pub retry_after: Option<u64>,
+}
+
+/// The state of a key seen for the first time at `now`.
+pub fn init(rate: &Rate, now: u64) -> State {
+    match rate.algorithm {
+        Algorithm::FixedWindow => State {
+            a: now / rate.unit.nanos(),
+            b: 0,
+        },
+        Algorithm::SlidingWindow => State {
+            a: sliding_pack(now / rate.unit.nanos(), 0),
+            b: 0,
+        },
+        Algorithm::TokenBucket => State {
+            a: now,
+            b: rate.burst,
+        },
+        Algorithm::Gcra => State { a: now, b: 0 },
+    }
+}
+
+/// Checks `cost` hits against the limit and, when allowed and `cost > 0`, consumes them.
+pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
+    if rate.requests_per_unit == 0 {
+        let reset_after = until_window_end(rate.unit, now);
+        return Decision {
+            allowed: false,
+            remaining: 0,
+            reset_after,
+            retry_after: None,
+        };
+    }
+    match rate.algorithm {
+        Algorithm::FixedWindow => fixed_window(rate, state, now, cost),
+        Algorithm::SlidingWindow => sliding_window(rate, state, now, cost),
+        Algorithm::TokenBucket => token_bucket(rate, state, now, cost),
+        Algorithm::Gcra => gcra(rate, state, now, cost),
+    }
+}
+
+/// The nanoseconds after which a key last touched at `now` may be forgotten: 3 windows idle,
+/// and never before its state could still matter (a bucket refilling to full).
+pub fn idle_expiry(rate: &Rate) -> u64 {
+    let unit = rate.unit.nanos();
+    let refill = match rate.algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            rate.emission_interval().saturating_mul(u64::from(rate.burst))
+        }
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => 0,
+    };
+    unit.saturating_mul(3).max(refill)
+}
+
+fn until_window_end(unit: Unit, now: u64) -> u64 {
+    let len = unit.nanos();
+    len - now % len
+}
+
+fn clamp_u32(value: u64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}
+
+fn fixed_window(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
+    let window = now / rate.unit.nanos();
+    if state.a != window {
+        *state = State { a: window, b: 0 };
+    }
+    let limit = u64::from(rate.requests_per_unit);
+    let used = u64::from(state.b);
+    let reset_after = until_window_end(rate.unit, now);
+    if used + cost > limit {
+        return Decision {
+            allowed: false,
+            remaining: clamp_u32(limit.saturating_sub(used)),
+            reset_after,
+            retry_after: (cost <= limit).then_some(reset_after),
+        };
+    }
+    state.b = clamp_u32(used + cost);
+    Decision {
+        allowed: true,
+        remaining: clamp_u32(limit - used - cost),
+        reset_after,
+        retry_after: Some(0),
+    }
+}
+
+fn sliding_pack(window: u64, previous: u32) -> u64 {
+    ((window & 0xffff_ffff) << 32) | u64::from(previous)
+}
+
+fn sliding_window(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
+    let len = rate.unit.nanos();
+    let window = now / len;
+    let elapsed = now % len;
+    let stored = state.a >> 32;
+    let (previous, current) = match (window & 0xffff_ffff).wrapping_sub(stored) & 0xffff_ffff {
+        0 => (state.a & 0xffff_ffff, u64::from(state.b)),
+        1 => (u64::from(state.b), 0),
+        _ => (0, 0),
+    };
+    let limit = u64::from(rate.requests_per_unit);
+    // Everything below is scaled by the window length to stay in integers:
+    // estimate * len = previous * (len - elapsed) + current * len.
+    let (len128, limit128) = (u128::from(len), u128::from(limit));
+    let weighted_previous = u128::from(previous) * u128::from(len - elapsed);
+    let estimate = weighted_previous + u128::from(current) * len128;
+    let reset_after = len - elapsed;
+    let wanted = estimate + u128::from(cost) * len128;
+    if wanted > limit128 * len128 {
+        state.a = sliding_pack(window, clamp_u32(previous));
+        state.b = clamp_u32(current);
+        let remaining = (limit128 * len128).saturating_sub(estimate) / len128;
+        return Decision {
+            allowed: false,
+            remaining: clamp_u32(u64::try_from(remaining).unwrap_or(u64::MAX)),
+            reset_after,
+            retry_after: sliding_retry_after(previous, current, cost, limit, len, elapsed),
+        };
+    }
+    let current = current + cost;
+    state.a = sliding_pack(window, clamp_u32(previous));
+    state.b = clamp_u32(current);
+    let after = weighted_previous + u128::from(current) * len128;
+    let remaining = (limit128 * len128 - after) / len128;
+    Decision {
+        allowed: true,
+        remaining: clamp_u32(u64::try_from(remaining).unwrap_or(u64::MAX)),
+        reset_after,
+        retry_after: Some(0),
+    }
+}
+
+/// Nanoseconds until `cost` more hits fit under the sliding estimate, or `None` if never.
+///
+/// With `x` the part of the previous window still inside the sliding window, a hit fits when
+/// `previous * x + (current + cost) * len <= limit * len`.
+fn sliding_retry_after(
+    previous: u64,
+    current: u64,
+    cost: u64,
+    limit: u64,
+    len: u64,
+    elapsed: u64,
+) -> Option<u64> {
+    if cost > limit {
+        return None;
+    }
+    let left = len - elapsed;
+    // Later in this window, as the previous window's weight shrinks.
+    if let Some(room) = limit.checked_sub(current + cost)
+        && previous > 0
+    {
+        let max_overlap = u128::from(room) * u128::from(len) / u128::from(previous);
+        if max_overlap > 0 {
+            return Some(left - u64::try_from(max_overlap.min(u128::from(left))).unwrap_or(left));
+        }
+    }
+    // In the next window, where this window's hits become the previous count.
+    if current == 0 {
+        return Some(left);
+    }
+    let max_overlap = u128::from(limit - cost) * u128::from(len) / u128::from(current);
+    let overlap = u64::try_from(max_overlap.min(u128::from(len))).unwrap_or(len);
+    Some(left + (len - overlap))
+}
+
+fn token_bucket(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
+    let interval = rate.emission_interval();
+    let burst = u64::from(rate.burst);
+    // Refill whole tokens; `a` advances by exactly the time those tokens took, so the
+    // fraction of a token earned so far is kept for the next call.
+    let mut tokens = u64::from(state.b).min(burst);
+    let mut last = state.a.min(now);
+    let earned = (now - last) / interval;
+    if tokens + earned >= burst {
+        tokens = burst;
+        last = now;
+    } else {
+        tokens += earned;
+        last += earned * interval;
+    }
+    let partial = now - last;
+    let time_for = |missing: u64| (missing.saturating_mul(interval)).saturating_sub(partial);
+    if cost > tokens {
+        state.a = last;
+        state.b = clamp_u32(tokens);
+        return Decision {
+            allowed: false,
+            remaining: clamp_u32(tokens),
+            reset_after: time_for(burst - tokens),
+            retry_after: (cost <= burst).then(|| time_for(cost - tokens)),
+        };
+    }
+    tokens -= cost;
+    // A full bucket's clock restarts at the first token taken from it.
+    state.a = last;
+    state.b = clamp_u32(tokens);
+    Decision {
+        allowed: true,
+        remaining: clamp_u32(tokens),
+        reset_after: time_for(burst - tokens),
+        retry_after: Some(0),
+    }
+}
+
+fn gcra(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
+    let interval = u128::from(rate.emission_interval());
+    let capacity = interval * u128::from(rate.burst);
+    let now128 = u128::from(now);
+    let tat = u128::from(state.a).max(now128);
+    let new_tat = tat + interval * u128::from(cost);
+    let to_u64 = |value: u128| u64::try_from(value).unwrap_or(u64::MAX);
+    if new_tat - now128 > capacity {
+        let remaining = capacity.saturating_sub(tat - now128) / interval;
+        let retry_after = (u64::from(rate.burst) >= cost).then(|| to_u64(new_tat - capacity - now128));
+        return Decision {
+            allowed: false,
+            remaining: clamp_u32(to_u64(remaining)),
+            reset_after: to_u64(tat - now128),
+            retry_after,
+        };
+    }
+    state.a = to_u64(new_tat);
+    let remaining = (capacity - (new_tat - now128)) / interval;
+    Decision {
+        allowed: true,
+        remaining: clamp_u32(to_u64(remaining)),
+        reset_after: to_u64(new_tat - now128),
+        retry_after: Some(0),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,263 @@
+use super::*;
+
+const S: u64 = NANOS_PER_SEC;
+const MS: u64 = 1_000_000;
+/// 2024-01-04T00:00:00Z, a Thursday: a week, day, hour, minute and second boundary.
+const THURSDAY: u64 = 1_704_326_400 * S;
+
+fn rate(algorithm: Algorithm, requests_per_unit: u32, unit: Unit, burst: Option<u32>) -> Rate {
+    Rate::new(algorithm, requests_per_unit, unit, burst)
+}
+
+/// Runs `hits` calls of `cost` at `now` and returns which were allowed.
+fn run(rate: &Rate, state: &mut State, now: u64, cost: u64, hits: usize) -> Vec<bool> {
+    (0..hits)
+        .map(|_| decide(rate, state, now, cost).allowed)
+        .collect()
+}
+
+#[test]
+fn units_parse_in_any_case_and_map_to_envoy() {
+    for (name, unit, seconds, proto) in [
+        ("second", Unit::Second, 1, 1),
+        ("MINUTE", Unit::Minute, 60, 2),
+        ("Hour", Unit::Hour, 3_600, 3),
+        ("day", Unit::Day, 86_400, 4),
+        ("WeEk", Unit::Week, 604_800, 7),
+        ("month", Unit::Month, 30 * 86_400, 5),
+        ("YEAR", Unit::Year, 365 * 86_400, 6),
+    ] {
+        assert_eq!(Unit::parse(name), Some(unit), "{name}");
+        assert_eq!(unit.seconds(), seconds);
+        assert_eq!(unit.to_proto(), proto);
+        assert_eq!(Unit::from_proto(proto), Some(unit));
+    }
+    assert_eq!(Unit::parse("minutes"), None);
+    assert_eq!(Unit::from_proto(0), None, "UNKNOWN is not a unit");
+    assert_eq!(Algorithm::parse("GCRA"), Some(Algorithm::Gcra));
+    assert_eq!(Algorithm::parse("leaky"), None);
+}
+
+#[test]
+fn default_bursts() {
+    assert_eq!(rate(Algorithm::TokenBucket, 10, Unit::Second, None).burst, 10);
+    assert_eq!(rate(Algorithm::TokenBucket, 10, Unit::Second, Some(3)).burst, 3);
+    assert_eq!(rate(Algorithm::Gcra, 10, Unit::Second, None).burst, 1);
+    assert_eq!(rate(Algorithm::FixedWindow, 10, Unit::Second, Some(3)).burst, 10);
+}
+
+#[test]
+fn fixed_window_admits_the_limit_then_resets_at_the_epoch_aligned_boundary() {
+    let limit = Rate::fixed(3, Unit::Minute);
+    let start = THURSDAY + 20 * S;
+    let mut state = init(&limit, start);
+    assert_eq!(run(&limit, &mut state, start, 1, 4), [true, true, true, false]);
+    let denied = decide(&limit, &mut state, start + 39 * S, 1);
+    assert!(!denied.allowed);
+    assert_eq!(denied.remaining, 0);
+    assert_eq!(denied.reset_after, S, "the minute ends 40 s after :20");
+    assert_eq!(denied.retry_after, Some(S));
+    // One nanosecond before the boundary still denied, at the boundary a fresh window.
+    assert!(!decide(&limit, &mut state, THURSDAY + 60 * S - 1, 1).allowed);
+    let fresh = decide(&limit, &mut state, THURSDAY + 60 * S, 1);
+    assert!(fresh.allowed);
+    assert_eq!(fresh.remaining, 2);
+    assert_eq!(fresh.reset_after, 60 * S);
+}
+
+#[test]
+fn weeks_start_on_thursday_like_the_reference_service() {
+    let limit = Rate::fixed(1, Unit::Week);
+    let mut state = init(&limit, THURSDAY - S);
+    assert!(decide(&limit, &mut state, THURSDAY - S, 1).allowed);
+    assert_eq!(
+        decide(&limit, &mut state, THURSDAY - S, 1).reset_after,
+        S,
+        "Wednesday 23:59:59 is one second before the week ends"
+    );
+    assert!(decide(&limit, &mut state, THURSDAY, 1).allowed, "a new week");
+}
+
+#[test]
+fn windows_work_at_the_unix_epoch() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 2, Unit::Second, Some(2));
+        let mut state = init(&limit, 0);
+        assert_eq!(run(&limit, &mut state, 0, 1, 3), [true, true, false], "{algorithm}");
+    }
+}
+
+#[test]
+fn zero_requests_per_unit_blocks_everything() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 0, Unit::Second, None);
+        let mut state = init(&limit, THURSDAY);
+        let decision = decide(&limit, &mut state, THURSDAY + 250 * MS, 1);
+        assert!(!decision.allowed, "{algorithm}");
+        assert_eq!(decision.remaining, 0);
+        assert_eq!(decision.retry_after, None);
+        assert_eq!(decision.reset_after, 750 * MS);
+    }
+}
+
+#[test]
+fn a_denied_request_consumes_nothing() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 10, Unit::Hour, Some(10));
+        let mut state = init(&limit, THURSDAY);
+        assert!(decide(&limit, &mut state, THURSDAY, 8).allowed, "{algorithm}");
+        let before = state;
+        assert!(!decide(&limit, &mut state, THURSDAY, 5).allowed, "{algorithm}");
+        assert_eq!(state, before, "{algorithm}: the denied cost left the state alone");
+        assert!(decide(&limit, &mut state, THURSDAY, 2).allowed, "{algorithm}");
+        assert!(!decide(&limit, &mut state, THURSDAY, 1).allowed, "{algorithm}");
+    }
+}
+
+#[test]
+fn zero_cost_checks_without_consuming() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 2, Unit::Hour, Some(2));
+        let mut state = init(&limit, THURSDAY);
+        for _ in 0..5 {
+            let decision = decide(&limit, &mut state, THURSDAY, 0);
+            assert!(decision.allowed, "{algorithm}");
+            assert_eq!(decision.remaining, 2, "{algorithm}");
+        }
+    }
+}
+
+#[test]
+fn huge_costs_never_pass_and_never_overflow() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, u32::MAX, Unit::Year, Some(u32::MAX));
+        let mut state = init(&limit, THURSDAY);
+        let decision = decide(&limit, &mut state, THURSDAY, u64::MAX);
+        assert!(!decision.allowed, "{algorithm}");
+        assert_eq!(decision.retry_after, None, "{algorithm}: can never fit");
+        assert!(decide(&limit, &mut state, THURSDAY, u64::from(u32::MAX)).allowed, "{algorithm}");
+    }
+}
+
+#[test]
+fn sliding_window_weighs_the_previous_window_by_its_overlap() {
+    let limit = rate(Algorithm::SlidingWindow, 10, Unit::Minute, None);
+    let mut state = init(&limit, THURSDAY);
+    assert!(decide(&limit, &mut state, THURSDAY + 10 * S, 10).allowed);
+    // Halfway through the next minute, half of the previous 10 still count.
+    let halfway = THURSDAY + 90 * S;
+    let decision = decide(&limit, &mut state, halfway, 0);
+    assert_eq!(decision.remaining, 5);
+    assert_eq!(run(&limit, &mut state, halfway, 1, 6), [true, true, true, true, true, false]);
+    // Two windows later nothing of it is left.
+    let later = decide(&limit, &mut state, THURSDAY + 180 * S, 0);
+    assert_eq!(later.remaining, 10);
+}
+
+#[test]
+fn sliding_window_is_smoother_than_a_fixed_window_at_the_boundary() {
+    // A fixed window admits 2x the limit around a boundary; the sliding one does not.
+    let sliding = rate(Algorithm::SlidingWindow, 10, Unit::Second, None);
+    let fixed = Rate::fixed(10, Unit::Second);
+    let (mut s, mut f) = (init(&sliding, THURSDAY), init(&fixed, THURSDAY));
+    let before = THURSDAY + S - MS;
+    let after = THURSDAY + S + MS;
+    assert_eq!(run(&sliding, &mut s, before, 1, 10).iter().filter(|a| **a).count(), 10);
+    assert_eq!(run(&fixed, &mut f, before, 1, 10).iter().filter(|a| **a).count(), 10);
+    assert_eq!(run(&fixed, &mut f, after, 1, 10).iter().filter(|a| **a).count(), 10);
+    assert_eq!(run(&sliding, &mut s, after, 1, 10).iter().filter(|a| **a).count(), 0);
+}
+
+#[test]
+fn token_bucket_bursts_then_refills_continuously() {
+    let limit = rate(Algorithm::TokenBucket, 3, Unit::Second, Some(3));
+    let mut state = init(&limit, THURSDAY);
+    assert_eq!(run(&limit, &mut state, THURSDAY, 1, 4), [true, true, true, false]);
+    let denied = decide(&limit, &mut state, THURSDAY, 1);
+    assert_eq!(denied.retry_after, Some(333_333_333), "one token per 1/3 s");
+    assert_eq!(denied.reset_after, 999_999_999, "full again after three tokens");
+    // Half a token's time earns nothing yet, and the fraction is kept.
+    assert!(!decide(&limit, &mut state, THURSDAY + 200 * MS, 1).allowed);
+    assert!(decide(&limit, &mut state, THURSDAY + 334 * MS, 1).allowed);
+    assert!(!decide(&limit, &mut state, THURSDAY + 334 * MS, 1).allowed);
+    // Never more than the burst, however long it rests.
+    let rested = decide(&limit, &mut state, THURSDAY + 3_600 * S, 0);
+    assert_eq!(rested.remaining, 3);
+}
+
+#[test]
+fn token_bucket_burst_can_exceed_the_rate() {
+    let limit = rate(Algorithm::TokenBucket, 1, Unit::Second, Some(5));
+    let mut state = init(&limit, THURSDAY);
+    assert_eq!(run(&limit, &mut state, THURSDAY, 1, 6), [true, true, true, true, true, false]);
+    assert!(decide(&limit, &mut state, THURSDAY + S, 1).allowed);
+}
+
+#[test]
+fn gcra_spaces_requests_and_allows_its_burst() {
+    let smooth = rate(Algorithm::Gcra, 10, Unit::Second, None);
+    let mut state = init(&smooth, THURSDAY);
+    assert_eq!(run(&smooth, &mut state, THURSDAY, 1, 2), [true, false]);
+    let denied = decide(&smooth, &mut state, THURSDAY + 40 * MS, 1);
+    assert_eq!(denied.retry_after, Some(60 * MS));
+    assert!(decide(&smooth, &mut state, THURSDAY + 100 * MS, 1).allowed);
+
+    let bursty = rate(Algorithm::Gcra, 10, Unit::Second, Some(5));
+    let mut state = init(&bursty, THURSDAY);
+    assert_eq!(run(&bursty, &mut state, THURSDAY, 1, 6), [true, true, true, true, true, false]);
+    let after = decide(&bursty, &mut state, THURSDAY, 0);
+    assert_eq!(after.remaining, 0);
+    assert_eq!(after.reset_after, 500 * MS, "five emission intervals to drain");
+}
+
+/// A small deterministic generator (no dependency needed for this).
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self, bound: u64) -> u64 {
+        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 33) % bound.max(1)
+    }
+}
+
+#[test]
+fn retry_after_is_exactly_when_the_request_would_pass() {
+    let mut random = Lcg(7);
+    for algorithm in Algorithm::ALL {
+        for unit in [Unit::Second, Unit::Minute] {
+            for round in 0..300 {
+                let limit = rate(algorithm, 1 + random.next(20) as u32, unit, Some(1 + random.next(20) as u32));
+                let mut now = THURSDAY + random.next(unit.nanos());
+                let mut state = init(&limit, now);
+                // Drive the state somewhere interesting.
+                for _ in 0..random.next(40) {
+                    now += random.next(unit.nanos() / 8);
+                    decide(&limit, &mut state, now, 1 + random.next(3));
+                }
+                let cost = 1 + random.next(4);
+                let mut probe = state;
+                let decision = decide(&limit, &mut probe, now, cost);
+                let context = format!("{algorithm} {unit} round {round}: {limit:?} {state:?} now {now} cost {cost}");
+                match decision.retry_after {
+                    Some(0) => assert!(decision.allowed, "{context}"),
+                    Some(wait) => {
+                        assert!(!decision.allowed, "{context}");
+                        let mut at = state;
+                        assert!(decide(&limit, &mut at, now + wait, cost).allowed, "{context}: retry {wait}");
+                        let mut before = state;
+                        assert!(!decide(&limit, &mut before, now + wait - 1, cost).allowed, "{context}: retry {wait} is not the first moment");
+                    }
+                    None => assert!(cost > limit.capacity(), "{context}"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn idle_expiry_covers_three_windows_and_a_full_refill() {
+    assert_eq!(idle_expiry(&Rate::fixed(10, Unit::Minute)), 180 * S);
+    // A bucket refilling slower than three units must not be forgotten while still draining.
+    let slow = rate(Algorithm::TokenBucket, 1, Unit::Second, Some(100));
+    assert_eq!(idle_expiry(&slow), 100 * S);
+}

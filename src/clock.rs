@@ -1,0 +1,45 @@
+//! Wall-clock time for the shard actors, read through tokio's clock.
+//!
+//! Algorithms need Unix time (windows align to the epoch) but tests need to control it.
+//! A [`Clock`] pins a Unix timestamp to a `tokio::time::Instant` once and measures from
+//! there, so `#[tokio::test(start_paused = true)]` plus `tokio::time::advance` moves it.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base_unix: u64,
+    base: Instant,
+}
+
+impl Clock {
+    /// The system's Unix time, measured monotonically from now on.
+    pub fn system() -> Clock {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Clock::starting_at(u64::try_from(unix.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// A clock that reads `unix_nanos` now (tests).
+    pub fn starting_at(unix_nanos: u64) -> Clock {
+        Clock {
+            base_unix: unix_nanos,
+            base: Instant::now(),
+        }
+    }
+
+    /// Nanoseconds since the Unix epoch.
+    pub fn now(&self) -> u64 {
+        let elapsed = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.base_unix.saturating_add(elapsed)
+    }
+
+    /// The tokio instant at which this clock reads `unix_nanos`.
+    pub fn instant_at(&self, unix_nanos: u64) -> Instant {
+        let offset = unix_nanos.saturating_sub(self.base_unix);
+        self.base + Duration::from_nanos(offset)
+    }
+}

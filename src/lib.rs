@@ -1,0 +1,16 @@
+//! ratekeeper: an Envoy rate limit service (RLS v3) sidecar.
+//!
+//! The path of one request: [`rls`] validates it and matches each descriptor against the
+//! compiled [`limits`]; [`key`] turns each matched limit into a key; [`engine`] routes keys by
+//! FNV-1a hash to [`shard`] actors, which own all counters and decide with the pure
+//! [`algorithm`]s. See ARCHITECTURE.md.
+
+pub mod algorithm;
+pub mod limits;
+pub mod clock;
+pub mod engine;
+pub mod key;
+pub mod shard;
+pub mod admin;
+pub mod rls;
+pub mod server;

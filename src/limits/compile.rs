@@ -1,0 +1,385 @@
+//! Validation of one parsed file and its compilation into a domain's lookup tree.
+//!
+//! Invariants:
+//! - Every problem is reported, not just the first: checks push to an error list and go on
+//!   (a broken descriptor's children are still checked).
+//! - A limit is built only from fields that passed their checks; a file with any error
+//!   never becomes part of a loaded [`super::Limits`] (the caller discards it).
+//! - Places name the domain, each descriptor by index with its key and value, and the
+//!   field: `domain edge > descriptors[1] (key api_key, value vip) > rate_limits[0].unit`.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::{Algorithm, Rate, Unit};
+
+use super::error::{ConfigError, join, name};
+use super::glob::Glob;
+use super::schema::{RawDescriptor, RawFile, RawLimit};
+use super::tree::{Domain, KeyGroup, Level, Limit, Node};
+
+/// The longest `max_wait` accepted.
+pub const MAX_WAIT_CEILING: Duration = Duration::from_secs(10);
+/// The largest `max_queue` accepted.
+pub const MAX_QUEUE_CEILING: u32 = 100_000;
+/// `max_queue` when a limit has `max_wait` but no `max_queue`.
+pub const DEFAULT_MAX_QUEUE: u32 = 1_000;
+
+/// A file's domain, built even when the file has errors (so duplicate domains are still
+/// found), with how many limits it configures.
+pub(crate) struct Compiled {
+    pub domain: Domain,
+    pub limit_count: usize,
+}
+
+/// Validates and compiles one file. `None` when it names no domain.
+pub(crate) fn compile(file: &str, raw: Option<RawFile>, errors: &mut Vec<ConfigError>) -> Option<Compiled> {
+    let raw = raw.unwrap_or_default();
+    let domain = match raw.domain {
+        None => {
+            errors.push(ConfigError::whole_file(file, "missing domain"));
+            None
+        }
+        Some(domain) if domain.is_empty() => {
+            errors.push(ConfigError::whole_file(file, "empty domain"));
+            None
+        }
+        Some(domain) => Some(domain),
+    };
+    let place = domain.as_deref().map(|d| format!("domain {}", name(d))).unwrap_or_default();
+    let path = domain.as_deref().map(name).unwrap_or_default();
+    let mut compiler = Compiler {
+        file,
+        errors,
+        order: 0,
+        limit_count: 0,
+    };
+    let root = compiler.level(raw.descriptors, &place, &path);
+    Some(Compiled {
+        domain: Domain {
+            name: domain?.into(),
+            root,
+        },
+        limit_count: compiler.limit_count,
+    })
+}
+
+struct Compiler<'a> {
+    file: &'a str,
+    errors: &'a mut Vec<ConfigError>,
+    order: usize,
+    limit_count: usize,
+}
+
+impl Compiler<'_> {
+    fn error(&mut self, place: impl Into<String>, problem: impl Into<String>) {
+        self.errors.push(ConfigError::at(self.file, place, problem));
+    }
+
+    fn level(&mut self, descriptors: Vec<RawDescriptor>, parent: &str, path: &str) -> Level {
+        let mut level = Level::new();
+        let mut seen: HashMap<(String, String), usize> = HashMap::new();
+        for (index, raw) in descriptors.into_iter().enumerate() {
+            let key = raw.key.unwrap_or_default();
+            let value = raw.value.filter(|value| !value.is_empty());
+            let place = join(parent, &descriptor_place(index, &key, value.as_deref()));
+            let mut insert = true;
+            if key.is_empty() {
+                self.error(&place, "empty key");
+                insert = false;
+            }
+            match seen.entry((key.clone(), value.clone().unwrap_or_default())) {
+                Entry::Occupied(first) => {
+                    let first = *first.get();
+                    self.error(&place, format!("duplicate descriptor (same key and value as descriptors[{first}])"));
+                    insert = false;
+                }
+                Entry::Vacant(slot) => {
+                    slot.insert(index);
+                }
+            }
+            let limits = self.limits(raw.rate_limit, raw.rate_limits, &place);
+            let node_path = match &value {
+                Some(value) => format!("{path} > {}={}", name(&key), name(value)),
+                None => format!("{path} > {}", name(&key)),
+            };
+            let order = self.order;
+            self.order += 1;
+            let children = self.level(raw.descriptors, &place, &node_path);
+            if !insert {
+                continue;
+            }
+            let node = Node {
+                limits,
+                shadow_mode: raw.shadow_mode,
+                detailed_metric: raw.detailed_metric,
+                path: node_path.into(),
+                children,
+                order,
+            };
+            let group: &mut KeyGroup = level.entry(key.into()).or_default();
+            match value {
+                None => group.default = Some(Box::new(node)),
+                Some(value) => match Glob::new(&value) {
+                    Some(glob) => group.wildcards.push((glob, value.into(), node)),
+                    None => {
+                        group.exact.insert(value.into(), node);
+                    }
+                },
+            }
+        }
+        level
+    }
+
+    fn limits(&mut self, single: Option<RawLimit>, list: Option<Vec<RawLimit>>, place: &str) -> Box<[Limit]> {
+        let list = match (single, list) {
+            (None, None) => return Box::default(),
+            (Some(_), Some(_)) => {
+                self.error(place, "both rate_limit and rate_limits are set (use one of them)");
+                return Box::default();
+            }
+            (Some(raw), None) => {
+                let limit = self.limit(raw, &join(place, "rate_limit"));
+                return limit.into_iter().collect();
+            }
+            (None, Some(list)) => list,
+        };
+        if list.is_empty() {
+            self.error(join(place, "rate_limits"), "empty list (remove rate_limits or add a limit)");
+            return Box::default();
+        }
+        let several = list.len() > 1;
+        let mut limits = Vec::with_capacity(list.len());
+        let mut counters: HashMap<(Unit, Algorithm), usize> = HashMap::new();
+        for (index, raw) in list.into_iter().enumerate() {
+            let item = join(place, &format!("rate_limits[{index}]"));
+            let unlimited_among_others = several && raw.unlimited == Some(true);
+            let limit = self.limit(raw, &item);
+            if unlimited_among_others {
+                self.error(
+                    format!("{item}.unlimited"),
+                    "an unlimited limit cannot be combined with other limits in rate_limits",
+                );
+                continue;
+            }
+            let Some(limit) = limit else {
+                continue;
+            };
+            if let Some(rate) = limit.rate {
+                if let Some(first) = counters.insert((rate.unit, rate.algorithm), index) {
+                    self.error(
+                        item,
+                        format!(
+                            "same unit and algorithm as rate_limits[{first}] ({}, {}): they would share one counter",
+                            rate.unit, rate.algorithm
+                        ),
+                    );
+                    continue;
+                }
+            }
+            limits.push(limit);
+        }
+        limits.into_boxed_slice()
+    }
+
+    /// One limit at `place` (`... > rate_limit` or `... > rate_limits[2]`).
+    fn limit(&mut self, raw: RawLimit, place: &str) -> Option<Limit> {
+        let errors_before = self.errors.len();
+        let field = |name: &str| format!("{place}.{name}");
+        let rate = if raw.unlimited == Some(true) {
+            let extensions = [
+                ("unit", raw.unit.is_some()),
+                ("algorithm", raw.algorithm.is_some()),
+                ("burst", raw.burst.is_some()),
+                ("max_wait", raw.max_wait.is_some()),
+                ("max_queue", raw.max_queue.is_some()),
+            ];
+            for (name, set) in extensions {
+                if set {
+                    self.error(field(name), format!("{name} must not be set when unlimited is true"));
+                }
+            }
+            None
+        } else {
+            self.rate(&raw, place)
+        };
+
+        let max_wait = match raw.max_wait.as_deref() {
+            None => None,
+            Some(text) => match parse_duration(text) {
+                None => {
+                    self.error(
+                        field("max_wait"),
+                        format!(
+                            "invalid duration {text:?} (expected a number and a unit of ns, us, ms or s, e.g. \"50ms\")"
+                        ),
+                    );
+                    None
+                }
+                Some(wait) if wait.is_zero() => {
+                    self.error(field("max_wait"), "max_wait must be more than 0");
+                    None
+                }
+                Some(wait) if wait > MAX_WAIT_CEILING => {
+                    self.error(
+                        field("max_wait"),
+                        format!(
+                            "max_wait {} is more than the maximum of {}",
+                            format_duration(wait),
+                            format_duration(MAX_WAIT_CEILING)
+                        ),
+                    );
+                    None
+                }
+                Some(wait) => Some(wait),
+            },
+        };
+        let max_queue = match (raw.max_queue, raw.max_wait.is_some()) {
+            (None, false) => 0,
+            (None, true) => DEFAULT_MAX_QUEUE,
+            (Some(_), false) => {
+                if raw.unlimited != Some(true) {
+                    self.error(field("max_queue"), "max_queue is only valid with max_wait");
+                }
+                0
+            }
+            (Some(queue), true) => {
+                if !(1..=MAX_QUEUE_CEILING).contains(&queue) {
+                    self.error(
+                        field("max_queue"),
+                        format!("max_queue must be from 1 to {MAX_QUEUE_CEILING}, got {queue}"),
+                    );
+                }
+                queue
+            }
+        };
+
+        let own_name: Option<Arc<str>> = raw.name.filter(|name| !name.is_empty()).map(Arc::from);
+        let mut replaces = Vec::new();
+        for (index, replace) in raw.replaces.unwrap_or_default().into_iter().enumerate() {
+            let place = field(&format!("replaces[{index}].name"));
+            match replace.name.filter(|name| !name.is_empty()) {
+                None => self.error(place, "empty name"),
+                Some(other) if own_name.as_deref() == Some(other.as_str()) => {
+                    self.error(place, format!("limit {} replaces itself", name(&other)));
+                }
+                Some(other) => replaces.push(Arc::from(other)),
+            }
+        }
+
+        if self.errors.len() > errors_before {
+            return None;
+        }
+        self.limit_count += 1;
+        Some(Limit {
+            name: own_name,
+            rate,
+            max_wait,
+            max_queue,
+            replaces: replaces.into_boxed_slice(),
+        })
+    }
+
+    /// The counting rule of a limit that is not unlimited.
+    fn rate(&mut self, raw: &RawLimit, place: &str) -> Option<Rate> {
+        let units = one_of(Unit::ALL.iter().map(|unit| unit.as_str()));
+        let unit = match raw.unit.as_deref() {
+            None => {
+                self.error(format!("{place}.unit"), format!("missing unit (expected {units}, or unlimited: true)"));
+                None
+            }
+            Some(text) => {
+                let unit = Unit::parse(text);
+                if unit.is_none() {
+                    self.error(format!("{place}.unit"), format!("unknown unit {text:?} (expected {units})"));
+                }
+                unit
+            }
+        };
+        let algorithm = match raw.algorithm.as_deref() {
+            None => Some(Algorithm::default()),
+            Some(text) => {
+                let algorithm = Algorithm::parse(text);
+                if algorithm.is_none() {
+                    let algorithms = one_of(Algorithm::ALL.iter().map(|algorithm| algorithm.as_str()));
+                    self.error(
+                        format!("{place}.algorithm"),
+                        format!("unknown algorithm {text:?} (expected {algorithms})"),
+                    );
+                }
+                algorithm
+            }
+        };
+        if let (Some(algorithm), Some(burst)) = (algorithm, raw.burst) {
+            if !algorithm.uses_burst() {
+                self.error(
+                    format!("{place}.burst"),
+                    format!("burst is not used by {algorithm} (only token_bucket and gcra take a burst)"),
+                );
+            } else if burst == 0 {
+                self.error(format!("{place}.burst"), "burst must be at least 1");
+            }
+        }
+        Some(Rate::new(algorithm?, raw.requests_per_unit.unwrap_or(0), unit?, raw.burst))
+    }
+}
+
+/// `descriptors[3] (key api_key, value vip)`.
+fn descriptor_place(index: usize, key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("descriptors[{index}] (key {}, value {})", name(key), name(value)),
+        None => format!("descriptors[{index}] (key {})", name(key)),
+    }
+}
+
+/// `a, b or c`.
+fn one_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        Some((last, _)) => (*last).to_owned(),
+        None => String::new(),
+    }
+}
+
+/// Parses `50ms`, `1.5s`, `250us` (also `µs`), `100ns`. `None` when malformed or too large.
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let unit_nanos: u128 = match unit {
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        _ => return None,
+    };
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
+        return None;
+    }
+    let whole: u128 = if whole.is_empty() { 0 } else { u128::from(whole.parse::<u64>().ok()?) };
+    // Digits past the ninth cannot add a whole nanosecond in any unit.
+    let fraction = fraction.get(..fraction.len().min(9)).unwrap_or_default();
+    let fraction_nanos = if fraction.is_empty() {
+        0
+    } else {
+        let scale = 10u128.pow(u32::try_from(fraction.len()).ok()?);
+        u128::from(fraction.parse::<u64>().ok()?) * unit_nanos / scale
+    };
+    let nanos = whole.checked_mul(unit_nanos)?.checked_add(fraction_nanos)?;
+    Some(Duration::from_nanos(u64::try_from(nanos).ok()?))
+}
+
+/// Writes a duration in the largest of s, ms, us, ns that shows it exactly.
+pub(crate) fn format_duration(duration: Duration) -> String {
+    let nanos = duration.as_nanos();
+    for (unit, size) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
+        if nanos % size == 0 && nanos > 0 {
+            return format!("{}{unit}", nanos / size);
+        }
+    }
+    format!("{nanos}ns")
+}

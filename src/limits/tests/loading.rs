@@ -1,0 +1,178 @@
+//! Loading limits from a file or a directory on disk.
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::limits::Limits;
+
+/// A fresh directory under the system temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("ratekeeper-limits-{}-{test}-{unique}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).expect("create parent dir");
+        }
+        fs::write(&path, text).expect("write file");
+        path
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn domain_file(domain: &str) -> String {
+    format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n")
+}
+
+fn load(path: &Path) -> Limits {
+    match Limits::load(path) {
+        Ok(limits) => limits,
+        Err(errors) => panic!("load of {} failed:\n{errors}", path.display()),
+    }
+}
+
+fn load_errors(path: &Path) -> Vec<String> {
+    match Limits::load(path) {
+        Ok(limits) => panic!("load of {} succeeded:\n{limits}", path.display()),
+        Err(errors) => errors.errors().iter().map(ToString::to_string).collect(),
+    }
+}
+
+fn names(limits: &Limits) -> Vec<&str> {
+    limits.domains().map(|d| d.name()).collect()
+}
+
+#[test]
+fn a_single_file() {
+    let dir = TempDir::new("single");
+    let file = dir.write("edge.yaml", &domain_file("edge"));
+    let limits = load(&file);
+    assert_eq!(names(&limits), ["edge"]);
+    assert_eq!(limits.limit_count(), 1);
+}
+
+#[test]
+fn a_directory_loads_its_visible_yaml_files_only() {
+    let dir = TempDir::new("multi");
+    dir.write("b.yml", &domain_file("bravo"));
+    dir.write("a.yaml", &domain_file("alpha"));
+    // None of these are read: they would fail the load if they were.
+    dir.write(".hidden.yaml", "not: [valid");
+    dir.write("notes.txt", "not: [valid");
+    dir.write("README", "not: [valid");
+    dir.write("nested/c.yaml", "not: [valid");
+    fs::create_dir_all(dir.path().join("dir.yaml")).expect("create dir.yaml/");
+    let limits = load(dir.path());
+    assert_eq!(names(&limits), ["alpha", "bravo"]);
+}
+
+#[test]
+fn a_kubernetes_configmap_mount() {
+    // The layout kubelet writes: files in a timestamped dir, `..data` pointing at it, and
+    // each visible name a symlink through `..data`.
+    let dir = TempDir::new("configmap");
+    dir.write("..2024_05_01_12_00_00.123/edge.yaml", &domain_file("edge"));
+    dir.write("..2024_05_01_12_00_00.123/internal.yml", &domain_file("internal"));
+    symlink("..2024_05_01_12_00_00.123", dir.path().join("..data")).expect("link ..data");
+    symlink("..data/edge.yaml", dir.path().join("edge.yaml")).expect("link edge.yaml");
+    symlink("..data/internal.yml", dir.path().join("internal.yml")).expect("link internal.yml");
+    let limits = load(dir.path());
+    assert_eq!(names(&limits), ["edge", "internal"]);
+    assert_eq!(limits.limit_count(), 2);
+}
+
+#[test]
+fn an_empty_directory_has_no_limits() {
+    let dir = TempDir::new("empty");
+    dir.write("notes.txt", "nothing");
+    let limits = load(dir.path());
+    assert_eq!(names(&limits), Vec::<&str>::new());
+    assert_eq!(limits.limit_count(), 0);
+}
+
+#[test]
+fn a_domain_in_two_files_names_both() {
+    let dir = TempDir::new("duplicate");
+    let first = dir.write("a.yaml", &domain_file("edge"));
+    let second = dir.write("b.yaml", &domain_file("edge"));
+    assert_eq!(
+        load_errors(dir.path()),
+        [format!(
+            "{}: domain edge: duplicate domain (already defined in {})",
+            second.display(),
+            first.display()
+        )]
+    );
+}
+
+#[test]
+fn errors_in_several_files_are_all_reported_in_name_order() {
+    let dir = TempDir::new("several");
+    let b = dir.write("b.yaml", "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: eon}\n");
+    let a = dir.write("a.yaml", "descriptors: []\n");
+    dir.write("c.yaml", &domain_file("c"));
+    let errors = load_errors(dir.path());
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(errors[0], format!("{}: missing domain", a.display()));
+    assert!(
+        errors[1].starts_with(&format!("{}: domain b > descriptors[0] (key k) > rate_limit.unit: unknown unit", b.display())),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn a_missing_path_is_named() {
+    let dir = TempDir::new("missing");
+    let missing = dir.path().join("nope.yaml");
+    assert_eq!(
+        load_errors(&missing),
+        [format!("{}: cannot read: no such file or directory (os error 2)", missing.display())]
+    );
+}
+
+#[test]
+fn a_dangling_symlink_in_a_directory_is_named() {
+    let dir = TempDir::new("dangling");
+    dir.write("a.yaml", &domain_file("alpha"));
+    let link = dir.path().join("gone.yaml");
+    symlink("..data/gone.yaml", &link).expect("link gone.yaml");
+    assert_eq!(
+        load_errors(dir.path()),
+        [format!("{}: cannot read: no such file or directory (os error 2)", link.display())]
+    );
+}
+
+#[test]
+fn oversized_and_non_utf8_files_are_rejected() {
+    let dir = TempDir::new("oversized");
+    let big = dir.write("big.yaml", &format!("domain: big\n#{}\n", "x".repeat(4 * 1024 * 1024)));
+    let binary = dir.0.join("binary.yaml");
+    fs::write(&binary, b"domain: \xff\xfe\n").expect("write binary.yaml");
+    let errors = load_errors(dir.path());
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert_eq!(errors[0], format!("{}: file is larger than 4194304 bytes (4 MiB)", big.display()));
+    assert!(
+        errors[1].starts_with(&format!("{}: file is not utf-8 text: invalid utf-8 sequence", binary.display())),
+        "{errors:?}"
+    );
+}

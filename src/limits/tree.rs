@@ -1,0 +1,123 @@
+//! The compiled, immutable lookup tree of one domain, and the descriptor walk over it.
+//!
+//! Each level maps a descriptor key to a [`KeyGroup`] holding that key's entries: exact
+//! values in a hash map, wildcard values in config order, and the no-value (default) entry.
+//!
+//! Invariants:
+//! - Lookup follows the reference service: per request entry, exact value first, then the
+//!   first matching wildcard in config order, then the default; no backtracking; the walk
+//!   must consume every request entry.
+//! - Lookup allocates nothing: maps are keyed by `Box<str>` and probed with `&str`.
+//! - A tree is never mutated after `compile` builds it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Rate;
+
+use super::glob::Glob;
+
+/// The descriptor keys of one level.
+pub(crate) type Level = HashMap<Box<str>, KeyGroup>;
+
+/// The limits of one domain.
+#[derive(Debug)]
+pub struct Domain {
+    pub(crate) name: Box<str>,
+    pub(crate) root: Level,
+}
+
+impl Domain {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Walks the request descriptor's entries in order; returns the node the walk ends on,
+    /// if it got through every entry (`None` for an empty descriptor). Whether that node
+    /// has limits is for the caller to see.
+    pub fn lookup<'e>(&self, entries: impl IntoIterator<Item = (&'e str, &'e str)>) -> Option<&Node> {
+        let mut level = &self.root;
+        let mut node = None;
+        for (key, value) in entries {
+            let found = level.get(key)?.find(value)?;
+            level = &found.children;
+            node = Some(found);
+        }
+        node
+    }
+}
+
+/// The configured entries for one key at one level.
+#[derive(Debug, Default)]
+pub(crate) struct KeyGroup {
+    pub(crate) exact: HashMap<Box<str>, Node>,
+    pub(crate) wildcards: Vec<(Glob, Box<str>, Node)>,
+    pub(crate) default: Option<Box<Node>>,
+}
+
+impl KeyGroup {
+    fn find(&self, value: &str) -> Option<&Node> {
+        if let Some(node) = self.exact.get(value) {
+            return Some(node);
+        }
+        if let Some((_, _, node)) = self.wildcards.iter().find(|(glob, _, _)| glob.matches(value)) {
+            return Some(node);
+        }
+        self.default.as_deref()
+    }
+}
+
+/// One configured descriptor entry.
+#[derive(Debug)]
+pub struct Node {
+    /// Empty for allow-list and intermediate nodes.
+    pub limits: Box<[Limit]>,
+    pub shadow_mode: bool,
+    pub detailed_metric: bool,
+    /// Where the entry is in the config, for logs and metrics: the domain, then each key,
+    /// with `=value` where a value is configured (`edge > api_key=vip > path`).
+    pub path: Box<str>,
+    pub(crate) children: Level,
+    /// Position in the domain's config (depth-first, file order), for stable dumps.
+    pub(crate) order: usize,
+}
+
+/// One configured limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limit {
+    pub name: Option<Arc<str>>,
+    /// `None` for `unlimited: true`.
+    pub rate: Option<Rate>,
+    /// How long a hit may wait for quota instead of being denied at once.
+    pub max_wait: Option<Duration>,
+    /// Most waiters per key; 0 when `max_wait` is `None` (nobody waits).
+    pub max_queue: u32,
+    /// Names of limits this one drops from the same request.
+    pub replaces: Box<[Arc<str>]>,
+}
+
+impl Limit {
+    pub fn is_unlimited(&self) -> bool {
+        self.rate.is_none()
+    }
+}
+
+/// Visits every node of `level` with its `FullKey`-style name (`edge.key_value.key2`, as
+/// the reference service's `/rlconfig` names them).
+pub(crate) fn visit<'t>(level: &'t Level, prefix: &str, out: &mut Vec<(String, &'t Node)>) {
+    for (key, group) in level {
+        let base = format!("{prefix}.{key}");
+        let exact = group.exact.iter().map(|(value, node)| (&**value, node));
+        let wildcards = group.wildcards.iter().map(|(_, value, node)| (&**value, node));
+        for (value, node) in exact.chain(wildcards) {
+            let name = format!("{base}_{value}");
+            visit(&node.children, &name, out);
+            out.push((name, node));
+        }
+        if let Some(node) = &group.default {
+            visit(&node.children, &base, out);
+            out.push((base.clone(), node));
+        }
+    }
+}

@@ -1,0 +1,473 @@
+//! The rate limit service: Envoy's `ShouldRateLimit`, transport-independent.
+//!
+//! [`Limiter::should_rate_limit`] validates a request, matches each descriptor against the
+//! live [`Limits`] snapshot, turns the matched limits into [`Check`]s, asks the [`Engine`],
+//! and builds one status per descriptor. [`RlsService`] is the thin tonic glue; other front
+//! ends (HTTP) call the [`Limiter`] directly.
+//!
+//! Invariants:
+//! - Input is bounded (see [`bounds`]) and never panics the process: every violation is an
+//!   [`RequestError::Invalid`] naming the field.
+//! - A request uses one limits snapshot from start to end, whatever reloads happen meanwhile.
+//! - Shadow-mode limits count and report but never turn a status into OVER_LIMIT and never
+//!   make a request wait.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+
+use crate::algorithm::{Decision, NANOS_PER_SEC, Rate, Unit};
+use crate::engine::{Engine, EngineError};
+use crate::key::KeyBuilder;
+use crate::limits::{Limit, Limits, Node};
+use crate::shard::{Check, Counter, WaitPolicy};
+
+/// Bounds on one request; larger input is rejected with `INVALID_ARGUMENT`.
+pub mod bounds {
+    /// Bytes in the encoded gRPC message.
+    pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+    pub const MAX_DOMAIN_LEN: usize = 256;
+    pub const MAX_DESCRIPTORS: usize = 64;
+    pub const MAX_ENTRIES: usize = 32;
+    pub const MAX_KEY_LEN: usize = 256;
+    pub const MAX_VALUE_LEN: usize = 4096;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("{field}: {problem}")]
+    Invalid { field: String, problem: String },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl RequestError {
+    fn invalid(field: impl Into<String>, problem: impl Into<String>) -> RequestError {
+        RequestError::Invalid {
+            field: field.into(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// The one place request errors become gRPC statuses: bad input is `INVALID_ARGUMENT`;
+/// overload and internal trouble are `UNAVAILABLE`, so Envoy's `failure_mode_deny` decides.
+pub fn to_status(error: &RequestError) -> tonic::Status {
+    match error {
+        RequestError::Invalid { .. } => tonic::Status::invalid_argument(error.to_string()),
+        RequestError::Engine(_) => tonic::Status::unavailable(error.to_string()),
+    }
+}
+
+/// Switches of the service.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LimiterOptions {
+    /// Add `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` to responses.
+    pub response_headers: bool,
+}
+
+/// Decides requests against the live limits.
+#[derive(Debug)]
+pub struct Limiter {
+    limits: Arc<ArcSwap<Limits>>,
+    engine: Engine,
+    options: LimiterOptions,
+}
+
+/// What one request descriptor turned into.
+enum Plan<'a> {
+    /// No limit applies (unknown domain, no match, allow-list entry, replaced limits).
+    NoLimit,
+    /// An `unlimited` limit matched.
+    Unlimited,
+    /// These limits are checked; their decisions start at `first` in the engine's reply.
+    Checked {
+        limits: Vec<&'a Limit>,
+        shadow: bool,
+        first: usize,
+    },
+}
+
+impl Limiter {
+    pub fn new(limits: Arc<ArcSwap<Limits>>, engine: Engine, options: LimiterOptions) -> Limiter {
+        Limiter {
+            limits,
+            engine,
+            options,
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn limits(&self) -> &Arc<ArcSwap<Limits>> {
+        &self.limits
+    }
+
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, RequestError> {
+        validate(request)?;
+        let snapshot = self.limits.load_full();
+        let Some(domain) = snapshot.domain(&request.domain) else {
+            return Ok(response_without_limits(request.descriptors.len()));
+        };
+        // Request-level overrides live as long as this call; `Plan` borrows them.
+        let overrides: Vec<Option<Limit>> = request
+            .descriptors
+            .iter()
+            .map(override_limit)
+            .collect();
+        let nodes: Vec<Option<&Node>> = request
+            .descriptors
+            .iter()
+            .zip(&overrides)
+            .map(|(descriptor, overridden)| match overridden {
+                Some(_) => None,
+                None => domain.lookup(
+                    descriptor
+                        .entries
+                        .iter()
+                        .map(|entry| (entry.key.as_str(), entry.value.as_str())),
+                ),
+            })
+            .collect();
+        let replaced = replaced_names(&nodes);
+        let request_cost = u64::from(request.hits_addend.max(1));
+        let mut plans = Vec::with_capacity(request.descriptors.len());
+        let mut checks = Vec::with_capacity(request.descriptors.len());
+        let mut counters_so_far = 0;
+        for ((descriptor, overridden), node) in
+            request.descriptors.iter().zip(&overrides).zip(&nodes)
+        {
+            let (limits, shadow): (Vec<&Limit>, bool) = match (overridden, node) {
+                (Some(limit), _) => (vec![limit], false),
+                (None, Some(node)) => (
+                    node.limits
+                        .iter()
+                        .filter(|limit| !is_replaced(limit, &replaced))
+                        .collect(),
+                    node.shadow_mode,
+                ),
+                (None, None) => (Vec::new(), false),
+            };
+            if limits.is_empty() {
+                plans.push(Plan::NoLimit);
+                continue;
+            }
+            if limits.iter().any(|limit| limit.rate.is_none()) {
+                plans.push(Plan::Unlimited);
+                continue;
+            }
+            let mut key = KeyBuilder::new(&request.domain);
+            for entry in &descriptor.entries {
+                key.entry(&entry.key, &entry.value);
+            }
+            let counters: Vec<Counter> = limits
+                .iter()
+                .filter_map(|limit| limit.rate)
+                .map(|rate| Counter {
+                    key: key.key(&rate),
+                    rate,
+                })
+                .collect();
+            let cost = descriptor
+                .hits_addend
+                .as_ref()
+                .map_or(request_cost, |hits| hits.value);
+            let wait = if shadow { None } else { wait_policy(&limits) };
+            plans.push(Plan::Checked {
+                limits,
+                shadow,
+                first: counters_so_far,
+            });
+            counters_so_far += counters.len();
+            checks.push(Check {
+                counters,
+                cost,
+                wait,
+            });
+        }
+        let decisions = self.engine.check(checks).await?;
+        Ok(self.respond(&plans, &decisions))
+    }
+
+    fn respond(&self, plans: &[Plan<'_>], decisions: &[Decision]) -> RateLimitResponse {
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut tightest: Option<(u32, u32, u64)> = None;
+        for plan in plans {
+            let status = match plan {
+                Plan::NoLimit => ok_status(),
+                Plan::Unlimited => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: u32::MAX,
+                    ..Default::default()
+                },
+                Plan::Checked {
+                    limits,
+                    shadow,
+                    first,
+                } => {
+                    let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+                    let Some((limit, decision)) = closest_to_exhaustion(limits, ours) else {
+                        statuses.push(ok_status());
+                        continue;
+                    };
+                    let Some(rate) = limit.rate else {
+                        statuses.push(ok_status());
+                        continue;
+                    };
+                    let over = !decision.allowed && !shadow;
+                    let header = (rate.requests_per_unit, decision.remaining, decision.reset_after);
+                    if tightest.is_none_or(|(_, remaining, _)| decision.remaining < remaining) {
+                        tightest = Some(header);
+                    }
+                    DescriptorStatus {
+                        code: if over { Code::OverLimit } else { Code::Ok } as i32,
+                        current_limit: Some(current_limit(limit, &rate)),
+                        limit_remaining: decision.remaining,
+                        duration_until_reset: Some(proto_duration(decision.reset_after)),
+                        quota: None,
+                    }
+                }
+            };
+            statuses.push(status);
+        }
+        let over = statuses
+            .iter()
+            .any(|status| status.code == Code::OverLimit as i32);
+        let mut response = RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            ..Default::default()
+        };
+        if self.options.response_headers
+            && let Some((limit, remaining, reset_after)) = tightest
+        {
+            response.response_headers_to_add = vec![
+                header("RateLimit-Limit", limit.to_string()),
+                header("RateLimit-Remaining", remaining.to_string()),
+                header("RateLimit-Reset", reset_after.div_ceil(NANOS_PER_SEC).to_string()),
+            ];
+        }
+        response
+    }
+}
+
+/// Checks the request against [`bounds`] and the protocol's rules.
+fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
+    use bounds::*;
+    if request.domain.is_empty() {
+        return Err(RequestError::invalid("domain", "must not be empty"));
+    }
+    if request.domain.len() > MAX_DOMAIN_LEN {
+        return Err(RequestError::invalid(
+            "domain",
+            format!("{} bytes, at most {MAX_DOMAIN_LEN} allowed", request.domain.len()),
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return Err(RequestError::invalid("descriptors", "must not be empty"));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(RequestError::invalid(
+            "descriptors",
+            format!("{} given, at most {MAX_DESCRIPTORS} allowed", request.descriptors.len()),
+        ));
+    }
+    for (index, descriptor) in request.descriptors.iter().enumerate() {
+        let field = |name: &str| format!("descriptors[{index}].{name}");
+        if descriptor.entries.is_empty() {
+            return Err(RequestError::invalid(field("entries"), "must not be empty"));
+        }
+        if descriptor.entries.len() > MAX_ENTRIES {
+            return Err(RequestError::invalid(
+                field("entries"),
+                format!("{} given, at most {MAX_ENTRIES} allowed", descriptor.entries.len()),
+            ));
+        }
+        for (position, entry) in descriptor.entries.iter().enumerate() {
+            let entry_field = |name: &str| field(&format!("entries[{position}].{name}"));
+            if entry.key.is_empty() {
+                return Err(RequestError::invalid(entry_field("key"), "must not be empty"));
+            }
+            if entry.key.len() > MAX_KEY_LEN {
+                return Err(RequestError::invalid(
+                    entry_field("key"),
+                    format!("{} bytes, at most {MAX_KEY_LEN} allowed", entry.key.len()),
+                ));
+            }
+            if entry.value.len() > MAX_VALUE_LEN {
+                return Err(RequestError::invalid(
+                    entry_field("value"),
+                    format!("{} bytes, at most {MAX_VALUE_LEN} allowed", entry.value.len()),
+                ));
+            }
+        }
+        if let Some(limit) = &descriptor.limit
+            && Unit::from_proto(limit.unit).is_none()
+        {
+            return Err(RequestError::invalid(
+                field("limit.unit"),
+                format!("unknown unit {}", limit.unit),
+            ));
+        }
+        if descriptor.is_negative_hits {
+            return Err(RequestError::invalid(
+                field("is_negative_hits"),
+                "negative hits are not supported",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The limit a descriptor's own `limit` field asks for, if any.
+/// Its unit was checked by [`validate`].
+fn override_limit(descriptor: &RateLimitDescriptor) -> Option<Limit> {
+    let limit = descriptor.limit.as_ref()?;
+    let unit = Unit::from_proto(limit.unit)?;
+    Some(Limit {
+        name: None,
+        rate: Some(Rate::fixed(limit.requests_per_unit, unit)),
+        max_wait: None,
+        max_queue: 0,
+        replaces: Box::default(),
+    })
+}
+
+/// The names that matched limits ask to replace.
+fn replaced_names<'a>(nodes: &[Option<&'a Node>]) -> Vec<&'a str> {
+    nodes
+        .iter()
+        .flatten()
+        .flat_map(|node| node.limits.iter())
+        .flat_map(|limit| limit.replaces.iter())
+        .map(|name| &**name)
+        .collect()
+}
+
+fn is_replaced(limit: &Limit, replaced: &[&str]) -> bool {
+    limit
+        .name
+        .as_deref()
+        .is_some_and(|name| replaced.contains(&name))
+}
+
+/// The strictest wait policy among the limits that opt in.
+fn wait_policy(limits: &[&Limit]) -> Option<WaitPolicy> {
+    limits
+        .iter()
+        .filter_map(|limit| {
+            limit.max_wait.map(|max_wait| WaitPolicy {
+                max_wait,
+                max_queue: limit.max_queue,
+            })
+        })
+        .reduce(|a, b| WaitPolicy {
+            max_wait: a.max_wait.min(b.max_wait),
+            max_queue: a.max_queue.min(b.max_queue),
+        })
+}
+
+/// The limit to report for a descriptor: a denying one (the longest to wait) if any, else
+/// the one with the fewest hits left (ties: the one that resets last).
+fn closest_to_exhaustion<'a>(
+    limits: &[&'a Limit],
+    decisions: &'a [Decision],
+) -> Option<(&'a Limit, &'a Decision)> {
+    limits
+        .iter()
+        .copied()
+        .zip(decisions)
+        .min_by_key(|(_, decision)| {
+            (
+                decision.allowed,
+                decision.remaining,
+                std::cmp::Reverse(decision.retry_after.unwrap_or(u64::MAX)),
+                std::cmp::Reverse(decision.reset_after),
+            )
+        })
+}
+
+fn current_limit(limit: &Limit, rate: &Rate) -> RateLimit {
+    RateLimit {
+        name: limit.name.as_deref().unwrap_or_default().to_owned(),
+        requests_per_unit: rate.requests_per_unit,
+        unit: rate.unit.to_proto(),
+    }
+}
+
+fn ok_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..Default::default()
+    }
+}
+
+fn response_without_limits(descriptors: usize) -> RateLimitResponse {
+    RateLimitResponse {
+        overall_code: Code::Ok as i32,
+        statuses: vec![ok_status(); descriptors],
+        ..Default::default()
+    }
+}
+
+fn proto_duration(nanos: u64) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(nanos / NANOS_PER_SEC).unwrap_or(i64::MAX),
+        // Below one second, so it fits.
+        nanos: (nanos % NANOS_PER_SEC) as i32,
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    }
+}
+
+/// The gRPC service Envoy calls.
+#[derive(Debug, Clone)]
+pub struct RlsService {
+    limiter: Arc<Limiter>,
+}
+
+impl RlsService {
+    pub fn new(limiter: Arc<Limiter>) -> RlsService {
+        RlsService { limiter }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        match self.limiter.should_rate_limit(request.get_ref()).await {
+            Ok(response) => Ok(tonic::Response::new(response)),
+            Err(error) => {
+                if let RequestError::Engine(engine) = &error {
+                    tracing::warn!(%engine, "rate limit check failed");
+                }
+                Err(to_status(&error))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,312 @@
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+use super::*;
+use crate::clock::Clock;
+use crate::engine::EngineConfig;
+
+const LIMITS: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_key}
+  - key: api_key
+    value: vip
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: api_key
+    value: free
+    rate_limits:
+      - {unit: second, requests_per_unit: 2}
+      - {unit: day, requests_per_unit: 4}
+  - key: api_key
+    value: internal
+    rate_limit: {unlimited: true}
+  - key: api_key
+    value: shadowed
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 1, name: tenant_wide}
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: tenant_wide}]}
+  - key: health
+"#;
+
+/// 2024-01-04T00:00:10Z.
+const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
+
+fn limiter(response_headers: bool) -> Limiter {
+    let limits = Limits::parse_str("edge.yaml", LIMITS).expect("valid limits");
+    let engine = Engine::spawn(
+        EngineConfig {
+            shards: 2,
+            queue_capacity: 64,
+            max_keys: 1000,
+            max_waiters: 10,
+        },
+        Clock::starting_at(START),
+    );
+    Limiter::new(
+        Arc::new(ArcSwap::from_pointee(limits)),
+        engine,
+        LimiterOptions { response_headers },
+    )
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: (*key).to_owned(),
+                value: (*value).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn ask(limiter: &Limiter, request: &RateLimitRequest) -> RateLimitResponse {
+    limiter.should_rate_limit(request).await.expect("a valid request")
+}
+
+fn codes(response: &RateLimitResponse) -> Vec<Code> {
+    response
+        .statuses
+        .iter()
+        .map(|status| Code::try_from(status.code).expect("known code"))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_turns_over_after_requests_per_unit_hits() {
+    let limiter = limiter(false);
+    let one = request(vec![descriptor(&[("api_key", "alice")])]);
+    for remaining in [2, 1, 0] {
+        let response = ask(&limiter, &one).await;
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        let status = &response.statuses[0];
+        assert_eq!(status.limit_remaining, remaining);
+        let limit = status.current_limit.as_ref().expect("a limit applies");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("per_key", 3, Unit::Minute.to_proto())
+        );
+        let reset = status.duration_until_reset.expect("reset");
+        assert_eq!((reset.seconds, reset.nanos), (50, 0), "the minute ends at :00:60");
+    }
+    let over = ask(&limiter, &one).await;
+    assert_eq!(over.overall_code, Code::OverLimit as i32);
+    assert_eq!(codes(&over), [Code::OverLimit]);
+    // Each value under the default entry counts on its own.
+    let bob = ask(&limiter, &request(vec![descriptor(&[("api_key", "bob")])])).await;
+    assert_eq!(codes(&bob), [Code::Ok]);
+    // Exact values win over the default entry.
+    let vip = ask(&limiter, &request(vec![descriptor(&[("api_key", "vip")])])).await;
+    assert_eq!(vip.statuses[0].limit_remaining, 99);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_match_and_unknown_domains_are_ok_without_a_limit() {
+    let limiter = limiter(false);
+    for request in [
+        request(vec![descriptor(&[("unknown", "x")])]),
+        request(vec![descriptor(&[("health", "")])]),
+        request(vec![descriptor(&[("api_key", "a"), ("deeper", "b")])]),
+        RateLimitRequest {
+            domain: "other".to_owned(),
+            ..request(vec![descriptor(&[("api_key", "a")])])
+        },
+    ] {
+        let response = ask(&limiter, &request).await;
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        assert_eq!(response.statuses.len(), 1);
+        assert_eq!(response.statuses[0].current_limit, None);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_status_per_descriptor_in_order() {
+    let limiter = limiter(false);
+    let mixed = request(vec![
+        descriptor(&[("api_key", "carol")]),
+        descriptor(&[("unknown", "x")]),
+        descriptor(&[("api_key", "vip")]),
+    ]);
+    let response = ask(&limiter, &mixed).await;
+    let remaining: Vec<u32> = response.statuses.iter().map(|s| s.limit_remaining).collect();
+    assert_eq!(remaining, [2, 0, 99]);
+    assert_eq!(response.statuses[1].current_limit, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn several_limits_on_one_descriptor_report_the_closest_to_exhaustion() {
+    let limiter = limiter(false);
+    let free = request(vec![descriptor(&[("api_key", "free")])]);
+    let first = ask(&limiter, &free).await;
+    let limit = first.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!((limit.requests_per_unit, first.statuses[0].limit_remaining), (2, 1));
+    ask(&limiter, &free).await;
+    let over = ask(&limiter, &free).await;
+    assert_eq!(codes(&over), [Code::OverLimit], "2 per second reached");
+    tokio::time::advance(std::time::Duration::from_secs(1)).await;
+    let third = ask(&limiter, &free).await;
+    let limit = third.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit, third.statuses[0].limit_remaining),
+        (4, Unit::Day.to_proto(), 1),
+        "the day has 1 left (the rejected request did not count), tighter than the second's 1? tie goes to the later reset"
+    );
+    ask(&limiter, &free).await;
+    tokio::time::advance(std::time::Duration::from_secs(1)).await;
+    let day_over = ask(&limiter, &free).await;
+    assert_eq!(codes(&day_over), [Code::OverLimit]);
+    let limit = day_over.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!(limit.unit, Unit::Day.to_proto(), "the day limit is the one over");
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_counts_but_never_rejects() {
+    let limiter = limiter(false);
+    let shadowed = request(vec![descriptor(&[("api_key", "shadowed")])]);
+    ask(&limiter, &shadowed).await;
+    let over = ask(&limiter, &shadowed).await;
+    assert_eq!(over.overall_code, Code::Ok as i32);
+    assert_eq!(codes(&over), [Code::Ok]);
+    assert_eq!(over.statuses[0].limit_remaining, 0, "it reports the real count");
+}
+
+#[tokio::test(start_paused = true)]
+async fn unlimited_never_rejects() {
+    let limiter = limiter(false);
+    let internal = request(vec![descriptor(&[("api_key", "internal")])]);
+    for _ in 0..10 {
+        let response = ask(&limiter, &internal).await;
+        assert_eq!(codes(&response), [Code::Ok]);
+        assert_eq!(response.statuses[0].limit_remaining, u32::MAX);
+        assert_eq!(response.statuses[0].current_limit, None);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn replaces_drops_the_replaced_limit_for_that_request() {
+    let limiter = limiter(false);
+    let both = request(vec![
+        descriptor(&[("tenant", "t1")]),
+        descriptor(&[("tenant", "t1"), ("path", "/a")]),
+    ]);
+    for _ in 0..5 {
+        let response = ask(&limiter, &both).await;
+        assert_eq!(codes(&response), [Code::Ok, Code::Ok]);
+        assert_eq!(response.statuses[0].current_limit, None, "tenant_wide is replaced");
+    }
+    assert_eq!(codes(&ask(&limiter, &both).await), [Code::Ok, Code::OverLimit]);
+    // Alone, the tenant limit applies, and it was never charged by the requests above.
+    let alone = request(vec![descriptor(&[("tenant", "t1")])]);
+    assert_eq!(codes(&ask(&limiter, &alone).await), [Code::Ok]);
+    assert_eq!(codes(&ask(&limiter, &alone).await), [Code::OverLimit]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hits_addend_request_level_and_per_descriptor() {
+    let limiter = limiter(false);
+    let mut heavy = request(vec![descriptor(&[("api_key", "dave")])]);
+    heavy.hits_addend = 2;
+    assert_eq!(ask(&limiter, &heavy).await.statuses[0].limit_remaining, 1);
+    let mut peek = descriptor(&[("api_key", "dave")]);
+    peek.hits_addend = Some(UInt64Value { value: 0 });
+    let peeked = ask(&limiter, &request(vec![peek])).await;
+    assert_eq!(peeked.statuses[0].limit_remaining, 1, "explicit 0 checks without consuming");
+    let mut one = descriptor(&[("api_key", "dave")]);
+    one.hits_addend = Some(UInt64Value { value: 1 });
+    heavy.descriptors = vec![one];
+    let last = ask(&limiter, &heavy).await;
+    assert_eq!(
+        (codes(&last)[0], last.statuses[0].limit_remaining),
+        (Code::Ok, 0),
+        "the descriptor's own hits_addend wins over the request's"
+    );
+    let mut too_many = request(vec![descriptor(&[("api_key", "erin")])]);
+    too_many.hits_addend = 4;
+    assert_eq!(codes(&ask(&limiter, &too_many).await), [Code::OverLimit]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_descriptor_limit_overrides_the_configured_one() {
+    let limiter = limiter(false);
+    let mut custom = descriptor(&[("api_key", "frank")]);
+    custom.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: Unit::Hour.to_proto(),
+    });
+    let request = request(vec![custom]);
+    let first = ask(&limiter, &request).await;
+    let limit = first.statuses[0].current_limit.as_ref().expect("limit");
+    assert_eq!((limit.requests_per_unit, limit.unit), (1, Unit::Hour.to_proto()));
+    assert_eq!(codes(&ask(&limiter, &request).await), [Code::OverLimit]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn response_headers_follow_the_tightest_limit_when_enabled() {
+    for enabled in [false, true] {
+        let limiter = limiter(enabled);
+        let response = ask(
+            &limiter,
+            &request(vec![descriptor(&[("api_key", "vip")]), descriptor(&[("api_key", "gina")])]),
+        )
+        .await;
+        let headers: Vec<(&str, &str)> = response
+            .response_headers_to_add
+            .iter()
+            .map(|header| (header.key.as_str(), header.value.as_str()))
+            .collect();
+        if enabled {
+            assert_eq!(
+                headers,
+                [("RateLimit-Limit", "3"), ("RateLimit-Remaining", "2"), ("RateLimit-Reset", "50")]
+            );
+        } else {
+            assert!(headers.is_empty());
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_requests_name_the_field() {
+    let limiter = limiter(false);
+    let long = "x".repeat(bounds::MAX_VALUE_LEN + 1);
+    let mut bad_unit = descriptor(&[("api_key", "a")]);
+    bad_unit.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    let mut negative = descriptor(&[("api_key", "a")]);
+    negative.is_negative_hits = true;
+    let cases = [
+        (RateLimitRequest { domain: String::new(), ..request(vec![descriptor(&[("a", "b")])]) }, "domain: must not be empty"),
+        (request(vec![]), "descriptors: must not be empty"),
+        (request(vec![descriptor(&[("a", "b")]); 65]), "descriptors: 65 given, at most 64 allowed"),
+        (request(vec![descriptor(&[("a", "b")]), descriptor(&[])]), "descriptors[1].entries: must not be empty"),
+        (request(vec![descriptor(&[("a", "b"), ("", "c")])]), "descriptors[0].entries[1].key: must not be empty"),
+        (request(vec![descriptor(&[("a", &long)])]), "descriptors[0].entries[0].value: 4097 bytes, at most 4096 allowed"),
+        (request(vec![bad_unit]), "descriptors[0].limit.unit: unknown unit 0"),
+        (request(vec![negative]), "descriptors[0].is_negative_hits: negative hits are not supported"),
+    ];
+    for (request, message) in cases {
+        let error = limiter.should_rate_limit(&request).await.expect_err(message);
+        let status = to_status(&error);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{message}");
+        assert_eq!(status.message(), message);
+    }
+}

@@ -1,0 +1,190 @@
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::*;
+use crate::algorithm::{Algorithm, Unit};
+use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::key::KeyBuilder;
+
+const S: u64 = NANOS_PER_SEC;
+/// 2024-01-04T00:00:00Z: every window boundary.
+const MIDNIGHT: u64 = 1_704_326_400 * S;
+
+fn engine_at(start: u64, max_keys: usize) -> Engine {
+    Engine::spawn(
+        EngineConfig {
+            shards: 1,
+            queue_capacity: 64,
+            max_keys,
+            max_waiters: 100,
+        },
+        Clock::starting_at(start),
+    )
+}
+
+fn counter(value: &str, rate: Rate) -> Counter {
+    Counter {
+        key: KeyBuilder::new("test").entry("user", value).key(&rate),
+        rate,
+    }
+}
+
+fn check(counters: Vec<Counter>, cost: u64, wait: Option<WaitPolicy>) -> Check {
+    Check {
+        counters,
+        cost,
+        wait,
+    }
+}
+
+async fn allowed(engine: &Engine, check: Check) -> bool {
+    let decisions = engine.check(vec![check]).await.expect("engine answers");
+    decisions.iter().all(|decision| decision.allowed)
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_limits_of_a_descriptor_decide_together() {
+    let engine = engine_at(MIDNIGHT, 1000);
+    let per_second = Rate::fixed(2, Unit::Second);
+    let per_day = Rate::fixed(5, Unit::Day);
+    let both = || check(vec![counter("ann", per_second), counter("ann", per_day)], 1, None);
+    assert!(allowed(&engine, both()).await);
+    assert!(allowed(&engine, both()).await);
+    // Over the per-second limit: the daily quota must not be charged for it.
+    for _ in 0..10 {
+        let decisions = engine.check(vec![both()]).await.expect("answers");
+        assert!(!decisions[0].allowed, "per second is over");
+        assert_eq!(decisions[1].remaining, 3, "the day still has 3 left");
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(allowed(&engine, both()).await);
+    let decisions = engine.check(vec![both()]).await.expect("answers");
+    assert_eq!(decisions[1].remaining, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_cost_checks_do_not_create_keys() {
+    let engine = engine_at(MIDNIGHT, 1000);
+    let rate = Rate::fixed(1, Unit::Minute);
+    for n in 0..50 {
+        let decisions = engine
+            .check(vec![check(vec![counter(&n.to_string(), rate)], 0, None)])
+            .await
+            .expect("answers");
+        assert!(decisions[0].allowed);
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(engine.stats()[0].live_keys.load(Ordering::Relaxed), 0);
+}
+
+fn waiting(max_wait_ms: u64, max_queue: u32) -> Option<WaitPolicy> {
+    Some(WaitPolicy {
+        max_wait: Duration::from_millis(max_wait_ms),
+        max_queue,
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_is_admitted_when_the_window_turns() {
+    // 0.9 s into a second: the next window opens in 100 ms, inside a 150 ms wait.
+    let engine = engine_at(MIDNIGHT + 900_000_000, 1000);
+    let rate = Rate::fixed(1, Unit::Second);
+    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(150, 10))).await);
+    let started = tokio::time::Instant::now();
+    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(150, 10))).await);
+    assert_eq!(started.elapsed(), Duration::from_millis(100), "admitted right at the boundary");
+    assert_eq!(engine.stats()[0].waits_admitted.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_cannot_be_admitted_in_time_is_rejected_at_once() {
+    let engine = engine_at(MIDNIGHT + 500_000_000, 1000);
+    let rate = Rate::fixed(1, Unit::Second);
+    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(50, 10))).await);
+    let started = tokio::time::Instant::now();
+    assert!(!allowed(&engine, check(vec![counter("a", rate)], 1, waiting(50, 10))).await);
+    assert_eq!(started.elapsed(), Duration::ZERO, "500 ms to wait is over the 50 ms bound");
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_are_served_in_arrival_order_and_the_queue_is_bounded() {
+    // A bucket of 1 refilling every 100 ms; waits up to 250 ms; at most 3 waiters.
+    let engine = engine_at(MIDNIGHT, 1000);
+    let rate = Rate::new(Algorithm::TokenBucket, 10, Unit::Second, Some(1));
+    let policy = waiting(250, 3);
+    assert!(allowed(&engine, check(vec![counter("q", rate)], 1, policy)).await);
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    for n in 0..4 {
+        let engine = engine.clone();
+        let done = done_tx.clone();
+        tokio::spawn(async move {
+            let ok = allowed(&engine, check(vec![counter("q", rate)], 1, policy)).await;
+            let _ = done.send((n, ok, tokio::time::Instant::now()));
+        });
+        // Arrive in order.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+    }
+    drop(done_tx);
+    let start = tokio::time::Instant::now();
+    let mut finished = Vec::new();
+    while let Some((n, ok, at)) = done_rx.recv().await {
+        finished.push((n, ok, (at - start).as_millis()));
+    }
+    finished.sort_by_key(|(_, _, at)| *at);
+    assert_eq!(
+        finished,
+        [(3, false, 0), (0, true, 100), (1, true, 200), (2, false, 250)],
+        "the 4th finds the queue full; two are admitted in order; the 3rd times out"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_whose_caller_left_consumes_nothing() {
+    let engine = engine_at(MIDNIGHT + 900_000_000, 1000);
+    let rate = Rate::fixed(1, Unit::Second);
+    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(200, 10))).await);
+    let gone = tokio::time::timeout(
+        Duration::from_millis(50),
+        allowed(&engine, check(vec![counter("a", rate)], 1, waiting(200, 10))),
+    )
+    .await;
+    assert!(gone.is_err(), "still waiting when the caller gave up");
+    tokio::time::advance(Duration::from_millis(60)).await;
+    // The new window's one hit is still there for the next caller.
+    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, None)).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_keys_are_capped_and_idle_keys_expire_after_three_windows() {
+    let engine = engine_at(MIDNIGHT, 3);
+    let rate = Rate::fixed(10, Unit::Second);
+    for user in ["a", "b", "c"] {
+        assert!(allowed(&engine, check(vec![counter(user, rate)], 1, None)).await);
+    }
+    let full = engine.check(vec![check(vec![counter("d", rate)], 1, None)]).await;
+    assert_eq!(
+        full,
+        Err(EngineError::Shard(ShardError::KeyCapacity {
+            shard: 0,
+            max_keys: 3
+        }))
+    );
+    // Known keys still work while full.
+    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, None)).await);
+    let stats = &engine.stats()[0];
+    assert_eq!(stats.key_capacity_hits.load(Ordering::Relaxed), 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(stats.live_keys.load(Ordering::Relaxed), 3, "not idle for 3 windows yet");
+    tokio::time::advance(Duration::from_secs(3)).await;
+    tokio::task::yield_now().await;
+    assert_eq!(stats.live_keys.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.expired_keys.load(Ordering::Relaxed), 3);
+    assert!(allowed(&engine, check(vec![counter("d", rate)], 1, None)).await);
+}
+
+#[test]
+fn a_key_and_its_state_take_40_bytes_in_the_map() {
+    assert_eq!(std::mem::size_of::<KeyId>(), 24);
+    assert_eq!(std::mem::size_of::<Slot>(), 16);
+}

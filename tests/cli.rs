@@ -1,0 +1,70 @@
+//! The `ratekeeper` command line: `validate`, and `serve` failing fast on bad limits.
+
+use std::process::Command;
+
+fn ratekeeper(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(args)
+        .output()
+        .expect("runs the binary")
+}
+
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("ratekeeper-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("writes");
+    path
+}
+
+#[test]
+fn validate_accepts_the_repository_example_limits() {
+    let output = ratekeeper(&["validate", concat!(env!("CARGO_MANIFEST_DIR"), "/config")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("ok, 1 domains (edge)"), "{stdout}");
+}
+
+#[test]
+fn validate_reports_every_error_with_file_and_place() {
+    let path = temp_file(
+        "bad.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n  - key: ''\n",
+    );
+    let output = ratekeeper(&["validate", path.to_str().expect("utf-8 path")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|line| line.contains("bad.yaml")).collect();
+    assert_eq!(lines.len(), 2, "both errors are reported: {stderr}");
+    assert!(stderr.contains("fortnight"), "{stderr}");
+}
+
+#[test]
+fn validate_rejects_typos_in_field_names() {
+    let path = temp_file(
+        "typo.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    ratelimit: {unit: second, requests_per_unit: 1}\n",
+    );
+    let output = ratekeeper(&["validate", path.to_str().expect("utf-8 path")]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("ratelimit"), "names the unknown field: {stderr}");
+}
+
+#[test]
+fn serve_refuses_to_start_with_invalid_limits() {
+    let path = temp_file("broken.yaml", "domain: edge\ndescriptors: [{key: a, rate_limit: {unit: second}}, {key: a, rate_limit: {unit: second}}]\n");
+    let output = ratekeeper(&[
+        "serve",
+        "--config",
+        path.to_str().expect("utf-8 path"),
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("broken.yaml"), "{stderr}");
+    assert!(output.stdout.is_empty(), "never announced serving");
+}

@@ -1,0 +1,193 @@
+//! The real gRPC server, driven by a tonic client: what Envoy sees on the wire.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use ratekeeper::engine::EngineConfig;
+use ratekeeper::limits::Limits;
+use ratekeeper::rls::LimiterOptions;
+use ratekeeper::server::{Server, ServerOptions};
+use tonic::transport::Channel;
+
+const LIMITS: &str = "
+domain: grpc
+descriptors:
+  - key: user
+    rate_limit: {unit: day, requests_per_unit: 5}
+";
+
+struct Running {
+    client: RateLimitServiceClient<Channel>,
+    http: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+async fn start(response_headers: bool) -> Running {
+    let options = ServerOptions {
+        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
+        http_addr: "127.0.0.1:0".parse().expect("addr"),
+        engine: EngineConfig {
+            shards: 2,
+            ..EngineConfig::default()
+        },
+        limiter: LimiterOptions { response_headers },
+    };
+    let limits = Limits::parse_str("grpc.yaml", LIMITS).expect("valid");
+    let server = Server::bind(&options, limits).await.expect("binds");
+    let grpc = server.grpc_addr();
+    let http = server.http_addr();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        server
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("serves");
+    });
+    let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .expect("connects");
+    Running {
+        client,
+        http,
+        stop: Some(stop),
+        done,
+    }
+}
+
+fn request(domain: &str, users: &[&str]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: users
+            .iter()
+            .map(|user| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "user".to_owned(),
+                    value: (*user).to_owned(),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+#[tokio::test]
+async fn the_fifth_request_of_the_day_passes_and_the_sixth_is_over() {
+    let mut running = start(false).await;
+    // A unique user per run: a fixed day window cannot roll over between these calls in any
+    // way that matters, since all six land in the same second or the next.
+    let user = format!("u{}", std::process::id());
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        let response = running
+            .client
+            .should_rate_limit(request("grpc", &[&user]))
+            .await
+            .expect("ok status")
+            .into_inner();
+        codes.push(response.overall_code);
+        assert_eq!(response.statuses.len(), 1);
+    }
+    let ok = Code::Ok as i32;
+    assert_eq!(codes, [ok, ok, ok, ok, ok, Code::OverLimit as i32]);
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn invalid_requests_get_invalid_argument_naming_the_field() {
+    let mut running = start(false).await;
+    let status = running
+        .client
+        .should_rate_limit(request("", &["a"]))
+        .await
+        .expect_err("rejected");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(status.message(), "domain: must not be empty");
+    let status = running
+        .client
+        .should_rate_limit(request("grpc", &[]))
+        .await
+        .expect_err("rejected");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(status.message(), "descriptors: must not be empty");
+    // An oversized message is refused by the transport, and the server keeps serving.
+    let huge = "v".repeat(2 << 20);
+    let status = running
+        .client
+        .should_rate_limit(request("grpc", &[&huge]))
+        .await
+        .expect_err("rejected");
+    assert_ne!(status.code(), tonic::Code::Ok);
+    let fine = running
+        .client
+        .should_rate_limit(request("grpc", &["still-serving"]))
+        .await
+        .expect("serves after bad input");
+    assert_eq!(fine.into_inner().overall_code, Code::Ok as i32);
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn response_headers_reach_the_client_when_enabled() {
+    let mut running = start(true).await;
+    let response = running
+        .client
+        .should_rate_limit(request("grpc", &["headers"]))
+        .await
+        .expect("ok")
+        .into_inner();
+    let keys: Vec<&str> = response
+        .response_headers_to_add
+        .iter()
+        .map(|header| header.key.as_str())
+        .collect();
+    assert_eq!(keys, ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]);
+    assert_eq!(response.response_headers_to_add[0].value, "5");
+    assert_eq!(response.response_headers_to_add[1].value, "4");
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn healthcheck_answers_ok_while_serving() {
+    let running = start(false).await;
+    let (status, body) = http_get(running.http, "/healthcheck").await;
+    assert_eq!((status, body.as_str()), (200, "OK"));
+    running.shutdown().await;
+}
+
+/// A one-shot HTTP/1.1 GET over a plain TCP stream.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connects");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("writes");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.expect("reads");
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("status line");
+    let body = raw.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    (status, body)
+}
+
+impl Running {
+    async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        drop(self.client);
+        tokio::time::timeout(Duration::from_secs(10), self.done)
+            .await
+            .expect("drains within 10 s")
+            .expect("server task");
+    }
+}
