@@ -206,13 +206,12 @@ fn start_ratekeeper(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAdd
     let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
     let options = ServerOptions {
-        grpc_addr: localhost,
-        http_addr: localhost,
         engine: EngineConfig::default(),
         limiter: LimiterOptions::default(),
+        ..ServerOptions::new(localhost, localhost)
     };
     let server = runtime
-        .block_on(Server::bind(&options, limits))
+        .block_on(Server::bind(&options, limits, 0))
         .expect("bind ratekeeper");
     let addr = server.grpc_addr();
     runtime.spawn(async move {
@@ -351,6 +350,8 @@ fn h2load(
     log: &Path,
     ticks: f64,
 ) -> Run {
+    // h2load appends to its log file.
+    let _ = std::fs::remove_file(log);
     let cpu_before = process_cpu(ticks);
     let output = Command::new("h2load")
         .args(["-c", &CONNECTIONS.to_string()])

@@ -13,6 +13,7 @@
 //! Run with `cargo bench --bench memory`; see BENCHMARKS.md for figures.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use counting_alloc::Counting;
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
@@ -112,12 +113,19 @@ fn measure(keys: usize) -> Row {
     runtime.block_on(drive(&engine, keys, 1));
     let after = ALLOC.live();
     let peak = ALLOC.peak();
-    // Shards publish their key counts after each batch of messages.
-    let per_shard: Vec<u64> = engine
-        .stats()
-        .iter()
-        .map(|stats| stats.live_keys.load(Ordering::Relaxed))
-        .collect();
+    // Shards publish their key counts after replying to a batch: wait for the last one.
+    let live_keys = || -> Vec<u64> {
+        engine
+            .stats()
+            .iter()
+            .map(|stats| stats.live_keys.load(Ordering::Relaxed))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while live_keys().iter().sum::<u64>() != keys as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let per_shard = live_keys();
     let stored: u64 = per_shard.iter().sum();
     assert_eq!(stored, keys as u64, "every inserted key is live");
     let model = per_shard.iter().map(|&len| model_bytes(len as usize)).sum();

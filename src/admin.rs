@@ -1,18 +1,26 @@
-//! The HTTP listener: health and operator endpoints.
+//! The HTTP listener: health, metrics and operator endpoints.
 //!
-//! `GET /healthcheck` answers 200 `OK` while the process serves and 503 once shutdown has
-//! begun; `GET /rlconfig` dumps the live limits. Handlers only read shared state.
+//! - `GET /healthcheck`: 200 `OK` while serving, 503 once shutdown has begun;
+//! - `GET /metrics`: Prometheus text format;
+//! - `GET /rlconfig`: the live limits, one line per limit;
+//! - `POST /json`: a JSON `RateLimitRequest`, answered with the JSON response: 200 when OK,
+//!   429 when over the limit, 400 for a bad body or request, 503 when overloaded.
+//!
+//! Handlers only read shared state; `/json` goes through the same [`Limiter`] as gRPC.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use arc_swap::ArcSwap;
 use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 
-use crate::limits::Limits;
+use crate::rls::{Limiter, RequestError, bounds};
+
+mod json;
 
 /// Whether the process is serving (false once shutdown began).
 #[derive(Debug)]
@@ -45,14 +53,17 @@ impl Default for Health {
 #[derive(Clone)]
 struct AdminState {
     health: Arc<Health>,
-    limits: Arc<ArcSwap<Limits>>,
+    limiter: Arc<Limiter>,
 }
 
-pub fn router(health: Arc<Health>, limits: Arc<ArcSwap<Limits>>) -> Router {
+pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
-        .with_state(AdminState { health, limits })
+        .route("/json", post(json_request))
+        .layer(DefaultBodyLimit::max(bounds::MAX_MESSAGE_BYTES))
+        .with_state(AdminState { health, limiter })
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {
@@ -63,6 +74,44 @@ async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static s
     }
 }
 
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.limiter.metrics().encode(),
+    )
+        .into_response()
+}
+
 async fn rlconfig(State(state): State<AdminState>) -> String {
-    state.limits.load().to_string()
+    state.limiter.limits().load().to_string()
+}
+
+async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response {
+    let request = match json::parse_request(&body) {
+        Ok(request) => request,
+        Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
+    };
+    match state.limiter.should_rate_limit(&request).await {
+        Ok(response) => {
+            let status = if json::is_over_limit(&response) {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(json::response(&response))).into_response()
+        }
+        Err(invalid @ RequestError::Invalid { .. }) => {
+            error(StatusCode::BAD_REQUEST, &invalid.to_string())
+        }
+        Err(RequestError::Engine(engine)) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, &engine.to_string())
+        }
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
 }

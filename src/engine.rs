@@ -91,6 +91,14 @@ impl Engine {
         self.shards.len()
     }
 
+    /// Messages waiting in each shard's mailbox.
+    pub fn queue_depths(&self) -> Vec<usize> {
+        self.shards
+            .iter()
+            .map(|sender| sender.max_capacity() - sender.capacity())
+            .collect()
+    }
+
     /// Per-shard counters, for metrics.
     pub fn stats(&self) -> &[Arc<ShardStats>] {
         &self.stats
@@ -146,7 +154,12 @@ impl Engine {
 
     fn send(&self, shard: usize, checks: Vec<Check>) -> Result<ReplyFuture, EngineError> {
         let (reply, rx) = oneshot::channel();
-        match self.shards[shard].try_send(Message::Check { checks, reply }) {
+        let message = Message::Check {
+            checks,
+            reply,
+            sent_at: tokio::time::Instant::now(),
+        };
+        match self.shards[shard].try_send(message) {
             Ok(()) => Ok(ReplyFuture { shard, rx }),
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.stats[shard].overloads.fetch_add(1, Ordering::Relaxed);

@@ -14,3 +14,5 @@ pub mod shard;
 pub mod admin;
 pub mod rls;
 pub mod server;
+pub mod reload;
+pub mod metrics;

@@ -21,11 +21,12 @@ mod load;
 mod schema;
 mod tree;
 
+pub use self::compile::parse_duration;
+
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 use std::fmt;
 use std::path::Path;
-
 
 pub use self::compile::{DEFAULT_MAX_QUEUE, MAX_QUEUE_CEILING, MAX_WAIT_CEILING};
 pub use self::error::{ConfigError, ConfigErrors, Position};
@@ -51,8 +52,15 @@ impl Limits {
     /// order, skipping names starting with `.`, following symlinks). A directory without
     /// YAML files gives empty limits.
     pub fn load(path: &Path) -> Result<Limits, ConfigErrors> {
+        Limits::load_with_sources(path).map(|(limits, _)| limits)
+    }
+
+    /// [`Limits::load`], also returning the files exactly as read: the text that was
+    /// compiled, for hashing it into a version (see `reload`).
+    pub fn load_with_sources(path: &Path) -> Result<(Limits, Vec<Source>), ConfigErrors> {
         let (sources, errors) = load::read(path);
-        Limits::build(&sources, errors)
+        let limits = Limits::build(&sources, errors)?;
+        Ok((limits, sources))
     }
 
     /// Parses, validates and compiles already-read files.

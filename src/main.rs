@@ -6,9 +6,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use ratekeeper::engine::EngineConfig;
-use ratekeeper::limits::Limits;
+use ratekeeper::limits::{Limits, parse_duration};
+use ratekeeper::metrics::MetricsOptions;
+use ratekeeper::reload::{self, ReloadOptions};
 use ratekeeper::rls::LimiterOptions;
 use ratekeeper::server::{Server, ServerOptions};
 
@@ -19,8 +23,17 @@ struct Cli {
     /// Log filter, `RUST_LOG` syntax (e.g. `info`, `ratekeeper=debug`).
     #[arg(long, env = "RUST_LOG", default_value = "info", global = true)]
     log: String,
+    /// Log format.
+    #[arg(long, env = "RATEKEEPER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -49,14 +62,33 @@ struct ServeArgs {
     /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset headers to responses.
     #[arg(long, env = "RATEKEEPER_RESPONSE_HEADERS")]
     response_headers: bool,
+    /// Also re-read the limits this often (e.g. `30s`), for filesystems without change events.
+    #[arg(long, env = "RATEKEEPER_RELOAD_INTERVAL", value_parser = duration)]
+    reload_interval: Option<Duration>,
+    /// How long shutdown waits for in-flight requests.
+    #[arg(long, env = "RATEKEEPER_SHUTDOWN_GRACE", value_parser = duration, default_value = "15s")]
+    shutdown_grace: Duration,
+    /// A hit is counted as near the limit when at least this share of it is used.
+    #[arg(long, env = "RATEKEEPER_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
+    near_limit_ratio: f64,
+    /// Most per-limit metric series (label sets).
+    #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
+    metrics_max_series: usize,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).ok_or_else(|| format!("{text:?} is not a duration like 500ms or 30s"))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     match cli.command {
         Command::Validate { path } => validate(&path),
         Command::Serve(args) => serve(args),
@@ -84,8 +116,8 @@ fn validate(path: &std::path::Path) -> ExitCode {
 }
 
 fn serve(args: ServeArgs) -> ExitCode {
-    let limits = match Limits::load(&args.config) {
-        Ok(limits) => limits,
+    let (limits, version) = match reload::load(&args.config) {
+        Ok(loaded) => loaded,
         Err(errors) => {
             eprintln!("invalid limits, not starting:\n{errors}");
             return ExitCode::FAILURE;
@@ -99,12 +131,21 @@ fn serve(args: ServeArgs) -> ExitCode {
         engine.shards = usize::from(shards);
     }
     let options = ServerOptions {
-        grpc_addr: args.grpc_addr,
-        http_addr: args.http_addr,
         engine,
         limiter: LimiterOptions {
             response_headers: args.response_headers,
         },
+        metrics: MetricsOptions {
+            near_limit_ratio: args.near_limit_ratio,
+            max_series: args.metrics_max_series,
+        },
+        watch: Some(args.config.clone()),
+        reload: ReloadOptions {
+            recheck_every: args.reload_interval,
+            ..ReloadOptions::default()
+        },
+        shutdown_grace: args.shutdown_grace,
+        ..ServerOptions::new(args.grpc_addr, args.http_addr)
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -114,7 +155,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let server = Server::bind(&options, limits).await?;
+        let server = Server::bind(&options, limits, version).await?;
         // Tests and scripts read this line to learn the bound addresses.
         println!("ratekeeper serving grpc={} http={}", server.grpc_addr(), server.http_addr());
         let _ = std::io::stdout().flush();

@@ -28,6 +28,7 @@ use crate::algorithm::{Decision, NANOS_PER_SEC, Rate, Unit};
 use crate::engine::{Engine, EngineError};
 use crate::key::KeyBuilder;
 use crate::limits::{Limit, Limits, Node};
+use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::shard::{Check, Counter, WaitPolicy};
 
 /// Bounds on one request; larger input is rejected with `INVALID_ARGUMENT`.
@@ -80,6 +81,9 @@ pub struct Limiter {
     limits: Arc<ArcSwap<Limits>>,
     engine: Engine,
     options: LimiterOptions,
+    metrics: Arc<Metrics>,
+    /// Per-limit counters of the latest limits snapshot seen (rebuilt once per reload).
+    table: ArcSwap<LimitTable>,
 }
 
 /// What one request descriptor turned into.
@@ -91,18 +95,34 @@ enum Plan<'a> {
     /// These limits are checked; their decisions start at `first` in the engine's reply.
     Checked {
         limits: Vec<&'a Limit>,
+        /// The configured entry, or `None` for the descriptor's own `limit`.
+        node: Option<&'a Node>,
+        descriptor: &'a RateLimitDescriptor,
         shadow: bool,
         first: usize,
+        cost: u64,
     },
 }
 
 impl Limiter {
-    pub fn new(limits: Arc<ArcSwap<Limits>>, engine: Engine, options: LimiterOptions) -> Limiter {
+    pub fn new(
+        limits: Arc<ArcSwap<Limits>>,
+        engine: Engine,
+        options: LimiterOptions,
+        metrics: Arc<Metrics>,
+    ) -> Limiter {
+        let table = metrics.limit_table(limits.load_full());
         Limiter {
             limits,
             engine,
             options,
+            metrics,
+            table: ArcSwap::from_pointee(table),
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn engine(&self) -> &Engine {
@@ -113,10 +133,36 @@ impl Limiter {
         &self.limits
     }
 
+    /// Decides one request and records its outcome and latency.
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
+        let started = std::time::Instant::now();
+        let result = self.decide(request).await;
+        let outcome = match &result {
+            Ok(response) if response.overall_code == Code::OverLimit as i32 => Outcome::OverLimit,
+            Ok(_) => Outcome::Ok,
+            Err(RequestError::Invalid { .. }) => Outcome::InvalidArgument,
+            Err(RequestError::Engine(_)) => Outcome::Unavailable,
+        };
+        self.metrics.record_request(outcome, started.elapsed());
+        result
+    }
+
+    /// The per-limit counters for `snapshot`, building them on the first request after a
+    /// reload (racing requests may both build; the result is the same).
+    fn table_for(&self, snapshot: &Arc<Limits>) -> Arc<LimitTable> {
+        let table = self.table.load_full();
+        if table.is_for(snapshot) {
+            return table;
+        }
+        let fresh = Arc::new(self.metrics.limit_table(Arc::clone(snapshot)));
+        self.table.store(Arc::clone(&fresh));
+        fresh
+    }
+
+    async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
         validate(request)?;
         let snapshot = self.limits.load_full();
         let Some(domain) = snapshot.domain(&request.domain) else {
@@ -188,8 +234,11 @@ impl Limiter {
             let wait = if shadow { None } else { wait_policy(&limits) };
             plans.push(Plan::Checked {
                 limits,
+                node: *node,
+                descriptor,
                 shadow,
                 first: counters_so_far,
+                cost,
             });
             counters_so_far += counters.len();
             checks.push(Check {
@@ -199,7 +248,52 @@ impl Limiter {
             });
         }
         let decisions = self.engine.check(checks).await?;
+        self.count(&request.domain, &plans, &decisions, &self.table_for(&snapshot));
         Ok(self.respond(&plans, &decisions))
+    }
+
+    /// Counts every checked limit's hits in its metrics.
+    fn count(&self, domain: &str, plans: &[Plan<'_>], decisions: &[Decision], table: &LimitTable) {
+        let ratio = self.metrics.near_limit_ratio();
+        for plan in plans {
+            let Plan::Checked {
+                limits,
+                node,
+                descriptor,
+                shadow,
+                first,
+                cost,
+            } = plan
+            else {
+                continue;
+            };
+            let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+            let admitted = ours.iter().all(|decision| decision.allowed);
+            for (limit, decision) in limits.iter().zip(ours) {
+                let Some(rate) = limit.rate else { continue };
+                let owned;
+                let counters = match node {
+                    Some(node) if node.detailed_metric => {
+                        let entries: Vec<(&str, &str)> = descriptor
+                            .entries
+                            .iter()
+                            .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+                            .collect();
+                        owned = self.metrics.detailed_counters(domain, &entries, limit);
+                        &owned
+                    }
+                    Some(_) => match table.get(domain, limit) {
+                        Some(counters) => counters,
+                        None => continue,
+                    },
+                    None => {
+                        owned = self.metrics.override_counters(domain, rate.unit.as_str());
+                        &owned
+                    }
+                };
+                record(counters, &rate, decision, *cost, admitted, *shadow, ratio);
+            }
+        }
     }
 
     fn respond(&self, plans: &[Plan<'_>], decisions: &[Decision]) -> RateLimitResponse {
@@ -217,6 +311,7 @@ impl Limiter {
                     limits,
                     shadow,
                     first,
+                    ..
                 } => {
                     let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
                     let Some((limit, decision)) = closest_to_exhaustion(limits, ours) else {
@@ -261,6 +356,32 @@ impl Limiter {
             ];
         }
         response
+    }
+}
+
+/// Counts one limit's share of one descriptor check.
+fn record(
+    counters: &LimitCounters,
+    rate: &Rate,
+    decision: &Decision,
+    cost: u64,
+    admitted: bool,
+    shadow: bool,
+    near_limit_ratio: f64,
+) {
+    counters.total_hits.inc_by(cost);
+    if admitted {
+        counters.within_limit.inc_by(cost);
+        let capacity = rate.capacity() as f64;
+        if f64::from(decision.remaining) <= (1.0 - near_limit_ratio) * capacity {
+            counters.near_limit.inc_by(cost);
+        }
+    } else if !decision.allowed {
+        if shadow {
+            counters.shadow_mode.inc_by(cost);
+        } else {
+            counters.over_limit.inc_by(cost);
+        }
     }
 }
 
@@ -338,6 +459,7 @@ fn override_limit(descriptor: &RateLimitDescriptor) -> Option<Limit> {
     let limit = descriptor.limit.as_ref()?;
     let unit = Unit::from_proto(limit.unit)?;
     Some(Limit {
+        index: usize::MAX,
         name: None,
         rate: Some(Rate::fixed(limit.requests_per_unit, unit)),
         max_wait: None,
@@ -440,14 +562,35 @@ fn header(key: &str, value: String) -> HeaderValue {
 }
 
 /// The gRPC service Envoy calls.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RlsService {
     limiter: Arc<Limiter>,
+    /// Engine failures since the last warning, and when (Unix seconds) it was logged: at
+    /// most one warning a second, so an overload does not also flood the logs.
+    failures: std::sync::atomic::AtomicU64,
+    warned_at: std::sync::atomic::AtomicU64,
 }
 
 impl RlsService {
     pub fn new(limiter: Arc<Limiter>) -> RlsService {
-        RlsService { limiter }
+        RlsService {
+            limiter,
+            failures: std::sync::atomic::AtomicU64::new(0),
+            warned_at: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn warn_throttled(&self, error: &EngineError) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let failures = self.failures.fetch_add(1, Relaxed) + 1;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        let last = self.warned_at.load(Relaxed);
+        if now > last && self.warned_at.compare_exchange(last, now, Relaxed, Relaxed).is_ok() {
+            self.failures.fetch_sub(failures, Relaxed);
+            tracing::warn!(%error, failures, "rate limit checks failed (answered UNAVAILABLE)");
+        }
     }
 }
 
@@ -461,7 +604,7 @@ impl RateLimitService for RlsService {
             Ok(response) => Ok(tonic::Response::new(response)),
             Err(error) => {
                 if let RequestError::Engine(engine) = &error {
-                    tracing::warn!(%engine, "rate limit check failed");
+                    self.warn_throttled(engine);
                 }
                 Err(to_status(&error))
             }

@@ -1,13 +1,20 @@
-//! Wires the parts into a running process: the engine, the gRPC listener (Envoy's
-//! `RateLimitService`) and the HTTP listener.
+//! Wires the parts into a running process: the engine, the limits (and their reloader), the
+//! metrics, the gRPC listener (Envoy's `RateLimitService` plus `grpc.health.v1`) and the HTTP
+//! listener.
 //!
 //! [`Server::bind`] binds both listeners first, so callers (and tests, with port 0) know the
-//! addresses before [`Server::run`] serves. `run` returns once `shutdown` resolves and the
-//! in-flight requests have been answered.
+//! addresses before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
+//! in-flight requests were answered, or the grace period ran out.
+//!
+//! Shutdown order: mark not ready (`/healthcheck` 503, gRPC health `NOT_SERVING`), stop
+//! accepting, drain in-flight calls (bounded by `shutdown_grace`), return.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -19,6 +26,8 @@ use crate::admin::{self, Health};
 use crate::clock::Clock;
 use crate::engine::{Engine, EngineConfig};
 use crate::limits::Limits;
+use crate::metrics::{Metrics, MetricsOptions};
+use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
 use crate::rls::{Limiter, LimiterOptions, RlsService, bounds};
 
 /// Everything `serve` needs besides the limits.
@@ -28,6 +37,28 @@ pub struct ServerOptions {
     pub http_addr: SocketAddr,
     pub engine: EngineConfig,
     pub limiter: LimiterOptions,
+    pub metrics: MetricsOptions,
+    /// Watch this path and reload the limits when it changes (`None`: never reload).
+    pub watch: Option<PathBuf>,
+    pub reload: ReloadOptions,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+impl ServerOptions {
+    /// Options for the given addresses, everything else at its default.
+    pub fn new(grpc_addr: SocketAddr, http_addr: SocketAddr) -> ServerOptions {
+        ServerOptions {
+            grpc_addr,
+            http_addr,
+            engine: EngineConfig::default(),
+            limiter: LimiterOptions::default(),
+            metrics: MetricsOptions::default(),
+            watch: None,
+            reload: ReloadOptions::default(),
+            shutdown_grace: Duration::from_secs(15),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +68,8 @@ pub enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Watch(#[from] reload::ReloadError),
     #[error("grpc listener failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("http listener failed: {0}")]
@@ -50,11 +83,20 @@ pub struct Server {
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
     health: Arc<Health>,
+    reload_stats: Arc<ReloadStats>,
+    shutdown_grace: Duration,
+    /// Kept alive while serving; dropping it stops the watch.
+    _watcher: Option<Watcher>,
 }
 
 impl Server {
-    /// Binds both listeners and starts the engine (on the current tokio runtime).
-    pub async fn bind(options: &ServerOptions, limits: Limits) -> Result<Server, ServeError> {
+    /// Binds both listeners, starts the engine (on the current tokio runtime) and, when
+    /// asked, the reloader. `version` is the content hash of `limits` (see `reload::load`).
+    pub async fn bind(
+        options: &ServerOptions,
+        limits: Limits,
+        version: u64,
+    ) -> Result<Server, ServeError> {
         let bind = |addr: SocketAddr| async move {
             let listener = TcpListener::bind(addr)
                 .await
@@ -67,8 +109,30 @@ impl Server {
         let (grpc, grpc_addr) = bind(options.grpc_addr).await?;
         let (http, http_addr) = bind(options.http_addr).await?;
         let engine = Engine::spawn(options.engine, Clock::system());
+        let reload_stats = Arc::new(ReloadStats::with_version(version));
+        reload_stats.successes.fetch_add(1, Ordering::Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        reload_stats
+            .last_success_unix_seconds
+            .store(now, Ordering::Relaxed);
+        let metrics = Arc::new(Metrics::new(
+            options.metrics,
+            &engine,
+            Arc::clone(&reload_stats),
+        ));
         let limits = Arc::new(ArcSwap::from_pointee(limits));
-        let limiter = Arc::new(Limiter::new(limits, engine, options.limiter));
+        let watcher = match &options.watch {
+            Some(path) => Some(reload::watch(
+                path.clone(),
+                Arc::clone(&limits),
+                options.reload,
+                Arc::clone(&reload_stats),
+            )?),
+            None => None,
+        };
+        let limiter = Arc::new(Limiter::new(limits, engine, options.limiter, metrics));
         Ok(Server {
             grpc,
             http,
@@ -76,6 +140,9 @@ impl Server {
             http_addr,
             limiter,
             health: Arc::new(Health::new()),
+            reload_stats,
+            shutdown_grace: options.shutdown_grace,
+            _watcher: watcher,
         })
     }
 
@@ -91,33 +158,80 @@ impl Server {
         &self.limiter
     }
 
-    /// Serves until `shutdown` resolves, then stops accepting and drains in-flight calls.
+    pub fn reload_stats(&self) -> &Arc<ReloadStats> {
+        &self.reload_stats
+    }
+
+    /// Serves until `shutdown` resolves, then drains (see the module docs).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             // An error means the sender is gone, which is also a stop.
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let service = RateLimitServiceServer::from_arc(Arc::new(RlsService::new(Arc::clone(
+        let rls = RateLimitServiceServer::from_arc(Arc::new(RlsService::new(Arc::clone(
             &self.limiter,
         ))))
         .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
+        let (reporter, health_service) = tonic_health::server::health_reporter();
+        reporter
+            .set_serving::<RateLimitServiceServer<RlsService>>()
+            .await;
+        reporter
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
         let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
         let grpc = tonic::transport::Server::builder()
-            .add_service(service)
+            .add_service(health_service)
+            .add_service(rls)
             .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-        let app = admin::router(Arc::clone(&self.health), Arc::clone(self.limiter.limits()));
+        let app = admin::router(Arc::clone(&self.health), Arc::clone(&self.limiter));
         let http = axum::serve(self.http, app).with_graceful_shutdown(stopped(stop_rx));
         let health = Arc::clone(&self.health);
+        let grace = self.shutdown_grace;
+        let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
         let signal = async move {
             shutdown.await;
-            tracing::info!("shutting down: draining in-flight requests");
+            tracing::info!(grace = ?grace, "shutting down: not ready, draining in-flight requests");
             health.stop_serving();
+            reporter
+                .set_not_serving::<RateLimitServiceServer<RlsService>>()
+                .await;
+            reporter
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
             let _ = stop_tx.send(true);
+            // Past the grace period, stop waiting for slow calls.
+            tokio::select! {
+                () = tokio::time::sleep(grace) => {
+                    tracing::warn!("grace period over with requests still in flight");
+                    true
+                }
+                _ = drained_rx => false,
+            }
         };
-        let (grpc, http, ()) = tokio::join!(grpc, async { http.await }, signal);
+        let serve = async {
+            let (grpc, http) = tokio::join!(grpc, async { http.await });
+            let _ = drained_tx.send(());
+            (grpc, http)
+        };
+        tokio::pin!(serve);
+        tokio::pin!(signal);
+        let mut signal_done = false;
+        let (grpc, http) = loop {
+            tokio::select! {
+                results = &mut serve => break results,
+                expired = &mut signal, if !signal_done => {
+                    if expired {
+                        return Ok(());
+                    }
+                    signal_done = true;
+                }
+            }
+        };
         grpc?;
         http.map_err(ServeError::Http)?;
+        tracing::info!("drained, exiting");
         Ok(())
     }
 }

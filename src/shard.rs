@@ -26,6 +26,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use crate::algorithm::{self, Decision, NANOS_PER_SEC, Rate, State};
 use crate::clock::Clock;
 use crate::key::{KeyHasher, KeyId};
+use crate::metrics::AtomicHistogram;
 
 /// How often a shard sweeps out idle keys.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -64,6 +65,8 @@ pub enum Message {
     Check {
         checks: Vec<Check>,
         reply: oneshot::Sender<CheckReply>,
+        /// When the engine queued it (for the queue wait metric).
+        sent_at: Instant,
     },
 }
 
@@ -91,6 +94,8 @@ pub struct ShardStats {
     pub waits_rejected: AtomicU64,
     /// Written by the engine when this shard's mailbox is full.
     pub overloads: AtomicU64,
+    /// Time messages spent in the mailbox.
+    pub queue_wait: AtomicHistogram,
 }
 
 /// A key's state plus when it may be forgotten (Unix seconds). 16 bytes.
@@ -217,7 +222,14 @@ impl Shard {
 
     fn handle(&mut self, message: Message) {
         match message {
-            Message::Check { checks, reply } => self.check(checks, reply),
+            Message::Check {
+                checks,
+                reply,
+                sent_at,
+            } => {
+                self.counters.stats.queue_wait.observe(sent_at.elapsed());
+                self.check(checks, reply);
+            }
         }
     }
 

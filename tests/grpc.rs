@@ -29,16 +29,18 @@ struct Running {
 
 async fn start(response_headers: bool) -> Running {
     let options = ServerOptions {
-        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-        http_addr: "127.0.0.1:0".parse().expect("addr"),
         engine: EngineConfig {
             shards: 2,
             ..EngineConfig::default()
         },
         limiter: LimiterOptions { response_headers },
+        ..ServerOptions::new(
+            "127.0.0.1:0".parse().expect("addr"),
+            "127.0.0.1:0".parse().expect("addr"),
+        )
     };
     let limits = Limits::parse_str("grpc.yaml", LIMITS).expect("valid");
-    let server = Server::bind(&options, limits).await.expect("binds");
+    let server = Server::bind(&options, limits, 0).await.expect("binds");
     let grpc = server.grpc_addr();
     let http = server.http_addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -35,7 +35,11 @@ pub(crate) struct Compiled {
 }
 
 /// Validates and compiles one file. `None` when it names no domain.
-pub(crate) fn compile(file: &str, raw: Option<RawFile>, errors: &mut Vec<ConfigError>) -> Option<Compiled> {
+pub(crate) fn compile(
+    file: &str,
+    raw: Option<RawFile>,
+    errors: &mut Vec<ConfigError>,
+) -> Option<Compiled> {
     let raw = raw.unwrap_or_default();
     let domain = match raw.domain {
         None => {
@@ -48,7 +52,10 @@ pub(crate) fn compile(file: &str, raw: Option<RawFile>, errors: &mut Vec<ConfigE
         }
         Some(domain) => Some(domain),
     };
-    let place = domain.as_deref().map(|d| format!("domain {}", name(d))).unwrap_or_default();
+    let place = domain
+        .as_deref()
+        .map(|d| format!("domain {}", name(d)))
+        .unwrap_or_default();
     let path = domain.as_deref().map(name).unwrap_or_default();
     let mut compiler = Compiler {
         file,
@@ -56,7 +63,7 @@ pub(crate) fn compile(file: &str, raw: Option<RawFile>, errors: &mut Vec<ConfigE
         order: 0,
         limit_count: 0,
     };
-    let root = compiler.level(raw.descriptors, &place, &path);
+    let root = compiler.level(raw.descriptors, &place, &path, "");
     Some(Compiled {
         domain: Domain {
             name: domain?.into(),
@@ -78,7 +85,13 @@ impl Compiler<'_> {
         self.errors.push(ConfigError::at(self.file, place, problem));
     }
 
-    fn level(&mut self, descriptors: Vec<RawDescriptor>, parent: &str, path: &str) -> Level {
+    fn level(
+        &mut self,
+        descriptors: Vec<RawDescriptor>,
+        parent: &str,
+        path: &str,
+        keys: &str,
+    ) -> Level {
         let mut level = Level::new();
         let mut seen: HashMap<(String, String), usize> = HashMap::new();
         for (index, raw) in descriptors.into_iter().enumerate() {
@@ -93,7 +106,12 @@ impl Compiler<'_> {
             match seen.entry((key.clone(), value.clone().unwrap_or_default())) {
                 Entry::Occupied(first) => {
                     let first = *first.get();
-                    self.error(&place, format!("duplicate descriptor (same key and value as descriptors[{first}])"));
+                    self.error(
+                        &place,
+                        format!(
+                            "duplicate descriptor (same key and value as descriptors[{first}])"
+                        ),
+                    );
                     insert = false;
                 }
                 Entry::Vacant(slot) => {
@@ -105,9 +123,14 @@ impl Compiler<'_> {
                 Some(value) => format!("{path} > {}={}", name(&key), name(value)),
                 None => format!("{path} > {}", name(&key)),
             };
+            let key_path = if keys.is_empty() {
+                key.clone()
+            } else {
+                format!("{keys}.{key}")
+            };
             let order = self.order;
             self.order += 1;
-            let children = self.level(raw.descriptors, &place, &node_path);
+            let children = self.level(raw.descriptors, &place, &node_path, &key_path);
             if !insert {
                 continue;
             }
@@ -116,6 +139,7 @@ impl Compiler<'_> {
                 shadow_mode: raw.shadow_mode,
                 detailed_metric: raw.detailed_metric,
                 path: node_path.into(),
+                key_path: key_path.into(),
                 children,
                 order,
             };
@@ -133,11 +157,19 @@ impl Compiler<'_> {
         level
     }
 
-    fn limits(&mut self, single: Option<RawLimit>, list: Option<Vec<RawLimit>>, place: &str) -> Box<[Limit]> {
+    fn limits(
+        &mut self,
+        single: Option<RawLimit>,
+        list: Option<Vec<RawLimit>>,
+        place: &str,
+    ) -> Box<[Limit]> {
         let list = match (single, list) {
             (None, None) => return Box::default(),
             (Some(_), Some(_)) => {
-                self.error(place, "both rate_limit and rate_limits are set (use one of them)");
+                self.error(
+                    place,
+                    "both rate_limit and rate_limits are set (use one of them)",
+                );
                 return Box::default();
             }
             (Some(raw), None) => {
@@ -147,7 +179,10 @@ impl Compiler<'_> {
             (None, Some(list)) => list,
         };
         if list.is_empty() {
-            self.error(join(place, "rate_limits"), "empty list (remove rate_limits or add a limit)");
+            self.error(
+                join(place, "rate_limits"),
+                "empty list (remove rate_limits or add a limit)",
+            );
             return Box::default();
         }
         let several = list.len() > 1;
@@ -167,17 +202,20 @@ impl Compiler<'_> {
             let Some(limit) = limit else {
                 continue;
             };
+            if let Some(rate) = limit.rate
+                && let Some(&first) = counters.get(&(rate.unit, rate.algorithm))
+            {
+                self.error(
+                    item,
+                    format!(
+                        "same unit and algorithm as rate_limits[{first}] ({}, {}): they would share one counter",
+                        rate.unit, rate.algorithm
+                    ),
+                );
+                continue;
+            }
             if let Some(rate) = limit.rate {
-                if let Some(first) = counters.insert((rate.unit, rate.algorithm), index) {
-                    self.error(
-                        item,
-                        format!(
-                            "same unit and algorithm as rate_limits[{first}] ({}, {}): they would share one counter",
-                            rate.unit, rate.algorithm
-                        ),
-                    );
-                    continue;
-                }
+                counters.insert((rate.unit, rate.algorithm), index);
             }
             limits.push(limit);
         }
@@ -198,7 +236,10 @@ impl Compiler<'_> {
             ];
             for (name, set) in extensions {
                 if set {
-                    self.error(field(name), format!("{name} must not be set when unlimited is true"));
+                    self.error(
+                        field(name),
+                        format!("{name} must not be set when unlimited is true"),
+                    );
                 }
             }
             None
@@ -274,6 +315,7 @@ impl Compiler<'_> {
         }
         self.limit_count += 1;
         Some(Limit {
+            index: self.limit_count - 1,
             name: own_name,
             rate,
             max_wait,
@@ -287,13 +329,19 @@ impl Compiler<'_> {
         let units = one_of(Unit::ALL.iter().map(|unit| unit.as_str()));
         let unit = match raw.unit.as_deref() {
             None => {
-                self.error(format!("{place}.unit"), format!("missing unit (expected {units}, or unlimited: true)"));
+                self.error(
+                    format!("{place}.unit"),
+                    format!("missing unit (expected {units}, or unlimited: true)"),
+                );
                 None
             }
             Some(text) => {
                 let unit = Unit::parse(text);
                 if unit.is_none() {
-                    self.error(format!("{place}.unit"), format!("unknown unit {text:?} (expected {units})"));
+                    self.error(
+                        format!("{place}.unit"),
+                        format!("unknown unit {text:?} (expected {units})"),
+                    );
                 }
                 unit
             }
@@ -303,7 +351,8 @@ impl Compiler<'_> {
             Some(text) => {
                 let algorithm = Algorithm::parse(text);
                 if algorithm.is_none() {
-                    let algorithms = one_of(Algorithm::ALL.iter().map(|algorithm| algorithm.as_str()));
+                    let algorithms =
+                        one_of(Algorithm::ALL.iter().map(|algorithm| algorithm.as_str()));
                     self.error(
                         format!("{place}.algorithm"),
                         format!("unknown algorithm {text:?} (expected {algorithms})"),
@@ -316,20 +365,31 @@ impl Compiler<'_> {
             if !algorithm.uses_burst() {
                 self.error(
                     format!("{place}.burst"),
-                    format!("burst is not used by {algorithm} (only token_bucket and gcra take a burst)"),
+                    format!(
+                        "burst is not used by {algorithm} (only token_bucket and gcra take a burst)"
+                    ),
                 );
             } else if burst == 0 {
                 self.error(format!("{place}.burst"), "burst must be at least 1");
             }
         }
-        Some(Rate::new(algorithm?, raw.requests_per_unit.unwrap_or(0), unit?, raw.burst))
+        Some(Rate::new(
+            algorithm?,
+            raw.requests_per_unit.unwrap_or(0),
+            unit?,
+            raw.burst,
+        ))
     }
 }
 
 /// `descriptors[3] (key api_key, value vip)`.
 fn descriptor_place(index: usize, key: &str, value: Option<&str>) -> String {
     match value {
-        Some(value) => format!("descriptors[{index}] (key {}, value {})", name(key), name(value)),
+        Some(value) => format!(
+            "descriptors[{index}] (key {}, value {})",
+            name(key),
+            name(value)
+        ),
         None => format!("descriptors[{index}] (key {})", name(key)),
     }
 }
@@ -345,7 +405,7 @@ fn one_of<'a>(names: impl Iterator<Item = &'a str>) -> String {
 }
 
 /// Parses `50ms`, `1.5s`, `250us` (also `µs`), `100ns`. `None` when malformed or too large.
-pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
+pub fn parse_duration(text: &str) -> Option<Duration> {
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
     let (number, unit) = text.split_at(split);
     let unit_nanos: u128 = match unit {
@@ -360,7 +420,11 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
         return None;
     }
-    let whole: u128 = if whole.is_empty() { 0 } else { u128::from(whole.parse::<u64>().ok()?) };
+    let whole: u128 = if whole.is_empty() {
+        0
+    } else {
+        u128::from(whole.parse::<u64>().ok()?)
+    };
     // Digits past the ninth cannot add a whole nanosecond in any unit.
     let fraction = fraction.get(..fraction.len().min(9)).unwrap_or_default();
     let fraction_nanos = if fraction.is_empty() {
@@ -377,7 +441,7 @@ pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
 pub(crate) fn format_duration(duration: Duration) -> String {
     let nanos = duration.as_nanos();
     for (unit, size) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
-        if nanos % size == 0 && nanos > 0 {
+        if nanos > 0 && nanos.is_multiple_of(size) {
             return format!("{}{unit}", nanos / size);
         }
     }

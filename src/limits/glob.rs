@@ -67,7 +67,11 @@ mod tests {
     fn check(pattern: &str, value: &str, expected: bool) {
         let glob = Glob::new(pattern);
         let glob = glob.as_ref().map(|g| g.matches(value));
-        assert_eq!(glob, Some(expected), "pattern {pattern:?} against {value:?}");
+        assert_eq!(
+            glob,
+            Some(expected),
+            "pattern {pattern:?} against {value:?}"
+        );
     }
 
     #[test]

@@ -68,7 +68,8 @@ pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
 
 /// The YAML files directly in `directory`, sorted by name.
 fn yaml_files(directory: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let entries = fs::read_dir(directory).map_err(|error| io_error(directory, "cannot list directory", &error))?;
+    let entries = fs::read_dir(directory)
+        .map_err(|error| io_error(directory, "cannot list directory", &error))?;
     let mut files = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|error| io_error(directory, "cannot list directory", &error))?;
@@ -93,8 +94,16 @@ fn yaml_files(directory: &Path) -> Result<Vec<PathBuf>, ConfigError> {
 fn read_file(path: &Path) -> Result<Source, ConfigError> {
     let name = path.display().to_string();
     let file = fs::File::open(path).map_err(|error| io_error(path, "cannot read", &error))?;
-    let too_large = || ConfigError::whole_file(&name, format!("file is larger than {MAX_FILE_BYTES} bytes (4 MiB)"));
-    let length = file.metadata().map_err(|error| io_error(path, "cannot read", &error))?.len();
+    let too_large = || {
+        ConfigError::whole_file(
+            &name,
+            format!("file is larger than {MAX_FILE_BYTES} bytes (4 MiB)"),
+        )
+    };
+    let length = file
+        .metadata()
+        .map_err(|error| io_error(path, "cannot read", &error))?
+        .len();
     if length > MAX_FILE_BYTES as u64 {
         return Err(too_large());
     }
@@ -105,8 +114,12 @@ fn read_file(path: &Path) -> Result<Source, ConfigError> {
     if bytes.len() > MAX_FILE_BYTES {
         return Err(too_large());
     }
-    let text = String::from_utf8(bytes)
-        .map_err(|error| ConfigError::whole_file(&name, format!("file is not utf-8 text: {}", error.utf8_error())))?;
+    let text = String::from_utf8(bytes).map_err(|error| {
+        ConfigError::whole_file(
+            &name,
+            format!("file is not utf-8 text: {}", error.utf8_error()),
+        )
+    })?;
     Ok(Source { name, text })
 }
 

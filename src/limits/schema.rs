@@ -114,7 +114,11 @@ impl Bounds {
 }
 
 /// Parses one file. `Ok(None)` for a document with no content (empty or only comments).
-pub(crate) fn parse(file: &str, text: &str, bounds: &Bounds) -> Result<Option<RawFile>, ConfigError> {
+pub(crate) fn parse(
+    file: &str,
+    text: &str,
+    bounds: &Bounds,
+) -> Result<Option<RawFile>, ConfigError> {
     if text.len() > MAX_FILE_BYTES {
         return Err(ConfigError::whole_file(
             file,
@@ -170,13 +174,17 @@ fn reword(message: &str) -> Option<&'static str> {
     }
 }
 
-/// Parser limits: generous for any file under [`MAX_FILE_BYTES`], tight enough that alias
-/// expansion cannot blow memory up.
+/// Parser limits: generous for any file under [`MAX_FILE_BYTES`], while alias expansion
+/// stays capped.
 fn budget() -> Budget {
     let mut budget = Budget::default();
     budget.max_depth = YAML_MAX_DEPTH;
     budget.max_nodes = MAX_FILE_BYTES;
     budget.max_events = 2 * MAX_FILE_BYTES;
+    // One `&limit` anchor aliased by every descriptor is a normal way to share a limit;
+    // alias replay stays capped by `AliasLimits::max_total_replayed_events` and our
+    // descriptor count.
+    budget.enforce_alias_anchor_ratio = false;
     budget
 }
 
@@ -240,7 +248,10 @@ struct FileSeed<'b>(&'b Bounds);
 impl<'de> DeserializeSeed<'de> for FileSeed<'_> {
     type Value = Option<RawFile>;
 
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_option(self)
     }
 }
@@ -260,7 +271,10 @@ impl<'de> Visitor<'de> for FileSeed<'_> {
         Ok(None)
     }
 
-    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+    fn visit_some<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(FileMap(self.0)).map(Some)
     }
 }
@@ -300,7 +314,10 @@ struct ListSeed<'b> {
 impl<'de> DeserializeSeed<'de> for ListSeed<'_> {
     type Value = Vec<RawDescriptor>;
 
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_option(self)
     }
 }
@@ -320,7 +337,10 @@ impl<'de> Visitor<'de> for ListSeed<'_> {
         Ok(Vec::new())
     }
 
-    fn visit_some<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+    fn visit_some<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_seq(self)
     }
 
@@ -348,7 +368,10 @@ struct DescriptorSeed<'b> {
 impl<'de> DeserializeSeed<'de> for DescriptorSeed<'_> {
     type Value = RawDescriptor;
 
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
     }
 }
@@ -365,11 +388,17 @@ impl<'de> Visitor<'de> for DescriptorSeed<'_> {
         // wording for the breach's own message.
         if self.depth > MAX_DEPTH {
             self.bounds.breach.set(Some(Breach::TooDeep));
-            return Err(de::Error::invalid_length(self.depth, &"a shallower nesting"));
+            return Err(de::Error::invalid_length(
+                self.depth,
+                &"a shallower nesting",
+            ));
         }
         let Some(remaining) = self.bounds.remaining.get().checked_sub(1) else {
             self.bounds.breach.set(Some(Breach::TooMany));
-            return Err(de::Error::invalid_length(MAX_DESCRIPTORS + 1, &"fewer descriptors"));
+            return Err(de::Error::invalid_length(
+                MAX_DESCRIPTORS + 1,
+                &"fewer descriptors",
+            ));
         };
         self.bounds.remaining.set(remaining);
 

@@ -36,7 +36,10 @@ impl Domain {
     /// Walks the request descriptor's entries in order; returns the node the walk ends on,
     /// if it got through every entry (`None` for an empty descriptor). Whether that node
     /// has limits is for the caller to see.
-    pub fn lookup<'e>(&self, entries: impl IntoIterator<Item = (&'e str, &'e str)>) -> Option<&Node> {
+    pub fn lookup<'e>(
+        &self,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<&Node> {
         let mut level = &self.root;
         let mut node = None;
         for (key, value) in entries {
@@ -45,6 +48,24 @@ impl Domain {
             node = Some(found);
         }
         node
+    }
+}
+
+impl Domain {
+    /// Every node of the domain, depth first.
+    pub fn nodes(&self) -> Vec<&Node> {
+        let mut out = Vec::new();
+        let mut stack: Vec<&Level> = vec![&self.root];
+        while let Some(level) = stack.pop() {
+            for group in level.values() {
+                let wildcards = group.wildcards.iter().map(|(_, _, node)| node);
+                for node in group.exact.values().chain(wildcards).chain(group.default.as_deref()) {
+                    out.push(node);
+                    stack.push(&node.children);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -61,7 +82,11 @@ impl KeyGroup {
         if let Some(node) = self.exact.get(value) {
             return Some(node);
         }
-        if let Some((_, _, node)) = self.wildcards.iter().find(|(glob, _, _)| glob.matches(value)) {
+        if let Some((_, _, node)) = self
+            .wildcards
+            .iter()
+            .find(|(glob, _, _)| glob.matches(value))
+        {
             return Some(node);
         }
         self.default.as_deref()
@@ -78,6 +103,9 @@ pub struct Node {
     /// Where the entry is in the config, for logs and metrics: the domain, then each key,
     /// with `=value` where a value is configured (`edge > api_key=vip > path`).
     pub path: Box<str>,
+    /// The descriptor keys leading here, without values (`api_key.path`): the metrics label,
+    /// which must never carry request values.
+    pub key_path: Box<str>,
     pub(crate) children: Level,
     /// Position in the domain's config (depth-first, file order), for stable dumps.
     pub(crate) order: usize,
@@ -86,6 +114,8 @@ pub struct Node {
 /// One configured limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limit {
+    /// Position among its domain's limits (0..): lets callers keep per-limit side tables.
+    pub index: usize,
     pub name: Option<Arc<str>>,
     /// `None` for `unlimited: true`.
     pub rate: Option<Rate>,
@@ -109,7 +139,10 @@ pub(crate) fn visit<'t>(level: &'t Level, prefix: &str, out: &mut Vec<(String, &
     for (key, group) in level {
         let base = format!("{prefix}.{key}");
         let exact = group.exact.iter().map(|(value, node)| (&**value, node));
-        let wildcards = group.wildcards.iter().map(|(_, value, node)| (&**value, node));
+        let wildcards = group
+            .wildcards
+            .iter()
+            .map(|(_, value, node)| (&**value, node));
         for (value, node) in exact.chain(wildcards) {
             let name = format!("{base}_{value}");
             visit(&node.children, &name, out);

@@ -49,10 +49,16 @@ fn limiter(response_headers: bool) -> Limiter {
         },
         Clock::starting_at(START),
     );
+    let metrics = Metrics::new(
+        crate::metrics::MetricsOptions::default(),
+        &engine,
+        Arc::new(crate::reload::ReloadStats::default()),
+    );
     Limiter::new(
         Arc::new(ArcSwap::from_pointee(limits)),
         engine,
         LimiterOptions { response_headers },
+        Arc::new(metrics),
     )
 }
 

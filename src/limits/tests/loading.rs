@@ -14,7 +14,10 @@ impl TempDir {
     fn new(test: &str) -> TempDir {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let unique = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("ratekeeper-limits-{}-{test}-{unique}", std::process::id()));
+        let path = std::env::temp_dir().join(format!(
+            "ratekeeper-limits-{}-{test}-{unique}",
+            std::process::id()
+        ));
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).expect("create temp dir");
         TempDir(path)
@@ -41,7 +44,9 @@ impl Drop for TempDir {
 }
 
 fn domain_file(domain: &str) -> String {
-    format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n")
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+    )
 }
 
 fn load(path: &Path) -> Limits {
@@ -92,7 +97,10 @@ fn a_kubernetes_configmap_mount() {
     // each visible name a symlink through `..data`.
     let dir = TempDir::new("configmap");
     dir.write("..2024_05_01_12_00_00.123/edge.yaml", &domain_file("edge"));
-    dir.write("..2024_05_01_12_00_00.123/internal.yml", &domain_file("internal"));
+    dir.write(
+        "..2024_05_01_12_00_00.123/internal.yml",
+        &domain_file("internal"),
+    );
     symlink("..2024_05_01_12_00_00.123", dir.path().join("..data")).expect("link ..data");
     symlink("..data/edge.yaml", dir.path().join("edge.yaml")).expect("link edge.yaml");
     symlink("..data/internal.yml", dir.path().join("internal.yml")).expect("link internal.yml");
@@ -128,14 +136,20 @@ fn a_domain_in_two_files_names_both() {
 #[test]
 fn errors_in_several_files_are_all_reported_in_name_order() {
     let dir = TempDir::new("several");
-    let b = dir.write("b.yaml", "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: eon}\n");
+    let b = dir.write(
+        "b.yaml",
+        "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: eon}\n",
+    );
     let a = dir.write("a.yaml", "descriptors: []\n");
     dir.write("c.yaml", &domain_file("c"));
     let errors = load_errors(dir.path());
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert_eq!(errors[0], format!("{}: missing domain", a.display()));
     assert!(
-        errors[1].starts_with(&format!("{}: domain b > descriptors[0] (key k) > rate_limit.unit: unknown unit", b.display())),
+        errors[1].starts_with(&format!(
+            "{}: domain b > descriptors[0] (key k) > rate_limit.unit: unknown unit",
+            b.display()
+        )),
         "{errors:?}"
     );
 }
@@ -146,7 +160,10 @@ fn a_missing_path_is_named() {
     let missing = dir.path().join("nope.yaml");
     assert_eq!(
         load_errors(&missing),
-        [format!("{}: cannot read: no such file or directory (os error 2)", missing.display())]
+        [format!(
+            "{}: cannot read: no such file or directory (os error 2)",
+            missing.display()
+        )]
     );
 }
 
@@ -158,21 +175,36 @@ fn a_dangling_symlink_in_a_directory_is_named() {
     symlink("..data/gone.yaml", &link).expect("link gone.yaml");
     assert_eq!(
         load_errors(dir.path()),
-        [format!("{}: cannot read: no such file or directory (os error 2)", link.display())]
+        [format!(
+            "{}: cannot read: no such file or directory (os error 2)",
+            link.display()
+        )]
     );
 }
 
 #[test]
 fn oversized_and_non_utf8_files_are_rejected() {
     let dir = TempDir::new("oversized");
-    let big = dir.write("big.yaml", &format!("domain: big\n#{}\n", "x".repeat(4 * 1024 * 1024)));
+    let big = dir.write(
+        "big.yaml",
+        &format!("domain: big\n#{}\n", "x".repeat(4 * 1024 * 1024)),
+    );
     let binary = dir.0.join("binary.yaml");
     fs::write(&binary, b"domain: \xff\xfe\n").expect("write binary.yaml");
     let errors = load_errors(dir.path());
     assert_eq!(errors.len(), 2, "{errors:?}");
-    assert_eq!(errors[0], format!("{}: file is larger than 4194304 bytes (4 MiB)", big.display()));
+    assert_eq!(
+        errors[0],
+        format!(
+            "{}: file is larger than 4194304 bytes (4 MiB)",
+            big.display()
+        )
+    );
     assert!(
-        errors[1].starts_with(&format!("{}: file is not utf-8 text: invalid utf-8 sequence", binary.display())),
+        errors[1].starts_with(&format!(
+            "{}: file is not utf-8 text: invalid utf-8 sequence",
+            binary.display()
+        )),
         "{errors:?}"
     );
 }

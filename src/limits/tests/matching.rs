@@ -34,16 +34,25 @@ descriptors:
 
 /// Asserts which node `entries` end on (by its path), or that the walk fails.
 fn check(limits: &Limits, entries: &[(&str, &str)], expected: Option<&str>) {
-    let node = limits.domain("edge").and_then(|d| d.lookup(entries.iter().copied()));
+    let node = limits
+        .domain("edge")
+        .and_then(|d| d.lookup(entries.iter().copied()));
     assert_eq!(node.map(|n| &*n.path), expected, "request {entries:?}");
 }
 
 #[test]
 fn exact_beats_wildcard_beats_default() {
     let limits = limits(CONFIG);
-    let table: &[(&[(&str, &str)], Option<&str>)] = &[
-        (&[("path", "/api/v1/users")], Some("edge > path=/api/v1/users")),
-        (&[("path", "/api/v2/users")], Some("edge > path=/api/*/users")),
+    type Request<'a> = &'a [(&'a str, &'a str)];
+    let table: &[(Request, Option<&str>)] = &[
+        (
+            &[("path", "/api/v1/users")],
+            Some("edge > path=/api/v1/users"),
+        ),
+        (
+            &[("path", "/api/v2/users")],
+            Some("edge > path=/api/*/users"),
+        ),
         (&[("path", "/api/v2/orders")], Some("edge > path=/api/*")),
         (&[("path", "/api/")], Some("edge > path=/api/*")),
         (&[("path", "/other")], Some("edge > path")),
@@ -62,13 +71,23 @@ fn exact_beats_wildcard_beats_default() {
 fn the_matched_node_carries_its_limit() {
     let limits = limits(CONFIG);
     let requests_per_unit = |entries: &[(&str, &str)]| {
-        let node = limits.domain("edge").and_then(|d| d.lookup(entries.iter().copied()));
-        node.and_then(|n| n.limits.first()).and_then(|l| l.rate).map(|r| r.requests_per_unit)
+        let node = limits
+            .domain("edge")
+            .and_then(|d| d.lookup(entries.iter().copied()));
+        node.and_then(|n| n.limits.first())
+            .and_then(|l| l.rate)
+            .map(|r| r.requests_per_unit)
     };
     assert_eq!(requests_per_unit(&[("path", "/api/v1/users")]), Some(3));
     assert_eq!(requests_per_unit(&[("path", "/api/v9/users")]), Some(1));
-    assert_eq!(requests_per_unit(&[("api_key", "k1"), ("path", "/p")]), Some(7));
-    assert_eq!(requests_per_unit(&[("api_key", "vip"), ("path", "/vip")]), Some(6));
+    assert_eq!(
+        requests_per_unit(&[("api_key", "k1"), ("path", "/p")]),
+        Some(7)
+    );
+    assert_eq!(
+        requests_per_unit(&[("api_key", "vip"), ("path", "/vip")]),
+        Some(6)
+    );
 }
 
 #[test]
@@ -82,8 +101,16 @@ descriptors:
   - {key: path, value: '*/users'}
 ",
     );
-    check(&limits, &[("path", "/api/v2/users")], Some("edge > path=/api/*"));
-    check(&limits, &[("path", "/web/users")], Some("edge > path=*/users"));
+    check(
+        &limits,
+        &[("path", "/api/v2/users")],
+        Some("edge > path=/api/*"),
+    );
+    check(
+        &limits,
+        &[("path", "/web/users")],
+        Some("edge > path=*/users"),
+    );
     check(&limits, &[("path", "/web/orders")], None);
 }
 
@@ -93,8 +120,16 @@ fn no_backtracking_once_a_branch_is_chosen() {
     // `vip` picks the exact branch, which has no `/other` child; the default `api_key`
     // branch would have matched, but the walk does not go back.
     check(&limits, &[("api_key", "vip"), ("path", "/other")], None);
-    check(&limits, &[("api_key", "vip"), ("path", "/vip")], Some("edge > api_key=vip > path=/vip"));
-    check(&limits, &[("api_key", "k1"), ("path", "/other")], Some("edge > api_key > path"));
+    check(
+        &limits,
+        &[("api_key", "vip"), ("path", "/vip")],
+        Some("edge > api_key=vip > path=/vip"),
+    );
+    check(
+        &limits,
+        &[("api_key", "k1"), ("path", "/other")],
+        Some("edge > api_key > path"),
+    );
 }
 
 #[test]
@@ -104,15 +139,22 @@ fn the_walk_must_consume_every_entry() {
     check(&limits, &[("path", "/other"), ("extra", "x")], None);
     // Shorter: the walk ends on an intermediate node, which has no limits of its own.
     check(&limits, &[("api_key", "k1")], Some("edge > api_key"));
-    let node = limits.domain("edge").and_then(|d| d.lookup([("api_key", "k1")]));
+    let node = limits
+        .domain("edge")
+        .and_then(|d| d.lookup([("api_key", "k1")]));
     assert_eq!(node.map(|n| n.limits.len()), Some(0));
 }
 
 #[test]
 fn an_entry_without_limit_or_children_is_an_allow_list_node() {
     let limits = limits(CONFIG);
-    let node = limits.domain("edge").and_then(|d| d.lookup([("internal", "svc")]));
-    assert_eq!(node.map(|n| (&*n.path, n.limits.len())), Some(("edge > internal", 0)));
+    let node = limits
+        .domain("edge")
+        .and_then(|d| d.lookup([("internal", "svc")]));
+    assert_eq!(
+        node.map(|n| (&*n.path, n.limits.len())),
+        Some(("edge > internal", 0))
+    );
     check(&limits, &[("internal", "svc"), ("path", "/x")], None);
 }
 
@@ -120,16 +162,27 @@ fn an_entry_without_limit_or_children_is_an_allow_list_node() {
 fn domains_are_separate_and_listed_in_name_order() {
     let source = |name: &str, domain: &str| Source {
         name: name.into(),
-        text: format!("domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute}}\n"),
+        text: format!(
+            "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute}}\n"
+        ),
     };
     let limits = Limits::from_sources(&[source("1.yaml", "zeta"), source("2.yaml", "alpha")]);
     let limits = match limits {
         Ok(limits) => limits,
         Err(errors) => panic!("{errors}"),
     };
-    assert_eq!(limits.domains().map(|d| d.name()).collect::<Vec<_>>(), ["alpha", "zeta"]);
+    assert_eq!(
+        limits.domains().map(|d| d.name()).collect::<Vec<_>>(),
+        ["alpha", "zeta"]
+    );
     assert!(limits.domain("beta").is_none());
-    assert_eq!(limits.domain("zeta").and_then(|d| d.lookup([("k", "v")])).map(|n| &*n.path), Some("zeta > k"));
+    assert_eq!(
+        limits
+            .domain("zeta")
+            .and_then(|d| d.lookup([("k", "v")]))
+            .map(|n| &*n.path),
+        Some("zeta > k")
+    );
     assert_eq!(limits.limit_count(), 2);
 }
 
