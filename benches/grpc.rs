@@ -16,8 +16,11 @@
 //! h2load's summary, p50/p99 from its per-request log, and the CPU this process (i.e. the
 //! server under test; the other one idles) used per request, from `/proc/self/stat`.
 //!
-//! Run with `cargo bench --bench grpc`. `GRPC_BENCH_ROUNDS` (default 4) and
-//! `GRPC_BENCH_REQUESTS` (default 200000) override the run sizes.
+//! Run with `cargo bench --bench grpc`. `GRPC_BENCH_ROUNDS` (default 6) and
+//! `GRPC_BENCH_REQUESTS` (default 200000) override the run sizes; `GRPC_BENCH_PERF=1`
+//! attaches `perf stat` to this process during each run and prints syscalls and context
+//! switches per request (the servers' side only: h2load is another process); any other value
+//! is taken as the perf event list.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -331,6 +334,57 @@ struct Run {
     p99_us: u64,
     max_us: u64,
     cpu_us_per_request: f64,
+    /// With `GRPC_BENCH_PERF=1`: perf counters of this process, per request.
+    per_request: Vec<(String, f64)>,
+}
+
+/// `perf stat` attached to this process for one h2load run (opt-in: `GRPC_BENCH_PERF=1` for
+/// the default events, or a comma-separated perf event list).
+struct Perf {
+    child: std::process::Child,
+    output: PathBuf,
+}
+
+impl Perf {
+    const EVENTS: &str = "raw_syscalls:sys_enter,context-switches,cpu-migrations";
+
+    fn start(log: &Path) -> Option<Perf> {
+        let events = match std::env::var("GRPC_BENCH_PERF") {
+            Ok(events) if events == "1" => Perf::EVENTS.to_owned(),
+            Ok(events) => events,
+            Err(_) => return None,
+        };
+        let output = log.with_extension("perf");
+        let child = Command::new("perf")
+            .args(["stat", "-x", ",", "-e", &events, "-o"])
+            .arg(&output)
+            .args(["-p", &std::process::id().to_string()])
+            .spawn()
+            .expect("run perf stat");
+        // perf needs a moment to attach before the load starts.
+        std::thread::sleep(Duration::from_millis(300));
+        Some(Perf { child, output })
+    }
+
+    /// Stops perf (SIGINT makes it print its counts) and reads `(event, count)` pairs.
+    fn finish(mut self) -> Vec<(String, f64)> {
+        let stopped = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status()
+            .is_ok_and(|status| status.success());
+        assert!(stopped, "could not stop perf stat");
+        let _ = self.child.wait();
+        let text = std::fs::read_to_string(&self.output).unwrap_or_default();
+        // CSV lines: count,unit,event,...
+        text.lines()
+            .filter_map(|line| {
+                let mut fields = line.split(',');
+                let count = fields.next()?.parse::<f64>().ok()?;
+                let event = fields.nth(1)?.to_owned();
+                Some((event, count))
+            })
+            .collect()
+    }
 }
 
 fn percentile(sorted: &[u64], fraction: f64) -> u64 {
@@ -352,6 +406,7 @@ fn h2load(
 ) -> Run {
     // h2load appends to its log file.
     let _ = std::fs::remove_file(log);
+    let perf = Perf::start(log);
     let cpu_before = process_cpu(ticks);
     let output = Command::new("h2load")
         .args(["-c", &CONNECTIONS.to_string()])
@@ -365,6 +420,7 @@ fn h2load(
         .output()
         .expect("run h2load (package nghttp2-client)");
     let cpu = process_cpu(ticks).saturating_sub(cpu_before);
+    let counters = perf.map(Perf::finish).unwrap_or_default();
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "h2load failed:\n{text}");
     // "finished in 4.21s, 47501.20 req/s, 3.11MB/s"
@@ -399,6 +455,10 @@ fn h2load(
         p99_us: percentile(&latencies, 0.99),
         max_us: latencies.last().copied().unwrap_or(0),
         cpu_us_per_request: cpu.as_secs_f64() * 1e6 / requests as f64,
+        per_request: counters
+            .into_iter()
+            .map(|(event, count)| (event, count / requests as f64))
+            .collect(),
     }
 }
 
@@ -420,7 +480,7 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 fn main() {
-    let rounds = env_or("GRPC_BENCH_ROUNDS", 4);
+    let rounds = env_or("GRPC_BENCH_ROUNDS", 6);
     let requests = env_or("GRPC_BENCH_REQUESTS", 200_000);
     let ticks = clock_ticks();
     let dir = std::env::temp_dir().join(format!("ratekeeper-grpc-bench-{}", std::process::id()));
@@ -471,8 +531,13 @@ fn main() {
         }
         for (target, body) in order {
             let run = h2load(target, addr(target), body, &bodies[body], requests, &log, ticks);
+            let counters: Vec<String> = run
+                .per_request
+                .iter()
+                .map(|(event, count)| format!(" {event} {count:.2}/req |"))
+                .collect();
             println!(
-                "| {} | {} | {} | {:.0} | {} us | {} us | {} us | {:.1} us |",
+                "| {} | {} | {} | {:.0} | {} us | {} us | {} us | {:.1} us |{}",
                 round + 1,
                 target.name(),
                 bodies[body].name,
@@ -480,7 +545,8 @@ fn main() {
                 run.p50_us,
                 run.p99_us,
                 run.max_us,
-                run.cpu_us_per_request
+                run.cpu_us_per_request,
+                counters.concat()
             );
             runs.push(run);
         }

@@ -89,19 +89,17 @@ impl TypedMetric for AtomicHistogram {
 
 impl EncodeMetric for AtomicHistogram {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
-        let mut cumulative = 0;
-        let mut buckets = Vec::with_capacity(LATENCY_BUCKETS.len() + 1);
-        for (index, bound) in LATENCY_BUCKETS
+        // Per-bucket counts: the encoder makes them cumulative.
+        let buckets: Vec<(f64, u64)> = LATENCY_BUCKETS
             .iter()
             .copied()
             .chain([f64::INFINITY])
-            .enumerate()
-        {
-            cumulative += self.buckets[index].load(Ordering::Relaxed);
-            buckets.push((bound, cumulative));
-        }
+            .zip(&self.buckets)
+            .map(|(bound, count)| (bound, count.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, count)| count).sum();
         let sum = self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
-        encoder.encode_histogram::<NoLabelSet>(sum, cumulative, &buckets, None)
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
     }
 
     fn metric_type(&self) -> MetricType {

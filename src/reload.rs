@@ -69,6 +69,8 @@ impl Default for ReloadOptions {
 /// Reload counters, scraped by metrics; written only by the reloader.
 #[derive(Default)]
 pub struct ReloadStats {
+    /// Every look at the files, whatever came of it (including unchanged ones).
+    pub checks: AtomicU64,
     pub successes: AtomicU64,
     pub failures: AtomicU64,
     pub last_success_unix_seconds: AtomicU64,
@@ -96,6 +98,7 @@ impl ReloadStats {
 impl fmt::Debug for ReloadStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ReloadStats")
+            .field("checks", &self.checks)
             .field("successes", &self.successes)
             .field("failures", &self.failures)
             .field("last_success_unix_seconds", &self.last_success_unix_seconds)
@@ -150,6 +153,7 @@ fn reload_serialized(
     if stopped.is_some_and(|stopped| stopped.load(Ordering::SeqCst)) {
         return Ok(false);
     }
+    stats.checks.fetch_add(1, Ordering::Relaxed);
     let (limits, version) = match load(path) {
         Ok(loaded) => loaded,
         Err(errors) => {

@@ -372,8 +372,9 @@ fn record(
     counters.total_hits.inc_by(cost);
     if admitted {
         counters.within_limit.inc_by(cost);
+        // Written as used >= ratio * capacity: exact for round ratios like 0.8 * 5.
         let capacity = rate.capacity() as f64;
-        if f64::from(decision.remaining) <= (1.0 - near_limit_ratio) * capacity {
+        if capacity - f64::from(decision.remaining) >= near_limit_ratio * capacity {
             counters.near_limit.inc_by(cost);
         }
     } else if !decision.allowed {

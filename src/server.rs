@@ -184,9 +184,14 @@ impl Server {
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(rls)
-            .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+            .serve_with_incoming_shutdown(incoming, stopped(stop_rx));
+        // The HTTP listener outlives the gRPC drain, so probes see 503 (not a refused
+        // connection) and metrics can be scraped while requests drain.
+        let (grpc_done_tx, grpc_done_rx) = tokio::sync::oneshot::channel::<()>();
         let app = admin::router(Arc::clone(&self.health), Arc::clone(&self.limiter));
-        let http = axum::serve(self.http, app).with_graceful_shutdown(stopped(stop_rx));
+        let http = axum::serve(self.http, app).with_graceful_shutdown(async {
+            let _ = grpc_done_rx.await;
+        });
         let health = Arc::clone(&self.health);
         let grace = self.shutdown_grace;
         let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
@@ -211,6 +216,11 @@ impl Server {
             }
         };
         let serve = async {
+            let grpc = async {
+                let result = grpc.await;
+                let _ = grpc_done_tx.send(());
+                result
+            };
             let (grpc, http) = tokio::join!(grpc, async { http.await });
             let _ = drained_tx.send(());
             (grpc, http)

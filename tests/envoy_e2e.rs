@@ -8,6 +8,7 @@
 
 mod support;
 
+use std::ffi::OsStr;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -150,14 +151,17 @@ impl Stack {
     }
 
     /// `GET /` through Envoy, with `x-api-key` when given. Panics with diagnostics on an
-    /// I/O error.
+    /// I/O error, or when Envoy had to let the request through without ratekeeper's answer
+    /// (which would otherwise show up later as a puzzling header mismatch).
     fn get(&mut self, api_key: Option<&str>) -> HttpResponse {
         let headers: Vec<(&str, &str)> =
             api_key.map(|key| ("x-api-key", key)).into_iter().collect();
-        match http_get(self.listener, "/", &headers) {
+        let response = match http_get(self.listener, "/", &headers) {
             Ok(response) => response,
             Err(error) => panic!("GET / via Envoy failed: {error}\n{}", self.diagnostics()),
-        }
+        };
+        self.assert_no_rls_failures();
+        response
     }
 
     /// Requests that reached the upstream since start-up.
@@ -309,7 +313,6 @@ fn envoy_denies_the_fourth_request_per_api_key_and_reports_x_ratelimit_headers()
         "{}",
         stack.diagnostics()
     );
-    stack.assert_no_rls_failures();
 }
 
 /// Envoy 1.40 copies the service's `response_headers_to_add` onto allowed responses as
@@ -340,7 +343,6 @@ fn envoy_passes_ratekeeper_response_headers_on_allowed_and_denied_responses() {
     let anonymous = stack.get(None);
     assert_status(&anonymous, 200, "no x-api-key");
     assert_no_service_headers(&anonymous, "no x-api-key");
-    stack.assert_no_rls_failures();
 }
 
 #[test]
@@ -371,7 +373,6 @@ fn envoy_never_limits_requests_without_the_header() {
     let keyed = stack.get(Some("k1"));
     assert_status(&keyed, 200, "k1 after the anonymous requests");
     assert_x_ratelimit(&keyed, 1, "k1 after the anonymous requests");
-    stack.assert_no_rls_failures();
 }
 
 /// The two shipped examples, unchanged but for addresses, agree on domain and descriptor
@@ -413,7 +414,6 @@ fn shipped_examples_work_together() {
         assert_eq!(allowed.header("x-ratelimit-limit"), None, "{allowed:#?}");
     }
     assert_eq!(stack.ratelimit_stat("ok"), 12, "{}", stack.diagnostics());
-    stack.assert_no_rls_failures();
 }
 
 #[test]
@@ -437,7 +437,7 @@ fn example_envoy_config_passes_envoy_validation() {
 #[test]
 fn example_limits_pass_ratekeeper_validation() {
     let config = repo_file("config");
-    let (status, stdout, stderr) = run_ratekeeper(&["validate".as_ref(), config.as_os_str()]);
+    let (status, stdout, stderr) = run_ratekeeper(&[OsStr::new("validate"), config.as_os_str()]);
     assert!(
         status.success(),
         "{}: {status}\n{stdout}\n{stderr}",

@@ -344,6 +344,29 @@ async fn an_invalid_file_keeps_the_old_limits_until_it_is_fixed() {
 }
 
 #[tokio::test]
+async fn reading_the_files_does_not_count_as_a_change() {
+    let dir = TempDir::new("no-echo");
+    let file = dir.join("edge.yaml");
+    write(&file, &limits_yaml("edge", 10));
+    let running = start(dir.path(), quick());
+
+    write(&file, &limits_yaml("edge", 20));
+    eventually("requests_per_unit 20", || {
+        live_rate(&running.live, "edge") == Some(20)
+    })
+    .await;
+    // A reload opens and reads the files in the watched directory; if that counted as an
+    // event, the watcher would re-read every quiet period forever. Trailing events of the
+    // write may cause one or two more looks, not a steady stream.
+    let checks = running.stats.checks.load(Ordering::Relaxed);
+    let spinning = poll_until(Duration::from_secs(1), &mut || {
+        running.stats.checks.load(Ordering::Relaxed) >= checks + 5
+    })
+    .await;
+    assert!(!spinning, "the watcher keeps re-reading its own reads");
+}
+
+#[tokio::test]
 async fn a_burst_of_writes_ends_in_few_reloads_with_the_last_content() {
     let dir = TempDir::new("burst");
     let file = dir.join("edge.yaml");

@@ -256,15 +256,9 @@ pub struct Ratekeeper {
 
 impl Ratekeeper {
     /// Starts `ratekeeper serve --config <config> <extra_args>` on `127.0.0.1:0` and waits
-    /// until `/healthcheck` answers 200. `RATEKEEPER_*` variables of the caller's
-    /// environment are not passed on, so only the arguments decide.
+    /// until `/healthcheck` answers 200 (see [`ratekeeper_command`] for the environment).
     pub fn start(config: &Path, extra_args: &[&str]) -> Ratekeeper {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("RATEKEEPER_") {
-                command.env_remove(name);
-            }
-        }
+        let mut command = ratekeeper_command();
         command
             .arg("serve")
             .arg("--config")
@@ -320,10 +314,24 @@ fn parse_serving_line(line: &str) -> Option<(SocketAddr, SocketAddr)> {
     ))
 }
 
-/// Runs the binary to completion (e.g. `validate`), with a bound; returns status, stdout,
-/// stderr.
-pub fn run_ratekeeper(args: &[&OsStr]) -> (ExitStatus, String, String) {
+/// The ratekeeper binary under test, without the caller's `RATEKEEPER_*` environment (so
+/// a developer's shell settings cannot change what a test runs) and with plain-text logs
+/// (`NO_COLOR`), which read well in a failure message.
+pub fn ratekeeper_command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+    command.env("NO_COLOR", "1");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("RATEKEEPER_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Runs the binary to completion (e.g. `validate`) within [`START_TIMEOUT`]; returns status,
+/// stdout and stderr.
+pub fn run_ratekeeper<S: AsRef<OsStr>>(args: &[S]) -> (ExitStatus, String, String) {
+    let mut command = ratekeeper_command();
     command.args(args);
     run_to_end("ratekeeper", &mut command, START_TIMEOUT)
 }

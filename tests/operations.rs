@@ -1,0 +1,310 @@
+//! What an SRE relies on, through the real binary: hot reload seen through the gRPC API,
+//! reloads under load, metrics that move, `POST /json`, and a graceful SIGTERM.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use support::{Ratekeeper, TempDir, eventually, eventually_async, http_get, write_config};
+use tonic::transport::Channel;
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn limits(domain: &str, requests_per_unit: u32) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: day, requests_per_unit: {requests_per_unit}}}\n"
+    )
+}
+
+async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connects")
+}
+
+fn request(domain: &str, key: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "api_key".to_owned(),
+                value: key.to_owned(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn ask(client: &mut RateLimitServiceClient<Channel>, domain: &str, key: &str) -> RateLimitResponse {
+    client
+        .should_rate_limit(request(domain, key))
+        .await
+        .expect("answers")
+        .into_inner()
+}
+
+/// The configured `requests_per_unit` the service reports for `domain`/`key` (0: no limit),
+/// checked without consuming anything.
+async fn configured(client: &mut RateLimitServiceClient<Channel>, domain: &str, key: &str) -> u32 {
+    let mut peek = request(domain, key);
+    peek.descriptors[0].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let response = client.should_rate_limit(peek).await.expect("answers").into_inner();
+    response.statuses[0]
+        .current_limit
+        .as_ref()
+        .map_or(0, |limit| limit.requests_per_unit)
+}
+
+async fn until_configured(client: &mut RateLimitServiceClient<Channel>, domain: &str, expected: u32) {
+    let reached = eventually_async(WAIT, || {
+        let mut client = client.clone();
+        let domain = domain.to_owned();
+        async move { configured(&mut client, &domain, "probe").await == expected }
+    })
+    .await;
+    assert!(reached, "domain {domain} never reported requests_per_unit {expected}");
+}
+
+/// Writes `text` to `dir/name` atomically (write a temp file, rename it over).
+fn replace(dir: &Path, name: &str, text: &str) {
+    let temp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&temp, text).expect("writes");
+    std::fs::rename(&temp, dir.join(name)).expect("renames");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_renames_additions_and_deletions_take_effect_and_bad_files_are_survived() {
+    let dir = TempDir::new("reload");
+    write_config(dir.path(), "edge.yaml", &limits("edge", 5));
+    let server = Ratekeeper::start(dir.path(), &[]);
+    let mut client = client(server.grpc_addr()).await;
+    assert_eq!(configured(&mut client, "edge", "probe").await, 5);
+
+    // Counters survive, and a lowered limit applies to the existing count at once.
+    for _ in 0..3 {
+        assert_eq!(ask(&mut client, "edge", "alice").await.overall_code, Code::Ok as i32);
+    }
+    std::fs::write(dir.path().join("edge.yaml"), limits("edge", 3)).expect("edits in place");
+    until_configured(&mut client, "edge", 3).await;
+    assert_eq!(
+        ask(&mut client, "edge", "alice").await.overall_code,
+        Code::OverLimit as i32,
+        "3 were used before the reload"
+    );
+
+    replace(dir.path(), "edge.yaml", &limits("edge", 7));
+    until_configured(&mut client, "edge", 7).await;
+
+    write_config(dir.path(), "api.yaml", &limits("api", 9));
+    until_configured(&mut client, "api", 9).await;
+    std::fs::remove_file(dir.path().join("api.yaml")).expect("deletes");
+    until_configured(&mut client, "api", 0).await;
+
+    // An invalid file keeps the old limits; fixing it recovers.
+    replace(dir.path(), "edge.yaml", "domain: edge\ndescriptors:\n  - key: api_key\n    ratelimit: {}\n");
+    let failed = eventually(WAIT, || metric(server.http_addr(), "ratekeeper_config_loads_total{result=\"failure\"}") >= 1.0);
+    assert!(failed, "the bad file was noticed: {}", server.stderr());
+    assert_eq!(configured(&mut client, "edge", "probe").await, 7, "old limits still serve");
+    assert!(server.stderr().contains("ratelimit"), "the error names the bad field");
+    replace(dir.path(), "edge.yaml", &limits("edge", 2));
+    until_configured(&mut client, "edge", 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_symlink_swap_reloads() {
+    // The layout the kubelet makes: files are symlinks through `..data`, which is swapped.
+    let mount = TempDir::new("configmap");
+    let publish = |generation: u32, requests_per_unit: u32| {
+        let version = format!("..2026_11_21_00_00_0{generation}.000000001");
+        std::fs::create_dir(mount.path().join(&version)).expect("version dir");
+        std::fs::write(mount.path().join(&version).join("edge.yaml"), limits("edge", requests_per_unit))
+            .expect("writes");
+        let temp = mount.path().join("..data_tmp");
+        std::os::unix::fs::symlink(&version, &temp).expect("symlink");
+        std::fs::rename(&temp, mount.path().join("..data")).expect("swaps ..data");
+    };
+    publish(1, 4);
+    std::os::unix::fs::symlink("..data/edge.yaml", mount.path().join("edge.yaml")).expect("symlink");
+    let server = Ratekeeper::start(mount.path(), &[]);
+    let mut client = client(server.grpc_addr()).await;
+    assert_eq!(configured(&mut client, "edge", "probe").await, 4);
+    publish(2, 8);
+    until_configured(&mut client, "edge", 8).await;
+    publish(3, 6);
+    until_configured(&mut client, "edge", 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_fails_while_the_limits_reload_repeatedly() {
+    let dir = TempDir::new("reload-load");
+    write_config(dir.path(), "edge.yaml", &limits("edge", 1_000_000));
+    let server = Ratekeeper::start(dir.path(), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for worker in 0..4 {
+        let mut client = client(server.grpc_addr()).await;
+        let (stop, answered) = (Arc::clone(&stop), Arc::clone(&answered));
+        clients.push(tokio::spawn(async move {
+            let mut failures = Vec::new();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                match client.should_rate_limit(request("edge", &format!("w{worker}-{n}"))).await {
+                    Ok(response) if response.get_ref().overall_code == Code::Ok as i32 => {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    other => failures.push(format!("{other:?}")),
+                }
+            }
+            failures
+        }));
+    }
+    for round in 0..20 {
+        replace(dir.path(), "edge.yaml", &limits("edge", 1_000_001 + round));
+        let seen = eventually(WAIT, || {
+            metric(server.http_addr(), "ratekeeper_config_loads_total{result=\"success\"}") >= f64::from(round + 2)
+        });
+        assert!(seen, "reload {round} happened");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        let failures = client.await.expect("client task");
+        assert!(failures.is_empty(), "requests failed during reloads: {failures:?}");
+    }
+    assert!(answered.load(Ordering::Relaxed) > 100, "the clients really ran");
+}
+
+/// The value of the first sample line starting with `prefix` on `/metrics` (0 if absent).
+fn metric(http: SocketAddr, prefix: &str) -> f64 {
+    let Ok(response) = http_get(http, "/metrics", &[]) else {
+        return 0.0;
+    };
+    response
+        .body
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_move_as_requests_are_made() {
+    let dir = TempDir::new("metrics");
+    write_config(dir.path(), "edge.yaml", &limits("edge", 2));
+    let server = Ratekeeper::start(dir.path(), &[]);
+    let mut client = client(server.grpc_addr()).await;
+    let http = server.http_addr();
+    let labels = r#"{domain="edge",limit="api_key",unit="day"}"#;
+    assert_eq!(metric(http, &format!("ratekeeper_limit_total_hits_total{labels}")), 0.0);
+    for _ in 0..3 {
+        ask(&mut client, "edge", "m1").await;
+    }
+    assert_eq!(metric(http, &format!("ratekeeper_limit_total_hits_total{labels}")), 3.0);
+    assert_eq!(metric(http, &format!("ratekeeper_limit_within_limit_total{labels}")), 2.0);
+    assert_eq!(metric(http, &format!("ratekeeper_limit_over_limit_total{labels}")), 1.0);
+    assert_eq!(metric(http, r#"ratekeeper_requests_total{result="ok",code="OK"}"#), 2.0);
+    assert_eq!(metric(http, r#"ratekeeper_requests_total{result="over_limit",code="OK"}"#), 1.0);
+    client.should_rate_limit(request("", "x")).await.expect_err("invalid");
+    assert_eq!(
+        metric(http, r#"ratekeeper_requests_total{result="error",code="INVALID_ARGUMENT"}"#),
+        1.0
+    );
+    let live: f64 = (0..4)
+        .map(|shard| metric(http, &format!(r#"ratekeeper_shard_live_keys{{shard="{shard}"}}"#)))
+        .sum();
+    assert_eq!(live, 1.0, "one key is live");
+    assert_eq!(metric(http, r#"ratekeeper_config_loads_total{result="success"}"#), 1.0);
+    assert!(metric(http, "ratekeeper_config_last_success_timestamp_seconds") > 1.7e9);
+}
+
+/// `POST path` with a body; returns the status and body.
+fn http_post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("connects");
+    stream.set_read_timeout(Some(WAIT)).expect("timeout");
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).expect("writes");
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).expect("reads");
+    let status = raw.split(' ').nth(1).and_then(|code| code.parse().ok()).expect("status");
+    let body = raw.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn json_endpoint_answers_200_429_and_400() {
+    let dir = TempDir::new("json");
+    write_config(dir.path(), "edge.yaml", &limits("edge", 1));
+    let server = Ratekeeper::start(dir.path(), &[]);
+    let body = r#"{"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": "j1"}]}]}"#;
+    let (status, first) = http_post(server.http_addr(), "/json", body);
+    assert_eq!(status, 200, "{first}");
+    let first: serde_json::Value = serde_json::from_str(&first).expect("json");
+    assert_eq!(first["overallCode"], "OK");
+    assert_eq!(first["statuses"][0]["currentLimit"]["requestsPerUnit"], 1);
+    assert_eq!(first["statuses"][0]["currentLimit"]["unit"], "DAY");
+    let (status, second) = http_post(server.http_addr(), "/json", body);
+    assert_eq!(status, 429, "{second}");
+    let second: serde_json::Value = serde_json::from_str(&second).expect("json");
+    assert_eq!(second["statuses"][0]["code"], "OVER_LIMIT");
+    let (status, bad) = http_post(server.http_addr(), "/json", r#"{"domain": "edge", "descriptors": 3}"#);
+    assert_eq!(status, 400);
+    assert!(bad.contains("invalid request body"), "{bad}");
+    let (status, empty) = http_post(server.http_addr(), "/json", r#"{"domain": ""}"#);
+    assert_eq!(status, 400);
+    assert!(empty.contains("domain: must not be empty"), "{empty}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
+    // One token per 3 s, and a request may wait up to 8 s for it: the second request is in
+    // flight (waiting) for about 3 s, long enough to send SIGTERM and look around.
+    let dir = TempDir::new("shutdown");
+    write_config(
+        dir.path(),
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: token_bucket, burst: 1, max_wait: 8s}\n",
+    );
+    let mut server = Ratekeeper::start(dir.path(), &[]);
+    let http = server.http_addr();
+    let mut client = client(server.grpc_addr()).await;
+    assert_eq!(ask(&mut client, "edge", "s1").await.overall_code, Code::Ok as i32);
+    let mut waiting = client.clone();
+    let in_flight = tokio::spawn(async move { ask(&mut waiting, "edge", "s1").await });
+    let queued = eventually(WAIT, || {
+        (0..4).any(|shard| metric(http, &format!(r#"ratekeeper_shard_waiters{{shard="{shard}"}}"#)) >= 1.0)
+    });
+    assert!(queued, "the second request is waiting");
+    let pid = server.process().id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+    assert!(status.success());
+    let not_ready = eventually(WAIT, || {
+        http_get(http, "/healthcheck", &[]).is_ok_and(|response| response.status == 503)
+    });
+    assert!(not_ready, "healthcheck turns 503 while draining");
+    assert!(!in_flight.is_finished(), "still waiting for its token");
+    let answer = tokio::time::timeout(WAIT, in_flight)
+        .await
+        .expect("answered before the timeout")
+        .expect("task");
+    assert_eq!(answer.overall_code, Code::Ok as i32, "admitted when its token came");
+    let exited = support::eventually_some(WAIT, || server.process().exited());
+    let exit = exited.expect("exits after draining");
+    assert!(exit.success(), "exit status {exit:?}: {}", server.stderr());
+}
