@@ -67,7 +67,13 @@ impl Workload {
 }
 
 /// Runs `iters` requests split over `callers` tasks; returns the wall time they took.
-fn run(runtime: &Runtime, engine: &Engine, workload: &Workload, callers: u64, iters: u64) -> Duration {
+fn run(
+    runtime: &Runtime,
+    engine: &Engine,
+    workload: &Workload,
+    callers: u64,
+    iters: u64,
+) -> Duration {
     runtime.block_on(async {
         let start = Instant::now();
         let tasks: Vec<_> = (0..callers)
@@ -106,9 +112,10 @@ fn engine_throughput(c: &mut Criterion) {
     let spread: Arc<[KeyId]> = (0..SPREAD_KEYS).map(api_key).collect();
     let hot: Arc<[KeyId]> = Arc::new([api_key(0)]);
     eprintln!(
-        "engine: {} shards, {} worker threads, {CALLERS} caller tasks",
+        "engine: {} shards, {} worker threads, {CALLERS} caller tasks; load average {}",
         engine.shard_count(),
-        runtime.metrics().num_workers()
+        runtime.metrics().num_workers(),
+        load_average()
     );
 
     let mut group = c.benchmark_group("engine");
@@ -132,6 +139,15 @@ fn engine_throughput(c: &mut Criterion) {
         });
     }
     group.finish();
+    eprintln!("engine: done; load average {}", load_average());
+}
+
+/// The machine's load average: a busy neighbour on this shared machine shows up here.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }
 
 fn decide(c: &mut Criterion) {
@@ -185,7 +201,10 @@ fn key_hashing(c: &mut Criterion) {
             builder
                 .entry(black_box("remote_address"), black_box("203.0.113.217"))
                 .entry(black_box("header_match"), black_box("mobile"))
-                .entry(black_box("path"), black_box("/api/v2/orders/8e1f2c3a/items"));
+                .entry(
+                    black_box("path"),
+                    black_box("/api/v2/orders/8e1f2c3a/items"),
+                );
             builder.key(black_box(&rate))
         });
     });

@@ -5,8 +5,9 @@
 //! - a no-op `RateLimitService` that answers OK at once, served by tonic with the same
 //!   transport settings as ratekeeper (TCP_NODELAY, default HTTP/2 settings).
 //!
-//! Both listen on `127.0.0.1:0`. Each request body is a pre-encoded gRPC frame (5-byte prefix
-//! + protobuf `RateLimitRequest`) in a temp file that h2load POSTs to `ShouldRateLimit`.
+//! Both listen on `127.0.0.1:0`. Each request body is a pre-encoded gRPC frame (the 5-byte
+//! prefix, then the protobuf `RateLimitRequest`) in a temp file that h2load POSTs to
+//! `ShouldRateLimit`.
 //! h2load counts HTTP 200 as success even when the gRPC status is an error, so before any
 //! load each body is sent once with a tonic client (checking the decoded response) and
 //! once with `nghttp` (checking `grpc-status: 0` on the exact bytes h2load will send).
@@ -22,7 +23,6 @@
 //! switches per request (the servers' side only: h2load is another process); any other value
 //! is taken as the perf event list.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -176,17 +176,17 @@ fn bodies(dir: &Path) -> Vec<Body> {
         .collect()
 }
 
-fn runtime() -> Runtime {
+/// A server's runtime; its worker threads carry `name`, so profiles tell the servers apart.
+fn runtime(name: &str) -> Runtime {
     tokio::runtime::Builder::new_multi_thread()
+        .thread_name(name)
         .enable_all()
         .build()
         .expect("a tokio runtime")
 }
 
-fn stopped(mut rx: watch::Receiver<bool>) -> impl Future<Output = ()> + Send {
-    async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    }
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 fn start_noop(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
@@ -303,7 +303,10 @@ fn check_with_nghttp(target: Target, addr: SocketAddr, bodies: &[Body]) {
             body.name
         );
     }
-    println!("check: {} answers grpc-status 0 to every body file (nghttp)", target.name());
+    println!(
+        "check: {} answers grpc-status 0 to every body file (nghttp)",
+        target.name()
+    );
 }
 
 /// This process's user + system CPU time so far, from `/proc/self/stat`.
@@ -313,8 +316,38 @@ fn process_cpu(ticks_per_second: f64) -> Duration {
     // utime and stime are fields 14 and 15.
     let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     Duration::from_secs_f64(ticks as f64 / ticks_per_second)
+}
+
+/// Busy CPU time of the whole machine so far (all CPUs, everything but idle and iowait),
+/// from `/proc/stat`.
+fn machine_busy(ticks_per_second: f64) -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    // "cpu  user nice system idle iowait irq softirq steal guest guest_nice"
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let busy: u64 = fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(index, _)| *index != 3 && *index != 4)
+        .map(|(_, ticks)| ticks)
+        .sum();
+    Duration::from_secs_f64(busy as f64 / ticks_per_second)
+}
+
+/// Prints the machine's load average: a busy neighbour shows up here.
+fn print_load(when: &str) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at {when}: {}", load.trim());
 }
 
 fn clock_ticks() -> f64 {
@@ -334,6 +367,8 @@ struct Run {
     p99_us: u64,
     max_us: u64,
     cpu_us_per_request: f64,
+    /// CPU used by everything else on the machine per request: h2load, plus any noise.
+    other_us_per_request: f64,
     /// With `GRPC_BENCH_PERF=1`: perf counters of this process, per request.
     per_request: Vec<(String, f64)>,
 }
@@ -408,6 +443,7 @@ fn h2load(
     let _ = std::fs::remove_file(log);
     let perf = Perf::start(log);
     let cpu_before = process_cpu(ticks);
+    let busy_before = machine_busy(ticks);
     let output = Command::new("h2load")
         .args(["-c", &CONNECTIONS.to_string()])
         .args(["-m", &STREAMS_PER_CONNECTION.to_string()])
@@ -420,6 +456,7 @@ fn h2load(
         .output()
         .expect("run h2load (package nghttp2-client)");
     let cpu = process_cpu(ticks).saturating_sub(cpu_before);
+    let busy = machine_busy(ticks).saturating_sub(busy_before);
     let counters = perf.map(Perf::finish).unwrap_or_default();
     let text = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "h2load failed:\n{text}");
@@ -433,7 +470,10 @@ fn h2load(
         .unwrap_or_else(|| panic!("no req/s in h2load's output:\n{text}"));
     // "requests: 200000 total, 200000 started, 200000 done, 200000 succeeded, 0 failed, ..."
     let expected_ok = format!("{requests} succeeded, 0 failed, 0 errored");
-    assert!(text.contains(&expected_ok), "not every request succeeded:\n{text}");
+    assert!(
+        text.contains(&expected_ok),
+        "not every request succeeded:\n{text}"
+    );
     let log_text = std::fs::read_to_string(log).expect("read h2load's log");
     let mut latencies: Vec<u64> = log_text
         .lines()
@@ -455,6 +495,7 @@ fn h2load(
         p99_us: percentile(&latencies, 0.99),
         max_us: latencies.last().copied().unwrap_or(0),
         cpu_us_per_request: cpu.as_secs_f64() * 1e6 / requests as f64,
+        other_us_per_request: busy.saturating_sub(cpu).as_secs_f64() * 1e6 / requests as f64,
         per_request: counters
             .into_iter()
             .map(|(event, count)| (event, count / requests as f64))
@@ -483,14 +524,15 @@ fn main() {
     let rounds = env_or("GRPC_BENCH_ROUNDS", 6);
     let requests = env_or("GRPC_BENCH_REQUESTS", 200_000);
     let ticks = clock_ticks();
+    print_load("start");
     let dir = std::env::temp_dir().join(format!("ratekeeper-grpc-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create a temp dir");
     let bodies = bodies(&dir);
     let log = dir.join("h2load.log");
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let noop_runtime = runtime();
-    let ratekeeper_runtime = runtime();
+    let noop_runtime = runtime("noop-rt");
+    let ratekeeper_runtime = runtime("ratekeeper-rt");
     let noop = start_noop(&noop_runtime, stop_rx.clone());
     let ratekeeper = start_ratekeeper(&ratekeeper_runtime, stop_rx);
     let addr = |target| match target {
@@ -518,11 +560,21 @@ fn main() {
     );
     // Warm-up, not counted: connections, allocator, the engine's key.
     for &(target, body) in &pairs {
-        h2load(target, addr(target), body, &bodies[body], requests / 10, &log, ticks);
+        h2load(
+            target,
+            addr(target),
+            body,
+            &bodies[body],
+            requests / 10,
+            &log,
+            ticks,
+        );
     }
     println!();
-    println!("| round | server | body | req/s | p50 | p99 | max | server CPU/req |");
-    println!("|---:|---|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| round | server | body | req/s | p50 | p99 | max | server CPU/req | h2load+other CPU/req |"
+    );
+    println!("|---:|---|---|---:|---:|---:|---:|---:|---:|");
     let mut runs = Vec::new();
     for round in 0..rounds {
         let mut order = pairs.clone();
@@ -530,14 +582,22 @@ fn main() {
             order.reverse();
         }
         for (target, body) in order {
-            let run = h2load(target, addr(target), body, &bodies[body], requests, &log, ticks);
+            let run = h2load(
+                target,
+                addr(target),
+                body,
+                &bodies[body],
+                requests,
+                &log,
+                ticks,
+            );
             let counters: Vec<String> = run
                 .per_request
                 .iter()
                 .map(|(event, count)| format!(" {event} {count:.2}/req |"))
                 .collect();
             println!(
-                "| {} | {} | {} | {:.0} | {} us | {} us | {} us | {:.1} us |{}",
+                "| {} | {} | {} | {:.0} | {} us | {} us | {} us | {:.1} us | {:.1} us |{}",
                 round + 1,
                 target.name(),
                 bodies[body].name,
@@ -546,6 +606,7 @@ fn main() {
                 run.p99_us,
                 run.max_us,
                 run.cpu_us_per_request,
+                run.other_us_per_request,
                 counters.concat()
             );
             runs.push(run);
@@ -566,7 +627,12 @@ fn main() {
         let mut p50: Vec<f64> = mine.iter().map(|run| run.p50_us as f64).collect();
         let mut p99: Vec<f64> = mine.iter().map(|run| run.p99_us as f64).collect();
         let mut cpu: Vec<f64> = mine.iter().map(|run| run.cpu_us_per_request).collect();
-        (median(&mut rps), median(&mut p50), median(&mut p99), median(&mut cpu))
+        (
+            median(&mut rps),
+            median(&mut p50),
+            median(&mut p99),
+            median(&mut cpu),
+        )
     };
     let mut ratios = Vec::new();
     for &(target, body) in &pairs {
@@ -598,6 +664,7 @@ fn main() {
         );
     }
 
+    print_load("end");
     let _ = stop_tx.send(true);
     drop(noop_runtime);
     drop(ratekeeper_runtime);

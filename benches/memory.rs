@@ -147,7 +147,9 @@ fn mib(bytes: usize) -> f64 {
 fn main() {
     // `cargo bench` passes `--bench`; nothing here takes arguments.
     let shards = EngineConfig::default().shards;
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!("memory: live heap bytes per active key, {shards} shards, fixed window per day");
+    println!("load average at start: {}", load.trim());
     println!();
     println!(
         "| keys | live heap growth | bytes/key | peak during inserts | peak bytes/key | hashbrown model | keys per shard |"

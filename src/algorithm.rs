@@ -171,7 +171,12 @@ pub struct Rate {
 
 impl Rate {
     /// A rate with the algorithm's default burst when `burst` is `None`.
-    pub fn new(algorithm: Algorithm, requests_per_unit: u32, unit: Unit, burst: Option<u32>) -> Rate {
+    pub fn new(
+        algorithm: Algorithm,
+        requests_per_unit: u32,
+        unit: Unit,
+        burst: Option<u32>,
+    ) -> Rate {
         let burst = match algorithm {
             Algorithm::FixedWindow | Algorithm::SlidingWindow => requests_per_unit,
             Algorithm::TokenBucket => burst.unwrap_or(requests_per_unit),
@@ -278,9 +283,9 @@ pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
 pub fn idle_expiry(rate: &Rate) -> u64 {
     let unit = rate.unit.nanos();
     let refill = match rate.algorithm {
-        Algorithm::TokenBucket | Algorithm::Gcra => {
-            rate.emission_interval().saturating_mul(u64::from(rate.burst))
-        }
+        Algorithm::TokenBucket | Algorithm::Gcra => rate
+            .emission_interval()
+            .saturating_mul(u64::from(rate.burst)),
         Algorithm::FixedWindow | Algorithm::SlidingWindow => 0,
     };
     unit.saturating_mul(3).max(refill)
@@ -448,7 +453,8 @@ fn gcra(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
     let to_u64 = |value: u128| u64::try_from(value).unwrap_or(u64::MAX);
     if new_tat - now128 > capacity {
         let remaining = capacity.saturating_sub(tat - now128) / interval;
-        let retry_after = (u64::from(rate.burst) >= cost).then(|| to_u64(new_tat - capacity - now128));
+        let retry_after =
+            (u64::from(rate.burst) >= cost).then(|| to_u64(new_tat - capacity - now128));
         return Decision {
             allowed: false,
             remaining: clamp_u32(to_u64(remaining)),

@@ -178,7 +178,10 @@ const EMPTY: Decision = Decision {
 };
 
 fn route_of(check: &Check) -> u64 {
-    check.counters.first().map_or(0, |counter| counter.key.route)
+    check
+        .counters
+        .first()
+        .map_or(0, |counter| counter.key.route)
 }
 
 struct ReplyFuture {

@@ -116,10 +116,7 @@ impl KeyBuilder {
 
     /// The key of one limit of this descriptor.
     pub fn key(&self, rate: &Rate) -> KeyId {
-        let slot = [
-            rate.unit.to_proto() as u8,
-            rate.algorithm as u8,
-        ];
+        let slot = [rate.unit.to_proto() as u8, rate.algorithm as u8];
         let id = fnv1a128(self.id, &slot);
         KeyId {
             route: self.route,

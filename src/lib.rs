@@ -3,16 +3,18 @@
 //! The path of one request: [`rls`] validates it and matches each descriptor against the
 //! compiled [`limits`]; [`key`] turns each matched limit into a key; [`engine`] routes keys by
 //! FNV-1a hash to [`shard`] actors, which own all counters and decide with the pure
-//! [`algorithm`]s. See ARCHITECTURE.md.
+//! [`algorithm`]s. [`reload`] keeps the limits current, [`metrics`] counts, [`server`] wires
+//! the listeners ([`admin`] is the HTTP side). See ARCHITECTURE.md.
 
+pub mod admin;
 pub mod algorithm;
-pub mod limits;
+pub mod cli;
 pub mod clock;
 pub mod engine;
 pub mod key;
-pub mod shard;
-pub mod admin;
+pub mod limits;
+pub mod metrics;
+pub mod reload;
 pub mod rls;
 pub mod server;
-pub mod reload;
-pub mod metrics;
+pub mod shard;

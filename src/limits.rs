@@ -193,4 +193,4 @@ fn dump_limit(f: &mut fmt::Formatter<'_>, limit: &Limit) -> fmt::Result {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -2,83 +2,13 @@
 //! hand over to the library.
 
 use std::io::Write;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use std::time::Duration;
-
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use ratekeeper::engine::EngineConfig;
-use ratekeeper::limits::{Limits, parse_duration};
-use ratekeeper::metrics::MetricsOptions;
-use ratekeeper::reload::{self, ReloadOptions};
-use ratekeeper::rls::LimiterOptions;
-use ratekeeper::server::{Server, ServerOptions};
-
-/// Envoy rate limit service sidecar.
-#[derive(Parser)]
-#[command(name = "ratekeeper", version)]
-struct Cli {
-    /// Log filter, `RUST_LOG` syntax (e.g. `info`, `ratekeeper=debug`).
-    #[arg(long, env = "RUST_LOG", default_value = "info", global = true)]
-    log: String,
-    /// Log format.
-    #[arg(long, env = "RATEKEEPER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
-    log_format: LogFormat,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Serve Envoy's RateLimitService over gRPC, plus the HTTP endpoints.
-    Serve(ServeArgs),
-    /// Load and check a limits file or directory exactly as `serve` would.
-    Validate { path: PathBuf },
-}
-
-#[derive(Args)]
-struct ServeArgs {
-    /// Limits: a YAML file, or a directory of *.yaml / *.yml files.
-    #[arg(long, env = "RATEKEEPER_CONFIG", default_value = "config/")]
-    config: PathBuf,
-    #[arg(long, env = "RATEKEEPER_GRPC_ADDR", default_value = "127.0.0.1:8081")]
-    grpc_addr: SocketAddr,
-    #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = "127.0.0.1:8080")]
-    http_addr: SocketAddr,
-    /// Shard actors [default: the number of cores].
-    #[arg(long, env = "RATEKEEPER_SHARDS", value_parser = clap::value_parser!(u16).range(1..))]
-    shards: Option<u16>,
-    /// Live keys kept at most, across all shards.
-    #[arg(long, env = "RATEKEEPER_MAX_KEYS", default_value_t = EngineConfig::default().max_keys)]
-    max_keys: usize,
-    /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset headers to responses.
-    #[arg(long, env = "RATEKEEPER_RESPONSE_HEADERS")]
-    response_headers: bool,
-    /// Also re-read the limits this often (e.g. `30s`), for filesystems without change events.
-    #[arg(long, env = "RATEKEEPER_RELOAD_INTERVAL", value_parser = duration)]
-    reload_interval: Option<Duration>,
-    /// How long shutdown waits for in-flight requests.
-    #[arg(long, env = "RATEKEEPER_SHUTDOWN_GRACE", value_parser = duration, default_value = "15s")]
-    shutdown_grace: Duration,
-    /// A hit is counted as near the limit when at least this share of it is used.
-    #[arg(long, env = "RATEKEEPER_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
-    near_limit_ratio: f64,
-    /// Most per-limit metric series (label sets).
-    #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
-    metrics_max_series: usize,
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text).ok_or_else(|| format!("{text:?} is not a duration like 500ms or 30s"))
-}
+use clap::Parser;
+use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
+use ratekeeper::limits::Limits;
+use ratekeeper::reload;
+use ratekeeper::server::Server;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -123,30 +53,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut engine = EngineConfig {
-        max_keys: args.max_keys,
-        ..EngineConfig::default()
-    };
-    if let Some(shards) = args.shards {
-        engine.shards = usize::from(shards);
-    }
-    let options = ServerOptions {
-        engine,
-        limiter: LimiterOptions {
-            response_headers: args.response_headers,
-        },
-        metrics: MetricsOptions {
-            near_limit_ratio: args.near_limit_ratio,
-            max_series: args.metrics_max_series,
-        },
-        watch: Some(args.config.clone()),
-        reload: ReloadOptions {
-            recheck_every: args.reload_interval,
-            ..ReloadOptions::default()
-        },
-        shutdown_grace: args.shutdown_grace,
-        ..ServerOptions::new(args.grpc_addr, args.http_addr)
-    };
+    let options = args.server_options();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(error) => {

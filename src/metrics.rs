@@ -51,8 +51,8 @@ impl Default for MetricsOptions {
 
 /// Upper bounds of the latency buckets, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
-    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01,
-    0.025, 0.05, 0.1, 1.0,
+    0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025,
+    0.05, 0.1, 1.0,
 ];
 
 /// A histogram of durations with fixed buckets, updated with atomics only (the library's
@@ -243,31 +243,35 @@ impl Metrics {
             latency,
         );
         let limits = Arc::new(LimitFamilies::default());
-        registry.register(
-            "limit_total_hits",
-            "Hits checked against a limit (hits_addend counts)",
-            limits.total_hits.clone(),
-        );
-        registry.register(
-            "limit_over_limit",
-            "Hits rejected by a limit",
-            limits.over_limit.clone(),
-        );
-        registry.register(
-            "limit_near_limit",
-            "Admitted hits that left the limit at least near_limit_ratio used",
-            limits.near_limit.clone(),
-        );
-        registry.register(
-            "limit_within_limit",
-            "Hits admitted by a limit",
-            limits.within_limit.clone(),
-        );
-        registry.register(
-            "limit_shadow_mode",
-            "Hits over a shadow-mode limit (admitted anyway)",
-            limits.shadow_mode.clone(),
-        );
+        for (name, help, family) in [
+            (
+                "limit_total_hits",
+                "Hits checked against a limit (hits_addend counts)",
+                &limits.total_hits,
+            ),
+            (
+                "limit_over_limit",
+                "Hits rejected by a limit",
+                &limits.over_limit,
+            ),
+            (
+                "limit_near_limit",
+                "Admitted hits that left the limit at least near_limit_ratio used",
+                &limits.near_limit,
+            ),
+            (
+                "limit_within_limit",
+                "Hits admitted by a limit",
+                &limits.within_limit,
+            ),
+            (
+                "limit_shadow_mode",
+                "Hits over a shadow-mode limit (admitted anyway)",
+                &limits.shadow_mode,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
         let dropped_series = Counter::default();
         registry.register(
             "limit_series_dropped",
@@ -427,14 +431,18 @@ impl Collector for EngineCollector {
             ("shard_live_keys", "Keys with live state, per shard", |s| {
                 s.live_keys.load(Ordering::Relaxed)
             }),
-            ("shard_waiters", "Checks waiting in FIFO queues (max_wait), per shard", |s| {
-                s.waiters.load(Ordering::Relaxed)
-            }),
+            (
+                "shard_waiters",
+                "Checks waiting in FIFO queues (max_wait), per shard",
+                |s| s.waiters.load(Ordering::Relaxed),
+            ),
         ];
         let counters: [(&str, &str, Read); 5] = [
-            ("shard_expired_keys", "Keys swept after 3 idle windows, per shard", |s| {
-                s.expired_keys.load(Ordering::Relaxed)
-            }),
+            (
+                "shard_expired_keys",
+                "Keys swept after 3 idle windows, per shard",
+                |s| s.expired_keys.load(Ordering::Relaxed),
+            ),
             (
                 "shard_overload_rejections",
                 "Requests answered UNAVAILABLE because the shard's queue was full",
@@ -445,9 +453,11 @@ impl Collector for EngineCollector {
                 "Requests answered UNAVAILABLE because the shard held max_keys keys",
                 |s| s.key_capacity_hits.load(Ordering::Relaxed),
             ),
-            ("shard_waits_admitted", "Waiting checks admitted within max_wait", |s| {
-                s.waits_admitted.load(Ordering::Relaxed)
-            }),
+            (
+                "shard_waits_admitted",
+                "Waiting checks admitted within max_wait",
+                |s| s.waits_admitted.load(Ordering::Relaxed),
+            ),
             (
                 "shard_waits_rejected",
                 "Checks that could not wait (queue full, or no capacity within max_wait)",
@@ -530,7 +540,10 @@ impl Collector for ReloadCollector {
             None,
             MetricType::Gauge,
         )?;
-        metric_gauge(last, stats.last_success_unix_seconds.load(Ordering::Relaxed))?;
+        metric_gauge(
+            last,
+            stats.last_success_unix_seconds.load(Ordering::Relaxed),
+        )?;
         let mut info = encoder.encode_descriptor(
             "config_info",
             "The live limits' version (content hash); always 1",

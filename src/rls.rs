@@ -169,11 +169,8 @@ impl Limiter {
             return Ok(response_without_limits(request.descriptors.len()));
         };
         // Request-level overrides live as long as this call; `Plan` borrows them.
-        let overrides: Vec<Option<Limit>> = request
-            .descriptors
-            .iter()
-            .map(override_limit)
-            .collect();
+        let overrides: Vec<Option<Limit>> =
+            request.descriptors.iter().map(override_limit).collect();
         let nodes: Vec<Option<&Node>> = request
             .descriptors
             .iter()
@@ -248,7 +245,12 @@ impl Limiter {
             });
         }
         let decisions = self.engine.check(checks).await?;
-        self.count(&request.domain, &plans, &decisions, &self.table_for(&snapshot));
+        self.count(
+            &request.domain,
+            &plans,
+            &decisions,
+            &self.table_for(&snapshot),
+        );
         Ok(self.respond(&plans, &decisions))
     }
 
@@ -323,7 +325,11 @@ impl Limiter {
                         continue;
                     };
                     let over = !decision.allowed && !shadow;
-                    let header = (rate.requests_per_unit, decision.remaining, decision.reset_after);
+                    let header = (
+                        rate.requests_per_unit,
+                        decision.remaining,
+                        decision.reset_after,
+                    );
                     if tightest.is_none_or(|(_, remaining, _)| decision.remaining < remaining) {
                         tightest = Some(header);
                     }
@@ -352,10 +358,44 @@ impl Limiter {
             response.response_headers_to_add = vec![
                 header("RateLimit-Limit", limit.to_string()),
                 header("RateLimit-Remaining", remaining.to_string()),
-                header("RateLimit-Reset", reset_after.div_ceil(NANOS_PER_SEC).to_string()),
+                header(
+                    "RateLimit-Reset",
+                    reset_after.div_ceil(NANOS_PER_SEC).to_string(),
+                ),
             ];
         }
         response
+    }
+}
+
+#[cfg(test)]
+impl Limiter {
+    /// A limiter over the limits in `yaml`, with a small two-shard engine whose clock reads
+    /// `start` (Unix nanoseconds) and its own metrics registry.
+    pub(crate) fn for_tests(
+        yaml: &str,
+        start: u64,
+        options: LimiterOptions,
+        metrics: crate::metrics::MetricsOptions,
+    ) -> Limiter {
+        let limits = Limits::parse_str("test.yaml", yaml).expect("valid test limits");
+        let engine = Engine::spawn(
+            crate::engine::EngineConfig {
+                shards: 2,
+                queue_capacity: 64,
+                max_keys: 1000,
+                max_waiters: 10,
+            },
+            crate::clock::Clock::starting_at(start),
+        );
+        let reload = Arc::new(crate::reload::ReloadStats::with_version(0xabc));
+        let metrics = Arc::new(Metrics::new(metrics, &engine, reload));
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(limits)),
+            engine,
+            options,
+            metrics,
+        )
     }
 }
 
@@ -395,7 +435,10 @@ fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
     if request.domain.len() > MAX_DOMAIN_LEN {
         return Err(RequestError::invalid(
             "domain",
-            format!("{} bytes, at most {MAX_DOMAIN_LEN} allowed", request.domain.len()),
+            format!(
+                "{} bytes, at most {MAX_DOMAIN_LEN} allowed",
+                request.domain.len()
+            ),
         ));
     }
     if request.descriptors.is_empty() {
@@ -404,7 +447,10 @@ fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
     if request.descriptors.len() > MAX_DESCRIPTORS {
         return Err(RequestError::invalid(
             "descriptors",
-            format!("{} given, at most {MAX_DESCRIPTORS} allowed", request.descriptors.len()),
+            format!(
+                "{} given, at most {MAX_DESCRIPTORS} allowed",
+                request.descriptors.len()
+            ),
         ));
     }
     for (index, descriptor) in request.descriptors.iter().enumerate() {
@@ -415,13 +461,19 @@ fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
         if descriptor.entries.len() > MAX_ENTRIES {
             return Err(RequestError::invalid(
                 field("entries"),
-                format!("{} given, at most {MAX_ENTRIES} allowed", descriptor.entries.len()),
+                format!(
+                    "{} given, at most {MAX_ENTRIES} allowed",
+                    descriptor.entries.len()
+                ),
             ));
         }
         for (position, entry) in descriptor.entries.iter().enumerate() {
             let entry_field = |name: &str| field(&format!("entries[{position}].{name}"));
             if entry.key.is_empty() {
-                return Err(RequestError::invalid(entry_field("key"), "must not be empty"));
+                return Err(RequestError::invalid(
+                    entry_field("key"),
+                    "must not be empty",
+                ));
             }
             if entry.key.len() > MAX_KEY_LEN {
                 return Err(RequestError::invalid(
@@ -432,7 +484,10 @@ fn validate(request: &RateLimitRequest) -> Result<(), RequestError> {
             if entry.value.len() > MAX_VALUE_LEN {
                 return Err(RequestError::invalid(
                     entry_field("value"),
-                    format!("{} bytes, at most {MAX_VALUE_LEN} allowed", entry.value.len()),
+                    format!(
+                        "{} bytes, at most {MAX_VALUE_LEN} allowed",
+                        entry.value.len()
+                    ),
                 ));
             }
         }
@@ -588,7 +643,12 @@ impl RlsService {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.as_secs());
         let last = self.warned_at.load(Relaxed);
-        if now > last && self.warned_at.compare_exchange(last, now, Relaxed, Relaxed).is_ok() {
+        if now > last
+            && self
+                .warned_at
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
             self.failures.fetch_sub(failures, Relaxed);
             tracing::warn!(%error, failures, "rate limit checks failed (answered UNAVAILABLE)");
         }

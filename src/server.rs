@@ -169,10 +169,9 @@ impl Server {
             // An error means the sender is gone, which is also a stop.
             let _ = rx.wait_for(|stop| *stop).await;
         };
-        let rls = RateLimitServiceServer::from_arc(Arc::new(RlsService::new(Arc::clone(
-            &self.limiter,
-        ))))
-        .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
+        let rls =
+            RateLimitServiceServer::from_arc(Arc::new(RlsService::new(Arc::clone(&self.limiter))))
+                .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
         let (reporter, health_service) = tonic_health::server::health_reporter();
         reporter
             .set_serving::<RateLimitServiceServer<RlsService>>()

@@ -339,7 +339,10 @@ impl Shard {
                 break;
             }
             self.timers.pop();
-            let current = self.queues.get(&key).is_some_and(|queue| queue.wake_at == at);
+            let current = self
+                .queues
+                .get(&key)
+                .is_some_and(|queue| queue.wake_at == at);
             if current {
                 self.serve_queue(key, now);
             }
@@ -480,7 +483,9 @@ impl Counters {
                 admitted = false;
                 let longest = match (denied, decision.retry_after) {
                     (None, retry) => Some((counter.key, retry)),
-                    (Some((_, Some(old))), Some(new)) if new > old => Some((counter.key, Some(new))),
+                    (Some((_, Some(old))), Some(new)) if new > old => {
+                        Some((counter.key, Some(new)))
+                    }
                     (Some((_, Some(_))), None) => Some((counter.key, None)),
                     (kept, _) => kept,
                 };

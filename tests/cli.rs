@@ -21,7 +21,11 @@ fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
 fn validate_accepts_the_repository_example_limits() {
     let output = ratekeeper(&["validate", concat!(env!("CARGO_MANIFEST_DIR"), "/config")]);
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(stdout.contains("ok, 1 domains (edge)"), "{stdout}");
 }
 
@@ -34,7 +38,10 @@ fn validate_reports_every_error_with_file_and_place() {
     let output = ratekeeper(&["validate", path.to_str().expect("utf-8 path")]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let lines: Vec<&str> = stderr.lines().filter(|line| line.contains("bad.yaml")).collect();
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("bad.yaml"))
+        .collect();
     assert_eq!(lines.len(), 2, "both errors are reported: {stderr}");
     assert!(stderr.contains("fortnight"), "{stderr}");
 }
@@ -48,12 +55,18 @@ fn validate_rejects_typos_in_field_names() {
     let output = ratekeeper(&["validate", path.to_str().expect("utf-8 path")]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("ratelimit"), "names the unknown field: {stderr}");
+    assert!(
+        stderr.contains("ratelimit"),
+        "names the unknown field: {stderr}"
+    );
 }
 
 #[test]
 fn serve_refuses_to_start_with_invalid_limits() {
-    let path = temp_file("broken.yaml", "domain: edge\ndescriptors: [{key: a, rate_limit: {unit: second}}, {key: a, rate_limit: {unit: second}}]\n");
+    let path = temp_file(
+        "broken.yaml",
+        "domain: edge\ndescriptors: [{key: a, rate_limit: {unit: second}}, {key: a, rate_limit: {unit: second}}]\n",
+    );
     let output = ratekeeper(&[
         "serve",
         "--config",

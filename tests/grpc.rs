@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use ratekeeper::engine::EngineConfig;
 use ratekeeper::limits::Limits;
 use ratekeeper::rls::LimiterOptions;
@@ -22,6 +22,7 @@ descriptors:
 
 struct Running {
     client: RateLimitServiceClient<Channel>,
+    grpc: std::net::SocketAddr,
     http: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<()>,
@@ -57,6 +58,7 @@ async fn start(response_headers: bool) -> Running {
         .expect("connects");
     Running {
         client,
+        grpc,
         http,
         stop: Some(stop),
         done,
@@ -150,9 +152,38 @@ async fn response_headers_reach_the_client_when_enabled() {
         .iter()
         .map(|header| header.key.as_str())
         .collect();
-    assert_eq!(keys, ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]);
+    assert_eq!(
+        keys,
+        ["RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"]
+    );
     assert_eq!(response.response_headers_to_add[0].value, "5");
     assert_eq!(response.response_headers_to_add[1].value, "4");
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_grpc_health_service_reports_serving() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let running = start(false).await;
+    let channel = Channel::from_shared(format!("http://{}", running.grpc))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connects");
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await
+            .expect("answers")
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
+    }
     running.shutdown().await;
 }
 
@@ -167,7 +198,9 @@ async fn healthcheck_answers_ok_while_serving() {
 /// A one-shot HTTP/1.1 GET over a plain TCP stream.
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connects");
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connects");
     let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
     stream.write_all(request.as_bytes()).await.expect("writes");
     let mut raw = String::new();

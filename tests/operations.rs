@@ -47,7 +47,11 @@ fn request(domain: &str, key: &str) -> RateLimitRequest {
     }
 }
 
-async fn ask(client: &mut RateLimitServiceClient<Channel>, domain: &str, key: &str) -> RateLimitResponse {
+async fn ask(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    key: &str,
+) -> RateLimitResponse {
     client
         .should_rate_limit(request(domain, key))
         .await
@@ -59,22 +63,34 @@ async fn ask(client: &mut RateLimitServiceClient<Channel>, domain: &str, key: &s
 /// checked without consuming anything.
 async fn configured(client: &mut RateLimitServiceClient<Channel>, domain: &str, key: &str) -> u32 {
     let mut peek = request(domain, key);
-    peek.descriptors[0].hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
-    let response = client.should_rate_limit(peek).await.expect("answers").into_inner();
+    peek.descriptors[0].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+    let response = client
+        .should_rate_limit(peek)
+        .await
+        .expect("answers")
+        .into_inner();
     response.statuses[0]
         .current_limit
         .as_ref()
         .map_or(0, |limit| limit.requests_per_unit)
 }
 
-async fn until_configured(client: &mut RateLimitServiceClient<Channel>, domain: &str, expected: u32) {
+async fn until_configured(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    expected: u32,
+) {
     let reached = eventually_async(WAIT, || {
         let mut client = client.clone();
         let domain = domain.to_owned();
         async move { configured(&mut client, &domain, "probe").await == expected }
     })
     .await;
-    assert!(reached, "domain {domain} never reported requests_per_unit {expected}");
+    assert!(
+        reached,
+        "domain {domain} never reported requests_per_unit {expected}"
+    );
 }
 
 /// Writes `text` to `dir/name` atomically (write a temp file, rename it over).
@@ -94,7 +110,10 @@ async fn edits_renames_additions_and_deletions_take_effect_and_bad_files_are_sur
 
     // Counters survive, and a lowered limit applies to the existing count at once.
     for _ in 0..3 {
-        assert_eq!(ask(&mut client, "edge", "alice").await.overall_code, Code::Ok as i32);
+        assert_eq!(
+            ask(&mut client, "edge", "alice").await.overall_code,
+            Code::Ok as i32
+        );
     }
     std::fs::write(dir.path().join("edge.yaml"), limits("edge", 3)).expect("edits in place");
     until_configured(&mut client, "edge", 3).await;
@@ -113,11 +132,27 @@ async fn edits_renames_additions_and_deletions_take_effect_and_bad_files_are_sur
     until_configured(&mut client, "api", 0).await;
 
     // An invalid file keeps the old limits; fixing it recovers.
-    replace(dir.path(), "edge.yaml", "domain: edge\ndescriptors:\n  - key: api_key\n    ratelimit: {}\n");
-    let failed = eventually(WAIT, || metric(server.http_addr(), "ratekeeper_config_loads_total{result=\"failure\"}") >= 1.0);
+    replace(
+        dir.path(),
+        "edge.yaml",
+        "domain: edge\ndescriptors:\n  - key: api_key\n    ratelimit: {}\n",
+    );
+    let failed = eventually(WAIT, || {
+        metric(
+            server.http_addr(),
+            "ratekeeper_config_loads_total{result=\"failure\"}",
+        ) >= 1.0
+    });
     assert!(failed, "the bad file was noticed: {}", server.stderr());
-    assert_eq!(configured(&mut client, "edge", "probe").await, 7, "old limits still serve");
-    assert!(server.stderr().contains("ratelimit"), "the error names the bad field");
+    assert_eq!(
+        configured(&mut client, "edge", "probe").await,
+        7,
+        "old limits still serve"
+    );
+    assert!(
+        server.stderr().contains("ratelimit"),
+        "the error names the bad field"
+    );
     replace(dir.path(), "edge.yaml", &limits("edge", 2));
     until_configured(&mut client, "edge", 2).await;
 }
@@ -129,14 +164,18 @@ async fn a_configmap_symlink_swap_reloads() {
     let publish = |generation: u32, requests_per_unit: u32| {
         let version = format!("..2026_11_21_00_00_0{generation}.000000001");
         std::fs::create_dir(mount.path().join(&version)).expect("version dir");
-        std::fs::write(mount.path().join(&version).join("edge.yaml"), limits("edge", requests_per_unit))
-            .expect("writes");
+        std::fs::write(
+            mount.path().join(&version).join("edge.yaml"),
+            limits("edge", requests_per_unit),
+        )
+        .expect("writes");
         let temp = mount.path().join("..data_tmp");
         std::os::unix::fs::symlink(&version, &temp).expect("symlink");
         std::fs::rename(&temp, mount.path().join("..data")).expect("swaps ..data");
     };
     publish(1, 4);
-    std::os::unix::fs::symlink("..data/edge.yaml", mount.path().join("edge.yaml")).expect("symlink");
+    std::os::unix::fs::symlink("..data/edge.yaml", mount.path().join("edge.yaml"))
+        .expect("symlink");
     let server = Ratekeeper::start(mount.path(), &[]);
     let mut client = client(server.grpc_addr()).await;
     assert_eq!(configured(&mut client, "edge", "probe").await, 4);
@@ -162,7 +201,10 @@ async fn no_request_fails_while_the_limits_reload_repeatedly() {
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                match client.should_rate_limit(request("edge", &format!("w{worker}-{n}"))).await {
+                match client
+                    .should_rate_limit(request("edge", &format!("w{worker}-{n}")))
+                    .await
+                {
                     Ok(response) if response.get_ref().overall_code == Code::Ok as i32 => {
                         answered.fetch_add(1, Ordering::Relaxed);
                     }
@@ -175,16 +217,25 @@ async fn no_request_fails_while_the_limits_reload_repeatedly() {
     for round in 0..20 {
         replace(dir.path(), "edge.yaml", &limits("edge", 1_000_001 + round));
         let seen = eventually(WAIT, || {
-            metric(server.http_addr(), "ratekeeper_config_loads_total{result=\"success\"}") >= f64::from(round + 2)
+            metric(
+                server.http_addr(),
+                "ratekeeper_config_loads_total{result=\"success\"}",
+            ) >= f64::from(round + 2)
         });
         assert!(seen, "reload {round} happened");
     }
     stop.store(true, Ordering::Relaxed);
     for client in clients {
         let failures = client.await.expect("client task");
-        assert!(failures.is_empty(), "requests failed during reloads: {failures:?}");
+        assert!(
+            failures.is_empty(),
+            "requests failed during reloads: {failures:?}"
+        );
     }
-    assert!(answered.load(Ordering::Relaxed) > 100, "the clients really ran");
+    assert!(
+        answered.load(Ordering::Relaxed) > 100,
+        "the clients really ran"
+    );
 }
 
 /// The value of the first sample line starting with `prefix` on `/metrics` (0 if absent).
@@ -209,25 +260,63 @@ async fn metrics_move_as_requests_are_made() {
     let mut client = client(server.grpc_addr()).await;
     let http = server.http_addr();
     let labels = r#"{domain="edge",limit="api_key",unit="day"}"#;
-    assert_eq!(metric(http, &format!("ratekeeper_limit_total_hits_total{labels}")), 0.0);
+    assert_eq!(
+        metric(http, &format!("ratekeeper_limit_total_hits_total{labels}")),
+        0.0
+    );
     for _ in 0..3 {
         ask(&mut client, "edge", "m1").await;
     }
-    assert_eq!(metric(http, &format!("ratekeeper_limit_total_hits_total{labels}")), 3.0);
-    assert_eq!(metric(http, &format!("ratekeeper_limit_within_limit_total{labels}")), 2.0);
-    assert_eq!(metric(http, &format!("ratekeeper_limit_over_limit_total{labels}")), 1.0);
-    assert_eq!(metric(http, r#"ratekeeper_requests_total{result="ok",code="OK"}"#), 2.0);
-    assert_eq!(metric(http, r#"ratekeeper_requests_total{result="over_limit",code="OK"}"#), 1.0);
-    client.should_rate_limit(request("", "x")).await.expect_err("invalid");
     assert_eq!(
-        metric(http, r#"ratekeeper_requests_total{result="error",code="INVALID_ARGUMENT"}"#),
+        metric(http, &format!("ratekeeper_limit_total_hits_total{labels}")),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            http,
+            &format!("ratekeeper_limit_within_limit_total{labels}")
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(http, &format!("ratekeeper_limit_over_limit_total{labels}")),
+        1.0
+    );
+    assert_eq!(
+        metric(http, r#"ratekeeper_requests_total{result="ok",code="OK"}"#),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            http,
+            r#"ratekeeper_requests_total{result="over_limit",code="OK"}"#
+        ),
+        1.0
+    );
+    client
+        .should_rate_limit(request("", "x"))
+        .await
+        .expect_err("invalid");
+    assert_eq!(
+        metric(
+            http,
+            r#"ratekeeper_requests_total{result="error",code="INVALID_ARGUMENT"}"#
+        ),
         1.0
     );
     let live: f64 = (0..4)
-        .map(|shard| metric(http, &format!(r#"ratekeeper_shard_live_keys{{shard="{shard}"}}"#)))
+        .map(|shard| {
+            metric(
+                http,
+                &format!(r#"ratekeeper_shard_live_keys{{shard="{shard}"}}"#),
+            )
+        })
         .sum();
     assert_eq!(live, 1.0, "one key is live");
-    assert_eq!(metric(http, r#"ratekeeper_config_loads_total{result="success"}"#), 1.0);
+    assert_eq!(
+        metric(http, r#"ratekeeper_config_loads_total{result="success"}"#),
+        1.0
+    );
     assert!(metric(http, "ratekeeper_config_last_success_timestamp_seconds") > 1.7e9);
 }
 
@@ -242,8 +331,15 @@ fn http_post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
     stream.write_all(request.as_bytes()).expect("writes");
     let mut raw = String::new();
     stream.read_to_string(&mut raw).expect("reads");
-    let status = raw.split(' ').nth(1).and_then(|code| code.parse().ok()).expect("status");
-    let body = raw.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("status");
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -252,7 +348,8 @@ fn json_endpoint_answers_200_429_and_400() {
     let dir = TempDir::new("json");
     write_config(dir.path(), "edge.yaml", &limits("edge", 1));
     let server = Ratekeeper::start(dir.path(), &[]);
-    let body = r#"{"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": "j1"}]}]}"#;
+    let body =
+        r#"{"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": "j1"}]}]}"#;
     let (status, first) = http_post(server.http_addr(), "/json", body);
     assert_eq!(status, 200, "{first}");
     let first: serde_json::Value = serde_json::from_str(&first).expect("json");
@@ -263,7 +360,11 @@ fn json_endpoint_answers_200_429_and_400() {
     assert_eq!(status, 429, "{second}");
     let second: serde_json::Value = serde_json::from_str(&second).expect("json");
     assert_eq!(second["statuses"][0]["code"], "OVER_LIMIT");
-    let (status, bad) = http_post(server.http_addr(), "/json", r#"{"domain": "edge", "descriptors": 3}"#);
+    let (status, bad) = http_post(
+        server.http_addr(),
+        "/json",
+        r#"{"domain": "edge", "descriptors": 3}"#,
+    );
     assert_eq!(status, 400);
     assert!(bad.contains("invalid request body"), "{bad}");
     let (status, empty) = http_post(server.http_addr(), "/json", r#"{"domain": ""}"#);
@@ -284,15 +385,26 @@ async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
     let mut server = Ratekeeper::start(dir.path(), &[]);
     let http = server.http_addr();
     let mut client = client(server.grpc_addr()).await;
-    assert_eq!(ask(&mut client, "edge", "s1").await.overall_code, Code::Ok as i32);
+    assert_eq!(
+        ask(&mut client, "edge", "s1").await.overall_code,
+        Code::Ok as i32
+    );
     let mut waiting = client.clone();
     let in_flight = tokio::spawn(async move { ask(&mut waiting, "edge", "s1").await });
     let queued = eventually(WAIT, || {
-        (0..4).any(|shard| metric(http, &format!(r#"ratekeeper_shard_waiters{{shard="{shard}"}}"#)) >= 1.0)
+        (0..4).any(|shard| {
+            metric(
+                http,
+                &format!(r#"ratekeeper_shard_waiters{{shard="{shard}"}}"#),
+            ) >= 1.0
+        })
     });
     assert!(queued, "the second request is waiting");
     let pid = server.process().id().to_string();
-    let status = Command::new("kill").args(["-TERM", &pid]).status().expect("kill runs");
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs");
     assert!(status.success());
     let not_ready = eventually(WAIT, || {
         http_get(http, "/healthcheck", &[]).is_ok_and(|response| response.status == 503)
@@ -303,7 +415,11 @@ async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
         .await
         .expect("answered before the timeout")
         .expect("task");
-    assert_eq!(answer.overall_code, Code::Ok as i32, "admitted when its token came");
+    assert_eq!(
+        answer.overall_code,
+        Code::Ok as i32,
+        "admitted when its token came"
+    );
     let exited = support::eventually_some(WAIT, || server.process().exited());
     let exit = exited.expect("exits after draining");
     assert!(exit.success(), "exit status {exit:?}: {}", server.stderr());

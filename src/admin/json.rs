@@ -61,7 +61,10 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
             None => None,
             Some(limit) => {
                 let unit = Unit::parse(&limit.unit).ok_or_else(|| {
-                    format!("descriptors[{index}].limit.unit: unknown unit {:?}", limit.unit)
+                    format!(
+                        "descriptors[{index}].limit.unit: unknown unit {:?}",
+                        limit.unit
+                    )
                 })?;
                 Some(RateLimitOverride {
                     requests_per_unit: limit.requests_per_unit,

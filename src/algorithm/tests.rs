@@ -40,10 +40,19 @@ fn units_parse_in_any_case_and_map_to_envoy() {
 
 #[test]
 fn default_bursts() {
-    assert_eq!(rate(Algorithm::TokenBucket, 10, Unit::Second, None).burst, 10);
-    assert_eq!(rate(Algorithm::TokenBucket, 10, Unit::Second, Some(3)).burst, 3);
+    assert_eq!(
+        rate(Algorithm::TokenBucket, 10, Unit::Second, None).burst,
+        10
+    );
+    assert_eq!(
+        rate(Algorithm::TokenBucket, 10, Unit::Second, Some(3)).burst,
+        3
+    );
     assert_eq!(rate(Algorithm::Gcra, 10, Unit::Second, None).burst, 1);
-    assert_eq!(rate(Algorithm::FixedWindow, 10, Unit::Second, Some(3)).burst, 10);
+    assert_eq!(
+        rate(Algorithm::FixedWindow, 10, Unit::Second, Some(3)).burst,
+        10
+    );
 }
 
 #[test]
@@ -51,7 +60,10 @@ fn fixed_window_admits_the_limit_then_resets_at_the_epoch_aligned_boundary() {
     let limit = Rate::fixed(3, Unit::Minute);
     let start = THURSDAY + 20 * S;
     let mut state = init(&limit, start);
-    assert_eq!(run(&limit, &mut state, start, 1, 4), [true, true, true, false]);
+    assert_eq!(
+        run(&limit, &mut state, start, 1, 4),
+        [true, true, true, false]
+    );
     let denied = decide(&limit, &mut state, start + 39 * S, 1);
     assert!(!denied.allowed);
     assert_eq!(denied.remaining, 0);
@@ -75,7 +87,10 @@ fn weeks_start_on_thursday_like_the_reference_service() {
         S,
         "Wednesday 23:59:59 is one second before the week ends"
     );
-    assert!(decide(&limit, &mut state, THURSDAY, 1).allowed, "a new week");
+    assert!(
+        decide(&limit, &mut state, THURSDAY, 1).allowed,
+        "a new week"
+    );
 }
 
 #[test]
@@ -83,7 +98,11 @@ fn windows_work_at_the_unix_epoch() {
     for algorithm in Algorithm::ALL {
         let limit = rate(algorithm, 2, Unit::Second, Some(2));
         let mut state = init(&limit, 0);
-        assert_eq!(run(&limit, &mut state, 0, 1, 3), [true, true, false], "{algorithm}");
+        assert_eq!(
+            run(&limit, &mut state, 0, 1, 3),
+            [true, true, false],
+            "{algorithm}"
+        );
     }
 }
 
@@ -105,12 +124,27 @@ fn a_denied_request_consumes_nothing() {
     for algorithm in Algorithm::ALL {
         let limit = rate(algorithm, 10, Unit::Hour, Some(10));
         let mut state = init(&limit, THURSDAY);
-        assert!(decide(&limit, &mut state, THURSDAY, 8).allowed, "{algorithm}");
+        assert!(
+            decide(&limit, &mut state, THURSDAY, 8).allowed,
+            "{algorithm}"
+        );
         let before = state;
-        assert!(!decide(&limit, &mut state, THURSDAY, 5).allowed, "{algorithm}");
-        assert_eq!(state, before, "{algorithm}: the denied cost left the state alone");
-        assert!(decide(&limit, &mut state, THURSDAY, 2).allowed, "{algorithm}");
-        assert!(!decide(&limit, &mut state, THURSDAY, 1).allowed, "{algorithm}");
+        assert!(
+            !decide(&limit, &mut state, THURSDAY, 5).allowed,
+            "{algorithm}"
+        );
+        assert_eq!(
+            state, before,
+            "{algorithm}: the denied cost left the state alone"
+        );
+        assert!(
+            decide(&limit, &mut state, THURSDAY, 2).allowed,
+            "{algorithm}"
+        );
+        assert!(
+            !decide(&limit, &mut state, THURSDAY, 1).allowed,
+            "{algorithm}"
+        );
     }
 }
 
@@ -135,7 +169,10 @@ fn huge_costs_never_pass_and_never_overflow() {
         let decision = decide(&limit, &mut state, THURSDAY, u64::MAX);
         assert!(!decision.allowed, "{algorithm}");
         assert_eq!(decision.retry_after, None, "{algorithm}: can never fit");
-        assert!(decide(&limit, &mut state, THURSDAY, u64::from(u32::MAX)).allowed, "{algorithm}");
+        assert!(
+            decide(&limit, &mut state, THURSDAY, u64::from(u32::MAX)).allowed,
+            "{algorithm}"
+        );
     }
 }
 
@@ -148,7 +185,10 @@ fn sliding_window_weighs_the_previous_window_by_its_overlap() {
     let halfway = THURSDAY + 90 * S;
     let decision = decide(&limit, &mut state, halfway, 0);
     assert_eq!(decision.remaining, 5);
-    assert_eq!(run(&limit, &mut state, halfway, 1, 6), [true, true, true, true, true, false]);
+    assert_eq!(
+        run(&limit, &mut state, halfway, 1, 6),
+        [true, true, true, true, true, false]
+    );
     // Two windows later nothing of it is left.
     let later = decide(&limit, &mut state, THURSDAY + 180 * S, 0);
     assert_eq!(later.remaining, 10);
@@ -162,20 +202,50 @@ fn sliding_window_is_smoother_than_a_fixed_window_at_the_boundary() {
     let (mut s, mut f) = (init(&sliding, THURSDAY), init(&fixed, THURSDAY));
     let before = THURSDAY + S - MS;
     let after = THURSDAY + S + MS;
-    assert_eq!(run(&sliding, &mut s, before, 1, 10).iter().filter(|a| **a).count(), 10);
-    assert_eq!(run(&fixed, &mut f, before, 1, 10).iter().filter(|a| **a).count(), 10);
-    assert_eq!(run(&fixed, &mut f, after, 1, 10).iter().filter(|a| **a).count(), 10);
-    assert_eq!(run(&sliding, &mut s, after, 1, 10).iter().filter(|a| **a).count(), 0);
+    assert_eq!(
+        run(&sliding, &mut s, before, 1, 10)
+            .iter()
+            .filter(|a| **a)
+            .count(),
+        10
+    );
+    assert_eq!(
+        run(&fixed, &mut f, before, 1, 10)
+            .iter()
+            .filter(|a| **a)
+            .count(),
+        10
+    );
+    assert_eq!(
+        run(&fixed, &mut f, after, 1, 10)
+            .iter()
+            .filter(|a| **a)
+            .count(),
+        10
+    );
+    assert_eq!(
+        run(&sliding, &mut s, after, 1, 10)
+            .iter()
+            .filter(|a| **a)
+            .count(),
+        0
+    );
 }
 
 #[test]
 fn token_bucket_bursts_then_refills_continuously() {
     let limit = rate(Algorithm::TokenBucket, 3, Unit::Second, Some(3));
     let mut state = init(&limit, THURSDAY);
-    assert_eq!(run(&limit, &mut state, THURSDAY, 1, 4), [true, true, true, false]);
+    assert_eq!(
+        run(&limit, &mut state, THURSDAY, 1, 4),
+        [true, true, true, false]
+    );
     let denied = decide(&limit, &mut state, THURSDAY, 1);
     assert_eq!(denied.retry_after, Some(333_333_333), "one token per 1/3 s");
-    assert_eq!(denied.reset_after, 999_999_999, "full again after three tokens");
+    assert_eq!(
+        denied.reset_after, 999_999_999,
+        "full again after three tokens"
+    );
     // Half a token's time earns nothing yet, and the fraction is kept.
     assert!(!decide(&limit, &mut state, THURSDAY + 200 * MS, 1).allowed);
     assert!(decide(&limit, &mut state, THURSDAY + 334 * MS, 1).allowed);
@@ -189,7 +259,10 @@ fn token_bucket_bursts_then_refills_continuously() {
 fn token_bucket_burst_can_exceed_the_rate() {
     let limit = rate(Algorithm::TokenBucket, 1, Unit::Second, Some(5));
     let mut state = init(&limit, THURSDAY);
-    assert_eq!(run(&limit, &mut state, THURSDAY, 1, 6), [true, true, true, true, true, false]);
+    assert_eq!(
+        run(&limit, &mut state, THURSDAY, 1, 6),
+        [true, true, true, true, true, false]
+    );
     assert!(decide(&limit, &mut state, THURSDAY + S, 1).allowed);
 }
 
@@ -204,10 +277,17 @@ fn gcra_spaces_requests_and_allows_its_burst() {
 
     let bursty = rate(Algorithm::Gcra, 10, Unit::Second, Some(5));
     let mut state = init(&bursty, THURSDAY);
-    assert_eq!(run(&bursty, &mut state, THURSDAY, 1, 6), [true, true, true, true, true, false]);
+    assert_eq!(
+        run(&bursty, &mut state, THURSDAY, 1, 6),
+        [true, true, true, true, true, false]
+    );
     let after = decide(&bursty, &mut state, THURSDAY, 0);
     assert_eq!(after.remaining, 0);
-    assert_eq!(after.reset_after, 500 * MS, "five emission intervals to drain");
+    assert_eq!(
+        after.reset_after,
+        500 * MS,
+        "five emission intervals to drain"
+    );
 }
 
 /// A small deterministic generator (no dependency needed for this).
@@ -215,7 +295,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self, bound: u64) -> u64 {
-        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         (self.0 >> 33) % bound.max(1)
     }
 }
@@ -226,7 +309,12 @@ fn retry_after_is_exactly_when_the_request_would_pass() {
     for algorithm in Algorithm::ALL {
         for unit in [Unit::Second, Unit::Minute] {
             for round in 0..300 {
-                let limit = rate(algorithm, 1 + random.next(20) as u32, unit, Some(1 + random.next(20) as u32));
+                let limit = rate(
+                    algorithm,
+                    1 + random.next(20) as u32,
+                    unit,
+                    Some(1 + random.next(20) as u32),
+                );
                 let mut now = THURSDAY + random.next(unit.nanos());
                 let mut state = init(&limit, now);
                 // Drive the state somewhere interesting.
@@ -237,15 +325,23 @@ fn retry_after_is_exactly_when_the_request_would_pass() {
                 let cost = 1 + random.next(4);
                 let mut probe = state;
                 let decision = decide(&limit, &mut probe, now, cost);
-                let context = format!("{algorithm} {unit} round {round}: {limit:?} {state:?} now {now} cost {cost}");
+                let context = format!(
+                    "{algorithm} {unit} round {round}: {limit:?} {state:?} now {now} cost {cost}"
+                );
                 match decision.retry_after {
                     Some(0) => assert!(decision.allowed, "{context}"),
                     Some(wait) => {
                         assert!(!decision.allowed, "{context}");
                         let mut at = state;
-                        assert!(decide(&limit, &mut at, now + wait, cost).allowed, "{context}: retry {wait}");
+                        assert!(
+                            decide(&limit, &mut at, now + wait, cost).allowed,
+                            "{context}: retry {wait}"
+                        );
                         let mut before = state;
-                        assert!(!decide(&limit, &mut before, now + wait - 1, cost).allowed, "{context}: retry {wait} is not the first moment");
+                        assert!(
+                            !decide(&limit, &mut before, now + wait - 1, cost).allowed,
+                            "{context}: retry {wait} is not the first moment"
+                        );
                     }
                     None => assert!(cost > limit.capacity(), "{context}"),
                 }

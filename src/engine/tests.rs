@@ -31,14 +31,19 @@ fn engine(shards: usize, queue_capacity: usize) -> Engine {
 async fn decisions_come_back_in_request_order_across_shards() {
     let engine = engine(4, 16);
     // Each descriptor gets its own limit, so its remaining count identifies it.
-    let checks: Vec<Check> = (0..40).map(|n| check_for(&format!("v{n}"), 100 + n)).collect();
+    let checks: Vec<Check> = (0..40)
+        .map(|n| check_for(&format!("v{n}"), 100 + n))
+        .collect();
     let used: std::collections::HashSet<usize> = checks
         .iter()
         .map(|check| check.counters[0].key.shard(4))
         .collect();
     assert!(used.len() > 1, "the test spreads over several shards");
     let decisions = engine.check(checks).await.expect("answers");
-    let remaining: Vec<u32> = decisions.iter().map(|decision| decision.remaining).collect();
+    let remaining: Vec<u32> = decisions
+        .iter()
+        .map(|decision| decision.remaining)
+        .collect();
     let expected: Vec<u32> = (0..40).map(|n| 99 + n).collect();
     assert_eq!(remaining, expected);
 }
@@ -50,7 +55,10 @@ async fn the_same_key_counts_once_per_hit_across_concurrent_callers() {
     for _ in 0..200 {
         let engine = engine.clone();
         tasks.push(tokio::spawn(async move {
-            engine.check(vec![check_for("hot", 150)]).await.map(|d| d[0].allowed)
+            engine
+                .check(vec![check_for("hot", 150)])
+                .await
+                .map(|d| d[0].allowed)
         }));
     }
     let mut admitted = 0;
@@ -73,7 +81,10 @@ async fn a_full_mailbox_fails_fast_and_is_counted() {
     assert_eq!(engine.stats()[0].overloads.load(Ordering::Relaxed), 1);
     assert!(first.recv().await.is_ok());
     assert!(second.recv().await.is_ok());
-    assert!(engine.check(vec![check_for("a", 10)]).await.is_ok(), "room again");
+    assert!(
+        engine.check(vec![check_for("a", 10)]).await.is_ok(),
+        "room again"
+    );
 }
 
 #[tokio::test]

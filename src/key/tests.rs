@@ -37,7 +37,10 @@ fn fields_are_length_prefixed_so_boundaries_matter() {
     let one = key_of("d", &[("k", "v1"), ("x", "")], &rate);
     let two = key_of("d", &[("k", "v"), ("1x", "")], &rate);
     assert_ne!(one, two);
-    assert_ne!(key_of("da", &[("k", "v")], &rate), key_of("d", &[("ak", "v")], &rate));
+    assert_ne!(
+        key_of("da", &[("k", "v")], &rate),
+        key_of("d", &[("ak", "v")], &rate)
+    );
 }
 
 #[test]
@@ -55,7 +58,10 @@ fn limits_of_one_descriptor_share_a_route_but_not_an_identity() {
     assert_ne!(per_second.id, per_day.id);
     assert_ne!(per_second.id, bucket.id);
     // The limit's size is not identity: changing requests_per_unit keeps the counter.
-    assert_eq!(per_second, key_of("edge", &entries, &Rate::fixed(99, Unit::Second)));
+    assert_eq!(
+        per_second,
+        key_of("edge", &entries, &Rate::fixed(99, Unit::Second))
+    );
 }
 
 /// Counts keys per shard and checks every shard is within 4.5 standard deviations of the
@@ -102,7 +108,8 @@ fn adversarial_keys_spread_evenly_over_shards() {
         let c = char::from(b'A' + (n / 676 % 26) as u8);
         format!("{a}{a}{b}{b}{c}{c}")
     }));
-    let ips = routes((0..20_000u32).map(|n| format!("10.{}.{}.{}", n >> 16, (n >> 8) & 255, n & 255)));
+    let ips =
+        routes((0..20_000u32).map(|n| format!("10.{}.{}.{}", n >> 16, (n >> 8) & 255, n & 255)));
     for shards in [2, 3, 4, 8, 16, 25] {
         assert_spread(&sequential, shards, "sequential user ids");
         assert_spread(&doubled, shards, "doubled characters");
@@ -112,14 +119,21 @@ fn adversarial_keys_spread_evenly_over_shards() {
     // Without the mix, the doubled keys would all land on one of two shards, which the same
     // check catches.
     let raw_even = doubled.iter().filter(|route| *route % 2 == 0).count();
-    assert!(raw_even == 0 || raw_even == doubled.len(), "raw FNV low bit is constant here");
+    assert!(
+        raw_even == 0 || raw_even == doubled.len(),
+        "raw FNV low bit is constant here"
+    );
 }
 
 #[test]
 fn key_hasher_spreads_ids_over_buckets() {
     let ids: Vec<u64> = (0..10_000u64)
         .map(|n| {
-            KeyHasher::default().hash_one(key_of("d", &[("k", &n.to_string())], &Rate::fixed(1, Unit::Second)))
+            KeyHasher::default().hash_one(key_of(
+                "d",
+                &[("k", &n.to_string())],
+                &Rate::fixed(1, Unit::Second),
+            ))
         })
         .collect();
     // Low bits pick the bucket, the top 7 bits the control byte: both must vary.

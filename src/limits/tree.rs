@@ -59,7 +59,12 @@ impl Domain {
         while let Some(level) = stack.pop() {
             for group in level.values() {
                 let wildcards = group.wildcards.iter().map(|(_, _, node)| node);
-                for node in group.exact.values().chain(wildcards).chain(group.default.as_deref()) {
+                for node in group
+                    .exact
+                    .values()
+                    .chain(wildcards)
+                    .chain(group.default.as_deref())
+                {
                     out.push(node);
                     stack.push(&node.children);
                 }

@@ -1,14 +1,11 @@
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 
 use super::*;
 use crate::algorithm::NANOS_PER_SEC;
-use crate::clock::Clock;
-use crate::engine::EngineConfig;
 use crate::rls::{Limiter, LimiterOptions};
 
 const LIMITS: &str = r#"
@@ -28,23 +25,8 @@ descriptors:
 "#;
 
 fn limiter(options: MetricsOptions) -> Limiter {
-    let engine = Engine::spawn(
-        EngineConfig {
-            shards: 2,
-            queue_capacity: 64,
-            max_keys: 1000,
-            max_waiters: 10,
-        },
-        Clock::starting_at(1_704_326_400 * NANOS_PER_SEC),
-    );
-    let metrics = Metrics::new(options, &engine, Arc::new(ReloadStats::with_version(0xabc)));
-    let limits = Limits::parse_str("edge.yaml", LIMITS).expect("valid");
-    Limiter::new(
-        Arc::new(ArcSwap::from_pointee(limits)),
-        engine,
-        LimiterOptions::default(),
-        Arc::new(metrics),
-    )
+    let start = 1_704_326_400 * NANOS_PER_SEC;
+    Limiter::for_tests(LIMITS, start, LimiterOptions::default(), options)
 }
 
 async fn hit(limiter: &Limiter, key: &str, value: &str) {
@@ -84,14 +66,23 @@ async fn per_limit_counters_move_with_requests() {
     assert_eq!(value("over_limit"), Some(1.0));
     // 4 of 5 used (80%) and 5 of 5: two hits were near the limit.
     assert_eq!(value("near_limit"), Some(2.0));
-    assert!(!text.contains("alice"), "request values never become labels by default");
+    assert!(
+        !text.contains("alice"),
+        "request values never become labels by default"
+    );
     let requests = |result: &str| {
-        sample(&text, &format!(r#"ratekeeper_requests_total{{result="{result}",code="OK"}}"#))
+        sample(
+            &text,
+            &format!(r#"ratekeeper_requests_total{{result="{result}",code="OK"}}"#),
+        )
     };
     assert_eq!(requests("ok"), Some(5.0));
     assert_eq!(requests("over_limit"), Some(1.0));
     assert_eq!(
-        sample(&text, r#"ratekeeper_request_duration_seconds_count{result="ok"}"#),
+        sample(
+            &text,
+            r#"ratekeeper_request_duration_seconds_count{result="ok"}"#
+        ),
         Some(5.0)
     );
 }
@@ -105,13 +96,22 @@ async fn names_label_their_limit_and_shadow_mode_counts_separately() {
     }
     let text = limiter.metrics().encode();
     assert_eq!(
-        sample(&text, r#"ratekeeper_limit_over_limit_total{domain="edge",limit="named_limit",unit="hour"}"#),
+        sample(
+            &text,
+            r#"ratekeeper_limit_over_limit_total{domain="edge",limit="named_limit",unit="hour"}"#
+        ),
         Some(1.0),
         "{text}"
     );
     let trial = r#"{domain="edge",limit="trial",unit="hour"}"#;
-    assert_eq!(sample(&text, &format!("ratekeeper_limit_shadow_mode_total{trial}")), Some(2.0));
-    assert_eq!(sample(&text, &format!("ratekeeper_limit_over_limit_total{trial}")), Some(0.0));
+    assert_eq!(
+        sample(&text, &format!("ratekeeper_limit_shadow_mode_total{trial}")),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(&text, &format!("ratekeeper_limit_over_limit_total{trial}")),
+        Some(0.0)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -129,11 +129,17 @@ async fn detailed_metrics_carry_values_up_to_the_series_cap() {
     assert!(text.contains(r#"limit="user=u2""#), "{text}");
     assert!(!text.contains(r#"limit="user=u3""#), "{text}");
     assert_eq!(
-        sample(&text, r#"ratekeeper_limit_total_hits_total{domain="edge",limit="_other",unit="hour"}"#),
+        sample(
+            &text,
+            r#"ratekeeper_limit_total_hits_total{domain="edge",limit="_other",unit="hour"}"#
+        ),
         Some(2.0),
         "{text}"
     );
-    assert_eq!(sample(&text, "ratekeeper_limit_series_dropped_total"), Some(2.0));
+    assert_eq!(
+        sample(&text, "ratekeeper_limit_series_dropped_total"),
+        Some(2.0)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -144,11 +150,22 @@ async fn engine_and_config_figures_are_read_at_scrape_time() {
     tokio::task::yield_now().await;
     let text = limiter.metrics().encode();
     let live: f64 = (0..2)
-        .filter_map(|shard| sample(&text, &format!(r#"ratekeeper_shard_live_keys{{shard="{shard}"}}"#)))
+        .filter_map(|shard| {
+            sample(
+                &text,
+                &format!(r#"ratekeeper_shard_live_keys{{shard="{shard}"}}"#),
+            )
+        })
         .sum();
     assert_eq!(live, 2.0, "{text}");
-    assert!(text.contains(r#"ratekeeper_config_info{version="0000000000000abc"} 1"#), "{text}");
-    assert!(text.contains("ratekeeper_shard_queue_wait_seconds_bucket"), "{text}");
+    assert!(
+        text.contains(r#"ratekeeper_config_info{version="0000000000000abc"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains("ratekeeper_shard_queue_wait_seconds_bucket"),
+        "{text}"
+    );
     assert!(text.ends_with("# EOF\n"));
 }
 

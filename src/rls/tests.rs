@@ -4,8 +4,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::google::protobuf::UInt64Value;
 
 use super::*;
-use crate::clock::Clock;
-use crate::engine::EngineConfig;
 
 const LIMITS: &str = r#"
 domain: edge
@@ -39,26 +37,11 @@ descriptors:
 const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
 
 fn limiter(response_headers: bool) -> Limiter {
-    let limits = Limits::parse_str("edge.yaml", LIMITS).expect("valid limits");
-    let engine = Engine::spawn(
-        EngineConfig {
-            shards: 2,
-            queue_capacity: 64,
-            max_keys: 1000,
-            max_waiters: 10,
-        },
-        Clock::starting_at(START),
-    );
-    let metrics = Metrics::new(
-        crate::metrics::MetricsOptions::default(),
-        &engine,
-        Arc::new(crate::reload::ReloadStats::default()),
-    );
-    Limiter::new(
-        Arc::new(ArcSwap::from_pointee(limits)),
-        engine,
+    Limiter::for_tests(
+        LIMITS,
+        START,
         LimiterOptions { response_headers },
-        Arc::new(metrics),
+        crate::metrics::MetricsOptions::default(),
     )
 }
 
@@ -84,7 +67,10 @@ fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
 }
 
 async fn ask(limiter: &Limiter, request: &RateLimitRequest) -> RateLimitResponse {
-    limiter.should_rate_limit(request).await.expect("a valid request")
+    limiter
+        .should_rate_limit(request)
+        .await
+        .expect("a valid request")
 }
 
 fn codes(response: &RateLimitResponse) -> Vec<Code> {
@@ -110,7 +96,11 @@ async fn a_limit_turns_over_after_requests_per_unit_hits() {
             ("per_key", 3, Unit::Minute.to_proto())
         );
         let reset = status.duration_until_reset.expect("reset");
-        assert_eq!((reset.seconds, reset.nanos), (50, 0), "the minute ends at :00:60");
+        assert_eq!(
+            (reset.seconds, reset.nanos),
+            (50, 0),
+            "the minute ends at :00:60"
+        );
     }
     let over = ask(&limiter, &one).await;
     assert_eq!(over.overall_code, Code::OverLimit as i32);
@@ -151,7 +141,11 @@ async fn one_status_per_descriptor_in_order() {
         descriptor(&[("api_key", "vip")]),
     ]);
     let response = ask(&limiter, &mixed).await;
-    let remaining: Vec<u32> = response.statuses.iter().map(|s| s.limit_remaining).collect();
+    let remaining: Vec<u32> = response
+        .statuses
+        .iter()
+        .map(|s| s.limit_remaining)
+        .collect();
     assert_eq!(remaining, [2, 0, 99]);
     assert_eq!(response.statuses[1].current_limit, None);
 }
@@ -162,7 +156,10 @@ async fn several_limits_on_one_descriptor_report_the_closest_to_exhaustion() {
     let free = request(vec![descriptor(&[("api_key", "free")])]);
     let first = ask(&limiter, &free).await;
     let limit = first.statuses[0].current_limit.as_ref().expect("limit");
-    assert_eq!((limit.requests_per_unit, first.statuses[0].limit_remaining), (2, 1));
+    assert_eq!(
+        (limit.requests_per_unit, first.statuses[0].limit_remaining),
+        (2, 1)
+    );
     ask(&limiter, &free).await;
     let over = ask(&limiter, &free).await;
     assert_eq!(codes(&over), [Code::OverLimit], "2 per second reached");
@@ -170,7 +167,11 @@ async fn several_limits_on_one_descriptor_report_the_closest_to_exhaustion() {
     let third = ask(&limiter, &free).await;
     let limit = third.statuses[0].current_limit.as_ref().expect("limit");
     assert_eq!(
-        (limit.requests_per_unit, limit.unit, third.statuses[0].limit_remaining),
+        (
+            limit.requests_per_unit,
+            limit.unit,
+            third.statuses[0].limit_remaining
+        ),
         (4, Unit::Day.to_proto(), 1),
         "the day has 1 left (the rejected request did not count), tighter than the second's 1? tie goes to the later reset"
     );
@@ -179,7 +180,11 @@ async fn several_limits_on_one_descriptor_report_the_closest_to_exhaustion() {
     let day_over = ask(&limiter, &free).await;
     assert_eq!(codes(&day_over), [Code::OverLimit]);
     let limit = day_over.statuses[0].current_limit.as_ref().expect("limit");
-    assert_eq!(limit.unit, Unit::Day.to_proto(), "the day limit is the one over");
+    assert_eq!(
+        limit.unit,
+        Unit::Day.to_proto(),
+        "the day limit is the one over"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -190,7 +195,10 @@ async fn shadow_mode_counts_but_never_rejects() {
     let over = ask(&limiter, &shadowed).await;
     assert_eq!(over.overall_code, Code::Ok as i32);
     assert_eq!(codes(&over), [Code::Ok]);
-    assert_eq!(over.statuses[0].limit_remaining, 0, "it reports the real count");
+    assert_eq!(
+        over.statuses[0].limit_remaining, 0,
+        "it reports the real count"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -215,9 +223,15 @@ async fn replaces_drops_the_replaced_limit_for_that_request() {
     for _ in 0..5 {
         let response = ask(&limiter, &both).await;
         assert_eq!(codes(&response), [Code::Ok, Code::Ok]);
-        assert_eq!(response.statuses[0].current_limit, None, "tenant_wide is replaced");
+        assert_eq!(
+            response.statuses[0].current_limit, None,
+            "tenant_wide is replaced"
+        );
     }
-    assert_eq!(codes(&ask(&limiter, &both).await), [Code::Ok, Code::OverLimit]);
+    assert_eq!(
+        codes(&ask(&limiter, &both).await),
+        [Code::Ok, Code::OverLimit]
+    );
     // Alone, the tenant limit applies, and it was never charged by the requests above.
     let alone = request(vec![descriptor(&[("tenant", "t1")])]);
     assert_eq!(codes(&ask(&limiter, &alone).await), [Code::Ok]);
@@ -233,7 +247,10 @@ async fn hits_addend_request_level_and_per_descriptor() {
     let mut peek = descriptor(&[("api_key", "dave")]);
     peek.hits_addend = Some(UInt64Value { value: 0 });
     let peeked = ask(&limiter, &request(vec![peek])).await;
-    assert_eq!(peeked.statuses[0].limit_remaining, 1, "explicit 0 checks without consuming");
+    assert_eq!(
+        peeked.statuses[0].limit_remaining, 1,
+        "explicit 0 checks without consuming"
+    );
     let mut one = descriptor(&[("api_key", "dave")]);
     one.hits_addend = Some(UInt64Value { value: 1 });
     heavy.descriptors = vec![one];
@@ -259,7 +276,10 @@ async fn a_descriptor_limit_overrides_the_configured_one() {
     let request = request(vec![custom]);
     let first = ask(&limiter, &request).await;
     let limit = first.statuses[0].current_limit.as_ref().expect("limit");
-    assert_eq!((limit.requests_per_unit, limit.unit), (1, Unit::Hour.to_proto()));
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Hour.to_proto())
+    );
     assert_eq!(codes(&ask(&limiter, &request).await), [Code::OverLimit]);
 }
 
@@ -269,7 +289,10 @@ async fn response_headers_follow_the_tightest_limit_when_enabled() {
         let limiter = limiter(enabled);
         let response = ask(
             &limiter,
-            &request(vec![descriptor(&[("api_key", "vip")]), descriptor(&[("api_key", "gina")])]),
+            &request(vec![
+                descriptor(&[("api_key", "vip")]),
+                descriptor(&[("api_key", "gina")]),
+            ]),
         )
         .await;
         let headers: Vec<(&str, &str)> = response
@@ -280,7 +303,11 @@ async fn response_headers_follow_the_tightest_limit_when_enabled() {
         if enabled {
             assert_eq!(
                 headers,
-                [("RateLimit-Limit", "3"), ("RateLimit-Remaining", "2"), ("RateLimit-Reset", "50")]
+                [
+                    ("RateLimit-Limit", "3"),
+                    ("RateLimit-Remaining", "2"),
+                    ("RateLimit-Reset", "50")
+                ]
             );
         } else {
             assert!(headers.is_empty());
@@ -300,17 +327,44 @@ async fn bad_requests_name_the_field() {
     let mut negative = descriptor(&[("api_key", "a")]);
     negative.is_negative_hits = true;
     let cases = [
-        (RateLimitRequest { domain: String::new(), ..request(vec![descriptor(&[("a", "b")])]) }, "domain: must not be empty"),
+        (
+            RateLimitRequest {
+                domain: String::new(),
+                ..request(vec![descriptor(&[("a", "b")])])
+            },
+            "domain: must not be empty",
+        ),
         (request(vec![]), "descriptors: must not be empty"),
-        (request(vec![descriptor(&[("a", "b")]); 65]), "descriptors: 65 given, at most 64 allowed"),
-        (request(vec![descriptor(&[("a", "b")]), descriptor(&[])]), "descriptors[1].entries: must not be empty"),
-        (request(vec![descriptor(&[("a", "b"), ("", "c")])]), "descriptors[0].entries[1].key: must not be empty"),
-        (request(vec![descriptor(&[("a", &long)])]), "descriptors[0].entries[0].value: 4097 bytes, at most 4096 allowed"),
-        (request(vec![bad_unit]), "descriptors[0].limit.unit: unknown unit 0"),
-        (request(vec![negative]), "descriptors[0].is_negative_hits: negative hits are not supported"),
+        (
+            request(vec![descriptor(&[("a", "b")]); 65]),
+            "descriptors: 65 given, at most 64 allowed",
+        ),
+        (
+            request(vec![descriptor(&[("a", "b")]), descriptor(&[])]),
+            "descriptors[1].entries: must not be empty",
+        ),
+        (
+            request(vec![descriptor(&[("a", "b"), ("", "c")])]),
+            "descriptors[0].entries[1].key: must not be empty",
+        ),
+        (
+            request(vec![descriptor(&[("a", &long)])]),
+            "descriptors[0].entries[0].value: 4097 bytes, at most 4096 allowed",
+        ),
+        (
+            request(vec![bad_unit]),
+            "descriptors[0].limit.unit: unknown unit 0",
+        ),
+        (
+            request(vec![negative]),
+            "descriptors[0].is_negative_hits: negative hits are not supported",
+        ),
     ];
     for (request, message) in cases {
-        let error = limiter.should_rate_limit(&request).await.expect_err(message);
+        let error = limiter
+            .should_rate_limit(&request)
+            .await
+            .expect_err(message);
         let status = to_status(&error);
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{message}");
         assert_eq!(status.message(), message);

@@ -47,7 +47,13 @@ async fn all_limits_of_a_descriptor_decide_together() {
     let engine = engine_at(MIDNIGHT, 1000);
     let per_second = Rate::fixed(2, Unit::Second);
     let per_day = Rate::fixed(5, Unit::Day);
-    let both = || check(vec![counter("ann", per_second), counter("ann", per_day)], 1, None);
+    let both = || {
+        check(
+            vec![counter("ann", per_second), counter("ann", per_day)],
+            1,
+            None,
+        )
+    };
     assert!(allowed(&engine, both()).await);
     assert!(allowed(&engine, both()).await);
     // Over the per-second limit: the daily quota must not be charged for it.
@@ -89,10 +95,26 @@ async fn a_waiting_request_is_admitted_when_the_window_turns() {
     // 0.9 s into a second: the next window opens in 100 ms, inside a 150 ms wait.
     let engine = engine_at(MIDNIGHT + 900_000_000, 1000);
     let rate = Rate::fixed(1, Unit::Second);
-    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(150, 10))).await);
+    assert!(
+        allowed(
+            &engine,
+            check(vec![counter("a", rate)], 1, waiting(150, 10))
+        )
+        .await
+    );
     let started = tokio::time::Instant::now();
-    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(150, 10))).await);
-    assert_eq!(started.elapsed(), Duration::from_millis(100), "admitted right at the boundary");
+    assert!(
+        allowed(
+            &engine,
+            check(vec![counter("a", rate)], 1, waiting(150, 10))
+        )
+        .await
+    );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(100),
+        "admitted right at the boundary"
+    );
     assert_eq!(engine.stats()[0].waits_admitted.load(Ordering::Relaxed), 1);
 }
 
@@ -103,7 +125,11 @@ async fn a_request_that_cannot_be_admitted_in_time_is_rejected_at_once() {
     assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(50, 10))).await);
     let started = tokio::time::Instant::now();
     assert!(!allowed(&engine, check(vec![counter("a", rate)], 1, waiting(50, 10))).await);
-    assert_eq!(started.elapsed(), Duration::ZERO, "500 ms to wait is over the 50 ms bound");
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "500 ms to wait is over the 50 ms bound"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -134,7 +160,12 @@ async fn waiters_are_served_in_arrival_order_and_the_queue_is_bounded() {
     finished.sort_by_key(|(_, _, at)| *at);
     assert_eq!(
         finished,
-        [(3, false, 0), (0, true, 100), (1, true, 200), (2, false, 250)],
+        [
+            (3, false, 0),
+            (0, true, 100),
+            (1, true, 200),
+            (2, false, 250)
+        ],
         "the 4th finds the queue full; two are admitted in order; the 3rd times out"
     );
 }
@@ -143,10 +174,19 @@ async fn waiters_are_served_in_arrival_order_and_the_queue_is_bounded() {
 async fn a_waiter_whose_caller_left_consumes_nothing() {
     let engine = engine_at(MIDNIGHT + 900_000_000, 1000);
     let rate = Rate::fixed(1, Unit::Second);
-    assert!(allowed(&engine, check(vec![counter("a", rate)], 1, waiting(200, 10))).await);
+    assert!(
+        allowed(
+            &engine,
+            check(vec![counter("a", rate)], 1, waiting(200, 10))
+        )
+        .await
+    );
     let gone = tokio::time::timeout(
         Duration::from_millis(50),
-        allowed(&engine, check(vec![counter("a", rate)], 1, waiting(200, 10))),
+        allowed(
+            &engine,
+            check(vec![counter("a", rate)], 1, waiting(200, 10)),
+        ),
     )
     .await;
     assert!(gone.is_err(), "still waiting when the caller gave up");
@@ -162,7 +202,9 @@ async fn live_keys_are_capped_and_idle_keys_expire_after_three_windows() {
     for user in ["a", "b", "c"] {
         assert!(allowed(&engine, check(vec![counter(user, rate)], 1, None)).await);
     }
-    let full = engine.check(vec![check(vec![counter("d", rate)], 1, None)]).await;
+    let full = engine
+        .check(vec![check(vec![counter("d", rate)], 1, None)])
+        .await;
     assert_eq!(
         full,
         Err(EngineError::Shard(ShardError::KeyCapacity {
@@ -175,7 +217,11 @@ async fn live_keys_are_capped_and_idle_keys_expire_after_three_windows() {
     let stats = &engine.stats()[0];
     assert_eq!(stats.key_capacity_hits.load(Ordering::Relaxed), 1);
     tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(stats.live_keys.load(Ordering::Relaxed), 3, "not idle for 3 windows yet");
+    assert_eq!(
+        stats.live_keys.load(Ordering::Relaxed),
+        3,
+        "not idle for 3 windows yet"
+    );
     tokio::time::advance(Duration::from_secs(3)).await;
     tokio::task::yield_now().await;
     assert_eq!(stats.live_keys.load(Ordering::Relaxed), 0);
