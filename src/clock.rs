@@ -33,7 +33,13 @@ impl Clock {
 
     /// Nanoseconds since the Unix epoch.
     pub fn now(&self) -> u64 {
-        let elapsed = u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.unix_at(Instant::now())
+    }
+
+    /// What this clock reads at `instant` (lets a caller read the time once and reuse it).
+    pub fn unix_at(&self, instant: Instant) -> u64 {
+        let elapsed = instant.saturating_duration_since(self.base);
+        let elapsed = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
         self.base_unix.saturating_add(elapsed)
     }
 

@@ -206,8 +206,11 @@ impl Shard {
                     if received == 0 {
                         break;
                     }
+                    // One clock read for the whole batch of messages.
+                    let arrived = Instant::now();
+                    let now = self.clock.unix_at(arrived);
                     for message in inbox.drain(..) {
-                        self.handle(message);
+                        self.handle(message, arrived, now);
                     }
                 }
                 () = &mut timer, if armed.is_some() => {
@@ -220,15 +223,16 @@ impl Shard {
         }
     }
 
-    fn handle(&mut self, message: Message) {
+    fn handle(&mut self, message: Message, arrived: Instant, now: u64) {
         match message {
             Message::Check {
                 checks,
                 reply,
                 sent_at,
             } => {
-                self.counters.stats.queue_wait.observe(sent_at.elapsed());
-                self.check(checks, reply);
+                let waited = arrived.saturating_duration_since(sent_at);
+                self.counters.stats.queue_wait.observe(waited);
+                self.check(checks, reply, now);
             }
         }
     }
@@ -241,8 +245,7 @@ impl Shard {
         stats.waiters.store(self.waiting as u64, Ordering::Relaxed);
     }
 
-    fn check(&mut self, checks: Vec<Check>, reply: oneshot::Sender<CheckReply>) {
-        let now = self.clock.now();
+    fn check(&mut self, checks: Vec<Check>, reply: oneshot::Sender<CheckReply>, now: u64) {
         let total = checks.iter().map(|check| check.counters.len()).sum();
         let mut decisions = Vec::with_capacity(total);
         // Checks that wait are queued only once the whole batch evaluated without error.
@@ -459,6 +462,32 @@ impl Counters {
         now: u64,
         out: &mut Vec<Decision>,
     ) -> Result<Outcome, ShardError> {
+        if let [counter] = check.counters.as_slice()
+            && let Some(slot) = self.keys.get_mut(&counter.key)
+        {
+            // The common case, a known key with one limit: decide in place, one probe.
+            let mut state = State {
+                a: slot.a,
+                b: slot.b,
+            };
+            let decision = algorithm::decide(&counter.rate, &mut state, now, check.cost);
+            out.push(decision);
+            if !decision.allowed {
+                return Ok(Outcome::Denied {
+                    key: counter.key,
+                    retry_after: decision.retry_after,
+                });
+            }
+            if check.cost > 0 {
+                let idle = algorithm::idle_expiry(&counter.rate);
+                *slot = Slot {
+                    a: state.a,
+                    b: state.b,
+                    expires: unix_secs(now.saturating_add(idle)),
+                };
+            }
+            return Ok(Outcome::Admitted);
+        }
         let start = out.len();
         let mut admitted = true;
         let mut denied: Option<(KeyId, Option<u64>)> = None;
