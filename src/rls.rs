@@ -68,6 +68,14 @@ pub fn to_status(error: &RequestError) -> tonic::Status {
     }
 }
 
+/// Per-call choices a front end may make (the gRPC service uses the defaults).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CallOptions {
+    /// Wait at most this long for capacity, and never longer than a limit's `max_wait`
+    /// allows; `None` keeps the configured bound, `Some(ZERO)` never waits.
+    pub max_wait: Option<std::time::Duration>,
+}
+
 /// Switches of the service.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LimiterOptions {
@@ -138,8 +146,18 @@ impl Limiter {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
+        self.should_rate_limit_with(request, CallOptions::default())
+            .await
+    }
+
+    /// [`Limiter::should_rate_limit`] with per-call choices.
+    pub async fn should_rate_limit_with(
+        &self,
+        request: &RateLimitRequest,
+        options: CallOptions,
+    ) -> Result<RateLimitResponse, RequestError> {
         let started = std::time::Instant::now();
-        let result = self.decide(request).await;
+        let result = self.decide(request, options).await;
         let outcome = match &result {
             Ok(response) if response.overall_code == Code::OverLimit as i32 => Outcome::OverLimit,
             Ok(_) => Outcome::Ok,
@@ -162,7 +180,11 @@ impl Limiter {
         fresh
     }
 
-    async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
+    async fn decide(
+        &self,
+        request: &RateLimitRequest,
+        options: CallOptions,
+    ) -> Result<RateLimitResponse, RequestError> {
         validate(request)?;
         let snapshot = self.limits.load_full();
         let Some(domain) = snapshot.domain(&request.domain) else {
@@ -228,7 +250,11 @@ impl Limiter {
                 .hits_addend
                 .as_ref()
                 .map_or(request_cost, |hits| hits.value);
-            let wait = if shadow { None } else { wait_policy(&limits) };
+            let wait = if shadow {
+                None
+            } else {
+                wait_policy(&limits, options.max_wait)
+            };
             plans.push(Plan::Checked {
                 limits,
                 node: *node,
@@ -542,9 +568,9 @@ fn is_replaced(limit: &Limit, replaced: &[&str]) -> bool {
         .is_some_and(|name| replaced.contains(&name))
 }
 
-/// The strictest wait policy among the limits that opt in.
-fn wait_policy(limits: &[&Limit]) -> Option<WaitPolicy> {
-    limits
+/// The strictest wait policy among the limits that opt in, narrowed to `cap` if given.
+fn wait_policy(limits: &[&Limit], cap: Option<std::time::Duration>) -> Option<WaitPolicy> {
+    let policy = limits
         .iter()
         .filter_map(|limit| {
             limit.max_wait.map(|max_wait| WaitPolicy {
@@ -555,7 +581,15 @@ fn wait_policy(limits: &[&Limit]) -> Option<WaitPolicy> {
         .reduce(|a, b| WaitPolicy {
             max_wait: a.max_wait.min(b.max_wait),
             max_queue: a.max_queue.min(b.max_queue),
-        })
+        });
+    match (policy, cap) {
+        (Some(_), Some(cap)) if cap.is_zero() => None,
+        (Some(policy), Some(cap)) => Some(WaitPolicy {
+            max_wait: policy.max_wait.min(cap),
+            ..policy
+        }),
+        (policy, _) => policy,
+    }
 }
 
 /// The limit to report for a descriptor: a denying one (the longest to wait) if any, else
