@@ -4,7 +4,10 @@
 //! - `GET /metrics`: Prometheus text format;
 //! - `GET /rlconfig`: the live limits, one line per limit;
 //! - `POST /json`: a JSON `RateLimitRequest`, answered with the JSON response: 200 when OK,
-//!   429 when over the limit, 400 for a bad body or request, 503 when overloaded.
+//!   429 when over the limit, 400 for a bad body or request, 503 when overloaded;
+//! - `POST /rate/{domain}/{name}[/{value}]`: check and consume one limit by name (see
+//!   [`rate`]);
+//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]).
 //!
 //! Handlers only read shared state; `/json` goes through the same [`Limiter`] as gRPC.
 
@@ -21,6 +24,8 @@ use axum::routing::{get, post};
 use crate::rls::{Limiter, RequestError, bounds};
 
 mod json;
+mod nginx;
+mod rate;
 
 /// Whether the process is serving (false once shutdown began).
 #[derive(Debug)]
@@ -63,7 +68,12 @@ pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json_request))
         .layer(DefaultBodyLimit::max(bounds::MAX_MESSAGE_BYTES))
-        .with_state(AdminState { health, limiter })
+        .with_state(AdminState {
+            health,
+            limiter: Arc::clone(&limiter),
+        })
+        .merge(rate::router(Arc::clone(&limiter)))
+        .merge(nginx::router(limiter))
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {

@@ -291,6 +291,48 @@ pub fn idle_expiry(rate: &Rate) -> u64 {
     unit.saturating_mul(3).max(refill)
 }
 
+/// Combines two states of one key that counted different hits (a counter handed over by
+/// another node and this node's own): the result has consumed what both consumed, as of
+/// `now`. Merging with a fresh [`init`] state changes nothing.
+pub fn merge(rate: &Rate, ours: State, theirs: State, now: u64) -> State {
+    if rate.requests_per_unit == 0 {
+        return ours;
+    }
+    // Bring both to `now` (window rotation, refill) without consuming.
+    let (mut a, mut b) = (ours, theirs);
+    decide(rate, &mut a, now, 0);
+    decide(rate, &mut b, now, 0);
+    match rate.algorithm {
+        Algorithm::FixedWindow => State {
+            a: a.a,
+            b: a.b.saturating_add(b.b),
+        },
+        Algorithm::SlidingWindow => {
+            let previous = (a.a & 0xffff_ffff) + (b.a & 0xffff_ffff);
+            State {
+                a: sliding_pack(a.a >> 32, clamp_u32(previous)),
+                b: a.b.saturating_add(b.b),
+            }
+        }
+        Algorithm::TokenBucket => {
+            let burst = rate.burst;
+            let used = (burst - a.b.min(burst)).saturating_add(burst - b.b.min(burst));
+            State {
+                a: a.a,
+                b: burst - used.min(burst),
+            }
+        }
+        Algorithm::Gcra => {
+            // Each side's theoretical arrival time is ahead of `now` by what it consumed.
+            let ahead = |tat: u64| tat.saturating_sub(now);
+            State {
+                a: now.saturating_add(ahead(a.a)).saturating_add(ahead(b.a)),
+                b: 0,
+            }
+        }
+    }
+}
+
 fn until_window_end(unit: Unit, now: u64) -> u64 {
     let len = unit.nanos();
     len - now % len

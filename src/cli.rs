@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
 use crate::limits::parse_duration;
 use crate::metrics::MetricsOptions;
@@ -37,7 +38,7 @@ pub enum LogFormat {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve Envoy's RateLimitService over gRPC, plus the HTTP endpoints.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Load and check a limits file or directory exactly as `serve` would.
     Validate { path: PathBuf },
 }
@@ -69,12 +70,76 @@ pub struct ServeArgs {
     /// A hit is counted as near the limit when at least this share of it is used.
     #[arg(long, env = "RATEKEEPER_NEAR_LIMIT_RATIO", default_value_t = 0.8)]
     pub near_limit_ratio: f64,
+    /// Cluster mode: this node's peer address as the other nodes reach it (POD_IP:8091).
+    /// Defaults to the bound --peer-addr when that is a specific address.
+    #[arg(long, env = "RATEKEEPER_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// Cluster mode: peer addresses to join (comma-separated).
+    #[arg(long, env = "RATEKEEPER_PEERS", value_delimiter = ',')]
+    pub peers: Vec<String>,
+    /// Cluster mode: a name:port resolving to the peers (a Kubernetes headless Service),
+    /// re-resolved every few seconds.
+    #[arg(long, env = "RATEKEEPER_PEER_DNS")]
+    pub peer_dns: Option<String>,
+    /// Cluster mode: where peers reach this node [default: 0.0.0.0:8091].
+    #[arg(long, env = "RATEKEEPER_PEER_ADDR")]
+    pub peer_addr: Option<SocketAddr>,
+    /// Deadline of a forward to a key's owner; keep it well inside Envoy's rate limit timeout.
+    #[arg(long, env = "RATEKEEPER_PEER_TIMEOUT", value_parser = duration, default_value = "10ms")]
+    pub peer_timeout: Duration,
+    /// Forwarded request groups per batch at most.
+    #[arg(long, env = "RATEKEEPER_PEER_BATCH_SIZE", default_value_t = 128)]
+    pub peer_batch_size: usize,
+    /// How long a forward batch may wait to fill up at most.
+    #[arg(long, env = "RATEKEEPER_PEER_BATCH_WINDOW", value_parser = duration, default_value = "200us")]
+    pub peer_batch_window: Duration,
+    /// What to do when a key's owner cannot answer.
+    #[arg(long, env = "RATEKEEPER_PEER_FALLBACK", value_enum, default_value_t = FallbackArg::Local)]
+    pub peer_fallback: FallbackArg,
     /// Most per-limit metric series (label sets).
     #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
     pub metrics_max_series: usize,
 }
 
+/// `--peer-fallback` values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum FallbackArg {
+    /// Decide on this node's own counter (handed to the owner when it is back).
+    Local,
+    Allow,
+    Deny,
+}
+
 impl ServeArgs {
+    /// Whether any cluster flag was given.
+    pub fn cluster_mode(&self) -> bool {
+        self.advertise.is_some()
+            || !self.peers.is_empty()
+            || self.peer_dns.is_some()
+            || self.peer_addr.is_some()
+    }
+
+    fn cluster_options(&self) -> Option<(SocketAddr, ClusterOptions)> {
+        if !self.cluster_mode() {
+            return None;
+        }
+        let peer_addr = self
+            .peer_addr
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8091)));
+        let mut options = ClusterOptions::new(self.advertise.clone().unwrap_or_default());
+        options.peers = self.peers.clone();
+        options.peer_dns = self.peer_dns.clone();
+        options.timeout = self.peer_timeout;
+        options.batch_size = self.peer_batch_size;
+        options.batch_window = self.peer_batch_window;
+        options.fallback = match self.peer_fallback {
+            FallbackArg::Local => Fallback::Local,
+            FallbackArg::Allow => Fallback::Allow,
+            FallbackArg::Deny => Fallback::Deny,
+        };
+        Some((peer_addr, options))
+    }
+
     /// The server options these flags ask for.
     pub fn server_options(&self) -> ServerOptions {
         let mut engine = EngineConfig {
@@ -99,6 +164,7 @@ impl ServeArgs {
                 ..ReloadOptions::default()
             },
             shutdown_grace: self.shutdown_grace,
+            cluster: self.cluster_options(),
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
     }

@@ -12,7 +12,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::algorithm::Decision;
 use crate::clock::Clock;
-use crate::shard::{Check, CheckReply, Message, Shard, ShardConfig, ShardError, ShardStats};
+use crate::key::KeyId;
+use crate::shard::{
+    Check, CheckReply, KeepRoute, Message, Shard, ShardConfig, ShardError, ShardStats, Slot,
+};
 
 /// Sizes of the engine.
 #[derive(Clone, Copy, Debug)]
@@ -46,6 +49,9 @@ pub enum EngineError {
     Shard(#[from] ShardError),
     #[error("shard {shard} stopped")]
     Stopped { shard: usize },
+    /// The key's owner node answered with an error of its own.
+    #[error("owner node: {0}")]
+    Peer(String),
 }
 
 /// A cloneable handle to the shard actors. The actors end when the last handle drops.
@@ -150,6 +156,55 @@ impl Engine {
             }
         }
         Ok(decisions)
+    }
+
+    /// Removes and returns every counter whose route `keep` rejects, from all shards (for
+    /// handing them to other nodes). Waits for room in the mailboxes: not a request path.
+    pub async fn export(&self, keep: KeepRoute) -> Vec<(KeyId, Slot)> {
+        let mut waits = Vec::with_capacity(self.shards.len());
+        for sender in self.shards.iter() {
+            let (reply, rx) = oneshot::channel();
+            let message = Message::Export {
+                keep: Arc::clone(&keep),
+                reply,
+            };
+            if sender.send(message).await.is_ok() {
+                waits.push(rx);
+            }
+        }
+        let mut out = Vec::new();
+        for wait in waits {
+            out.extend(wait.await.unwrap_or_default());
+        }
+        out
+    }
+
+    /// Hands counters from another node to their shards; returns how many were kept.
+    pub async fn import(&self, counters: Vec<(KeyId, Slot)>) -> usize {
+        let shards = self.shards.len();
+        let mut groups: Vec<Vec<(KeyId, Slot)>> = (0..shards).map(|_| Vec::new()).collect();
+        for (key, slot) in counters {
+            groups[key.shard(shards)].push((key, slot));
+        }
+        let mut waits = Vec::new();
+        for (sender, counters) in self.shards.iter().zip(groups) {
+            if counters.is_empty() {
+                continue;
+            }
+            let (reply, rx) = oneshot::channel();
+            if sender
+                .send(Message::Import { counters, reply })
+                .await
+                .is_ok()
+            {
+                waits.push(rx);
+            }
+        }
+        let mut kept = 0;
+        for wait in waits {
+            kept += wait.await.unwrap_or(0);
+        }
+        kept
     }
 
     fn send(&self, shard: usize, checks: Vec<Check>) -> Result<ReplyFuture, EngineError> {

@@ -45,7 +45,7 @@ fn validate(path: &std::path::Path) -> ExitCode {
     }
 }
 
-fn serve(args: ServeArgs) -> ExitCode {
+fn serve(args: Box<ServeArgs>) -> ExitCode {
     let (limits, version) = match reload::load(&args.config) {
         Ok(loaded) => loaded,
         Err(errors) => {
@@ -64,7 +64,8 @@ fn serve(args: ServeArgs) -> ExitCode {
     let result = runtime.block_on(async {
         let server = Server::bind(&options, limits, version).await?;
         // Tests and scripts read this line to learn the bound addresses.
-        println!("ratekeeper serving grpc={} http={}", server.grpc_addr(), server.http_addr());
+        let peer = server.peer_addr().map(|addr| format!(" peer={addr}")).unwrap_or_default();
+        println!("ratekeeper serving grpc={} http={}{peer}", server.grpc_addr(), server.http_addr());
         let _ = std::io::stdout().flush();
         tracing::info!(grpc = %server.grpc_addr(), http = %server.http_addr(), shards = options.engine.shards, "serving");
         server.run(shutdown_signal()).await

@@ -27,6 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
+use crate::cluster::Cluster;
 use crate::engine::Engine;
 use crate::limits::{Limit, Limits, Node};
 use crate::reload::ReloadStats;
@@ -214,7 +215,8 @@ pub struct Metrics {
 
 impl Metrics {
     /// Builds the registry, with collectors over the engine's and the reloader's figures.
-    pub fn new(options: MetricsOptions, engine: &Engine, reload: Arc<ReloadStats>) -> Metrics {
+    pub fn new(options: MetricsOptions, cluster: &Cluster, reload: Arc<ReloadStats>) -> Metrics {
+        let engine = cluster.engine();
         let mut registry = Registry::with_prefix("ratekeeper");
         let requests = Family::<RequestLabels, Counter>::default();
         let labels = |result: &str, code: &str| RequestLabels {
@@ -282,6 +284,11 @@ impl Metrics {
             engine: engine.clone(),
         }));
         registry.register_collector(Box::new(ReloadCollector { stats: reload }));
+        if cluster.me().is_some() {
+            registry.register_collector(Box::new(ClusterCollector {
+                cluster: cluster.clone(),
+            }));
+        }
         Metrics {
             registry,
             options,
@@ -508,6 +515,102 @@ impl Collector for EngineCollector {
 
 fn metric_gauge(mut metric: MetricEncoder<'_>, value: u64) -> Result<(), std::fmt::Error> {
     metric.encode_gauge(&i64::try_from(value).unwrap_or(i64::MAX))
+}
+
+/// Reads the cluster's figures at scrape time.
+#[derive(Debug)]
+struct ClusterCollector {
+    cluster: Cluster,
+}
+
+impl Collector for ClusterCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some((stats, remotes)) = self.cluster.stats() else {
+            return Ok(());
+        };
+        let members = encoder.encode_descriptor(
+            "cluster_members",
+            "Nodes on this node's hash ring, itself included",
+            None,
+            MetricType::Gauge,
+        )?;
+        metric_gauge(members, self.cluster.members().len() as u64)?;
+        let totals: [(&str, &str, &AtomicU64); 5] = [
+            (
+                "cluster_fallbacks",
+                "Request groups decided by the fallback policy because their owner did not answer",
+                &stats.fallbacks,
+            ),
+            (
+                "cluster_handoff_sent",
+                "Counters handed to their new owners",
+                &stats.handoff_sent,
+            ),
+            (
+                "cluster_handoff_failed",
+                "Counters an owner did not take (kept here)",
+                &stats.handoff_failed,
+            ),
+            (
+                "cluster_handoff_received",
+                "Counters taken over from other nodes",
+                &stats.handoff_received,
+            ),
+            (
+                "cluster_ring_changes",
+                "Times the hash ring changed",
+                &stats.ring_changes,
+            ),
+        ];
+        for (name, help, value) in totals {
+            let counter = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            counter_value(counter, value.load(Ordering::Relaxed))?;
+        }
+        type Read = fn(&crate::cluster::remote::Remote) -> u64;
+        let per_peer: [(&str, &str, MetricType, Read); 4] = [
+            (
+                "peer_forwarded",
+                "Request groups forwarded to the peer (their key's owner)",
+                MetricType::Counter,
+                |r| r.stats.forwarded.load(Ordering::Relaxed),
+            ),
+            (
+                "peer_batches",
+                "Forward batches sent to the peer (forwarded / batches = mean batch size)",
+                MetricType::Counter,
+                |r| r.stats.batches.load(Ordering::Relaxed),
+            ),
+            (
+                "peer_errors",
+                "Forward batches that failed (unreachable, timed out)",
+                MetricType::Counter,
+                |r| r.stats.errors.load(Ordering::Relaxed),
+            ),
+            (
+                "peer_circuit_open",
+                "1 while the peer's circuit breaker is open (its keys use the fallback)",
+                MetricType::Gauge,
+                |r| u64::from(r.breaker.is_open()),
+            ),
+        ];
+        for (name, help, kind, read) in per_peer {
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for remote in &remotes {
+                let labels = [("peer", remote.address().to_string())];
+                let metric = family.encode_family(&labels)?;
+                if matches!(kind, MetricType::Counter) {
+                    counter_value(metric, read(remote))?;
+                } else {
+                    metric_gauge(metric, read(remote))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn counter_value(mut metric: MetricEncoder<'_>, value: u64) -> Result<(), std::fmt::Error> {
+    metric.encode_counter::<NoLabelSet, _, u64>(&value, None)
 }
 
 /// Reads the reloader's figures at scrape time.

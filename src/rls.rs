@@ -25,6 +25,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 
 use crate::algorithm::{Decision, NANOS_PER_SEC, Rate, Unit};
+use crate::cluster::Cluster;
 use crate::engine::{Engine, EngineError};
 use crate::key::KeyBuilder;
 use crate::limits::{Limit, Limits, Node};
@@ -87,7 +88,7 @@ pub struct LimiterOptions {
 #[derive(Debug)]
 pub struct Limiter {
     limits: Arc<ArcSwap<Limits>>,
-    engine: Engine,
+    cluster: Cluster,
     options: LimiterOptions,
     metrics: Arc<Metrics>,
     /// Per-limit counters of the latest limits snapshot seen (rebuilt once per reload).
@@ -115,14 +116,14 @@ enum Plan<'a> {
 impl Limiter {
     pub fn new(
         limits: Arc<ArcSwap<Limits>>,
-        engine: Engine,
+        cluster: Cluster,
         options: LimiterOptions,
         metrics: Arc<Metrics>,
     ) -> Limiter {
         let table = metrics.limit_table(limits.load_full());
         Limiter {
             limits,
-            engine,
+            cluster,
             options,
             metrics,
             table: ArcSwap::from_pointee(table),
@@ -134,7 +135,11 @@ impl Limiter {
     }
 
     pub fn engine(&self) -> &Engine {
-        &self.engine
+        self.cluster.engine()
+    }
+
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
     }
 
     pub fn limits(&self) -> &Arc<ArcSwap<Limits>> {
@@ -270,7 +275,7 @@ impl Limiter {
                 wait,
             });
         }
-        let decisions = self.engine.check(checks).await?;
+        let decisions = self.cluster.check(checks).await?;
         self.count(
             &request.domain,
             &plans,
@@ -415,10 +420,11 @@ impl Limiter {
             crate::clock::Clock::starting_at(start),
         );
         let reload = Arc::new(crate::reload::ReloadStats::with_version(0xabc));
-        let metrics = Arc::new(Metrics::new(metrics, &engine, reload));
+        let cluster = Cluster::single(engine);
+        let metrics = Arc::new(Metrics::new(metrics, &cluster, reload));
         Limiter::new(
             Arc::new(ArcSwap::from_pointee(limits)),
-            engine,
+            cluster,
             options,
             metrics,
         )

@@ -24,6 +24,8 @@ use tonic::transport::server::TcpIncoming;
 
 use crate::admin::{self, Health};
 use crate::clock::Clock;
+use crate::cluster::service::PeerService;
+use crate::cluster::{Cluster, ClusterOptions};
 use crate::engine::{Engine, EngineConfig};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
@@ -43,6 +45,9 @@ pub struct ServerOptions {
     pub reload: ReloadOptions,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Cluster mode: the peer listener's address and the cluster's settings. An empty
+    /// `advertise` means the bound peer address.
+    pub cluster: Option<(SocketAddr, ClusterOptions)>,
 }
 
 impl ServerOptions {
@@ -57,6 +62,7 @@ impl ServerOptions {
             watch: None,
             reload: ReloadOptions::default(),
             shutdown_grace: Duration::from_secs(15),
+            cluster: None,
         }
     }
 }
@@ -70,6 +76,10 @@ pub enum ServeError {
     },
     #[error(transparent)]
     Watch(#[from] reload::ReloadError),
+    #[error("--advertise is needed when the peer listener binds {0} (others cannot reach that)")]
+    Advertise(SocketAddr),
+    #[error("peer listener failed: {0}")]
+    Peer(tonic::transport::Error),
     #[error("grpc listener failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
     #[error("http listener failed: {0}")]
@@ -79,6 +89,7 @@ pub enum ServeError {
 pub struct Server {
     grpc: TcpListener,
     http: TcpListener,
+    peer: Option<(TcpListener, SocketAddr)>,
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
@@ -109,6 +120,23 @@ impl Server {
         let (grpc, grpc_addr) = bind(options.grpc_addr).await?;
         let (http, http_addr) = bind(options.http_addr).await?;
         let engine = Engine::spawn(options.engine, Clock::system());
+        let (cluster, peer) = match &options.cluster {
+            None => (Cluster::single(engine), None),
+            Some((peer_addr, cluster_options)) => {
+                let (listener, bound) = bind(*peer_addr).await?;
+                let mut cluster_options = cluster_options.clone();
+                if cluster_options.advertise.is_empty() {
+                    if bound.ip().is_unspecified() {
+                        return Err(ServeError::Advertise(bound));
+                    }
+                    cluster_options.advertise = bound.to_string();
+                }
+                (
+                    Cluster::join(engine, cluster_options),
+                    Some((listener, bound)),
+                )
+            }
+        };
         let reload_stats = Arc::new(ReloadStats::with_version(version));
         reload_stats.successes.fetch_add(1, Ordering::Relaxed);
         let now = SystemTime::now()
@@ -119,7 +147,7 @@ impl Server {
             .store(now, Ordering::Relaxed);
         let metrics = Arc::new(Metrics::new(
             options.metrics,
-            &engine,
+            &cluster,
             Arc::clone(&reload_stats),
         ));
         let limits = Arc::new(ArcSwap::from_pointee(limits));
@@ -132,10 +160,11 @@ impl Server {
             )?),
             None => None,
         };
-        let limiter = Arc::new(Limiter::new(limits, engine, options.limiter, metrics));
+        let limiter = Arc::new(Limiter::new(limits, cluster, options.limiter, metrics));
         Ok(Server {
             grpc,
             http,
+            peer,
             grpc_addr,
             http_addr,
             limiter,
@@ -152,6 +181,11 @@ impl Server {
 
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
+    }
+
+    /// The peer listener's address, in cluster mode.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer.as_ref().map(|(_, addr)| *addr)
     }
 
     pub fn limiter(&self) -> &Arc<Limiter> {
@@ -184,16 +218,32 @@ impl Server {
             .add_service(health_service)
             .add_service(rls)
             .serve_with_incoming_shutdown(incoming, stopped(stop_rx));
-        // The HTTP listener outlives the gRPC drain, so probes see 503 (not a refused
-        // connection) and metrics can be scraped while requests drain.
-        let (grpc_done_tx, grpc_done_rx) = tokio::sync::oneshot::channel::<()>();
+        // The HTTP listener (and the peer listener) outlive the gRPC drain, so probes see
+        // 503 (not a refused connection), metrics can be scraped while requests drain, and
+        // peers' forwards are still answered until the counters are handed over.
+        let (grpc_done_tx, grpc_done_rx) = tokio::sync::watch::channel(false);
         let app = admin::router(Arc::clone(&self.health), Arc::clone(&self.limiter));
-        let http = axum::serve(self.http, app).with_graceful_shutdown(async {
-            let _ = grpc_done_rx.await;
-        });
+        let http =
+            axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
+        let cluster = self.limiter.cluster().clone();
+        let peer = async {
+            let Some((listener, _)) = self.peer else {
+                return Ok(());
+            };
+            let Some(service) = PeerService::new(&cluster) else {
+                return Ok(());
+            };
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, stopped(grpc_done_rx))
+                .await
+                .map_err(ServeError::Peer)
+        };
         let health = Arc::clone(&self.health);
         let grace = self.shutdown_grace;
         let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+        let leaving = cluster.clone();
         let signal = async move {
             shutdown.await;
             tracing::info!(grace = ?grace, "shutting down: not ready, draining in-flight requests");
@@ -204,6 +254,8 @@ impl Server {
             reporter
                 .set_service_status("", tonic_health::ServingStatus::NotServing)
                 .await;
+            // Peers stop sending us keys before we drain and hand ours over.
+            let _ = tokio::time::timeout(grace, leaving.leave()).await;
             let _ = stop_tx.send(true);
             // Past the grace period, stop waiting for slow calls.
             tokio::select! {
@@ -217,17 +269,19 @@ impl Server {
         let serve = async {
             let grpc = async {
                 let result = grpc.await;
-                let _ = grpc_done_tx.send(());
+                // Drained: hand the counters to their owners, then close the other listeners.
+                cluster.hand_over_all().await;
+                let _ = grpc_done_tx.send(true);
                 result
             };
-            let (grpc, http) = tokio::join!(grpc, async { http.await });
+            let (grpc, http, peer) = tokio::join!(grpc, async { http.await }, peer);
             let _ = drained_tx.send(());
-            (grpc, http)
+            (grpc, http, peer)
         };
         tokio::pin!(serve);
         tokio::pin!(signal);
         let mut signal_done = false;
-        let (grpc, http) = loop {
+        let (grpc, http, peer) = loop {
             tokio::select! {
                 results = &mut serve => break results,
                 expired = &mut signal, if !signal_done => {
@@ -238,6 +292,7 @@ impl Server {
                 }
             }
         };
+        peer?;
         grpc?;
         http.map_err(ServeError::Http)?;
         tracing::info!("drained, exiting");

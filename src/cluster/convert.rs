@@ -1,0 +1,151 @@
+//! Conversions between the peer protocol's messages and the engine's types. Anything a peer
+//! sends is validated here: a malformed message is an error, never a panic.
+
+use std::time::Duration;
+
+use crate::algorithm::{Algorithm, Decision, Rate, Unit};
+use crate::key::KeyId;
+use crate::peer::v1 as wire;
+use crate::shard::{Check, Counter, Slot, WaitPolicy};
+
+/// The protocol version this build speaks.
+pub const VERSION: u32 = 1;
+
+/// Bounds on what one peer message may carry.
+pub const MAX_GROUPS: usize = 4096;
+pub const MAX_CHECKS_PER_GROUP: usize = 64;
+pub const MAX_COUNTERS_PER_CHECK: usize = 32;
+pub const MAX_HANDOFF: usize = 100_000;
+
+pub fn key_to_wire(key: &KeyId) -> wire::Key {
+    wire::Key {
+        route: key.route,
+        id_hi: key.id[0],
+        id_lo: key.id[1],
+    }
+}
+
+pub fn key_from_wire(key: Option<&wire::Key>) -> Result<KeyId, String> {
+    let key = key.ok_or("counter without a key")?;
+    Ok(KeyId {
+        route: key.route,
+        id: [key.id_hi, key.id_lo],
+    })
+}
+
+fn algorithm_to_wire(algorithm: Algorithm) -> wire::Algorithm {
+    match algorithm {
+        Algorithm::FixedWindow => wire::Algorithm::FixedWindow,
+        Algorithm::SlidingWindow => wire::Algorithm::SlidingWindow,
+        Algorithm::TokenBucket => wire::Algorithm::TokenBucket,
+        Algorithm::Gcra => wire::Algorithm::Gcra,
+    }
+}
+
+fn algorithm_from_wire(value: i32) -> Result<Algorithm, String> {
+    match wire::Algorithm::try_from(value) {
+        Ok(wire::Algorithm::FixedWindow) => Ok(Algorithm::FixedWindow),
+        Ok(wire::Algorithm::SlidingWindow) => Ok(Algorithm::SlidingWindow),
+        Ok(wire::Algorithm::TokenBucket) => Ok(Algorithm::TokenBucket),
+        Ok(wire::Algorithm::Gcra) => Ok(Algorithm::Gcra),
+        Err(_) => Err(format!("unknown algorithm {value}")),
+    }
+}
+
+pub fn check_to_wire(check: &Check) -> wire::Check {
+    wire::Check {
+        counters: check
+            .counters
+            .iter()
+            .map(|counter| wire::Counter {
+                key: Some(key_to_wire(&counter.key)),
+                rate: Some(wire::Rate {
+                    algorithm: algorithm_to_wire(counter.rate.algorithm) as i32,
+                    requests_per_unit: counter.rate.requests_per_unit,
+                    unit: counter.rate.unit.to_proto() as u32,
+                    burst: counter.rate.burst,
+                }),
+            })
+            .collect(),
+        cost: check.cost,
+        max_wait_nanos: check.wait.map_or(0, |wait| {
+            u64::try_from(wait.max_wait.as_nanos()).unwrap_or(u64::MAX)
+        }),
+        max_queue: check.wait.map_or(0, |wait| wait.max_queue),
+    }
+}
+
+pub fn check_from_wire(check: wire::Check) -> Result<Check, String> {
+    if check.counters.is_empty() || check.counters.len() > MAX_COUNTERS_PER_CHECK {
+        return Err(format!("{} counters in a check", check.counters.len()));
+    }
+    let mut counters = Vec::with_capacity(check.counters.len());
+    for counter in &check.counters {
+        let key = key_from_wire(counter.key.as_ref())?;
+        let rate = counter.rate.as_ref().ok_or("counter without a rate")?;
+        let unit = i32::try_from(rate.unit)
+            .ok()
+            .and_then(Unit::from_proto)
+            .ok_or_else(|| format!("unknown unit {}", rate.unit))?;
+        let algorithm = algorithm_from_wire(rate.algorithm)?;
+        let mut checked = Rate::new(algorithm, rate.requests_per_unit, unit, Some(rate.burst));
+        if algorithm.uses_burst() && rate.burst == 0 {
+            return Err("burst 0".to_owned());
+        }
+        checked.burst = if algorithm.uses_burst() {
+            rate.burst
+        } else {
+            rate.requests_per_unit
+        };
+        counters.push(Counter { key, rate: checked });
+    }
+    let wait = (check.max_wait_nanos > 0).then(|| WaitPolicy {
+        // Bounded like the config's max_wait, whatever a peer sends.
+        max_wait: Duration::from_nanos(check.max_wait_nanos).min(Duration::from_secs(10)),
+        max_queue: check.max_queue.clamp(1, 100_000),
+    });
+    Ok(Check {
+        counters,
+        cost: check.cost,
+        wait,
+    })
+}
+
+pub fn decision_to_wire(decision: &Decision) -> wire::Decision {
+    wire::Decision {
+        allowed: decision.allowed,
+        remaining: decision.remaining,
+        reset_after_nanos: decision.reset_after,
+        can_retry: decision.retry_after.is_some(),
+        retry_after_nanos: decision.retry_after.unwrap_or(0),
+    }
+}
+
+pub fn decision_from_wire(decision: &wire::Decision) -> Decision {
+    Decision {
+        allowed: decision.allowed,
+        remaining: decision.remaining,
+        reset_after: decision.reset_after_nanos,
+        retry_after: decision.can_retry.then_some(decision.retry_after_nanos),
+    }
+}
+
+pub fn state_to_wire(key: &KeyId, slot: &Slot) -> wire::CounterState {
+    wire::CounterState {
+        key: Some(key_to_wire(key)),
+        a: slot.a,
+        b: slot.b,
+        expires: slot.expires,
+    }
+}
+
+pub fn state_from_wire(state: &wire::CounterState) -> Result<(KeyId, Slot), String> {
+    Ok((
+        key_from_wire(state.key.as_ref())?,
+        Slot {
+            a: state.a,
+            b: state.b,
+            expires: state.expires,
+        },
+    ))
+}

@@ -1,0 +1,399 @@
+//! One peer as seen from this node: a batcher that groups forwarded checks into one RPC, a
+//! deadline on every call, and a circuit breaker so a dead peer costs a fast local fallback
+//! instead of a timeout per request.
+//!
+//! Batching: the batcher takes the first waiting group, then everything else already queued
+//! (up to `batch_size`), yields once to let concurrent callers add theirs, and sends as soon
+//! as nothing more arrived or `batch_window` passed. An idle peer adds no latency; a busy one
+//! gets full batches. (Tokio's timers tick in milliseconds, so the sub-millisecond window is
+//! measured with `Instant`, not slept.) Several batches may be in flight at once, up to
+//! `max_in_flight`.
+//!
+//! Invariants: the queue to the batcher is bounded (`try_send`; full = fallback); every
+//! submitted group gets exactly one answer; the breaker opens after `breaker_failures`
+//! consecutive failed calls and lets calls through again after `breaker_cooldown`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tonic::transport::{Channel, Endpoint};
+
+use super::convert::{self, VERSION};
+use super::{ClusterOptions, PeerStats};
+use crate::algorithm::Decision;
+use crate::key::KeyId;
+use crate::peer::v1 as wire;
+use crate::peer::v1::peer_client::PeerClient;
+use crate::shard::{Check, Slot};
+
+/// Why a forward did not get the owner's answer.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum PeerError {
+    #[error("peer {0} is marked down (circuit open)")]
+    CircuitOpen(Arc<str>),
+    #[error("the queue to peer {0} is full")]
+    QueueFull(Arc<str>),
+    #[error("peer {peer} did not answer: {problem}")]
+    Unreachable { peer: Arc<str>, problem: String },
+    /// The owner answered, with an error of its own (it is overloaded or full).
+    #[error("peer {peer}: {problem}")]
+    Remote { peer: Arc<str>, problem: String },
+}
+
+type Answer = Result<Vec<Decision>, PeerError>;
+
+struct Pending {
+    checks: Vec<Check>,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// A consecutive-failure circuit breaker.
+#[derive(Debug)]
+pub struct Breaker {
+    failures: AtomicU32,
+    open: AtomicBool,
+    /// Milliseconds since `base` until which calls are refused.
+    open_until: AtomicU64,
+    base: Instant,
+    threshold: u32,
+    cooldown: Duration,
+}
+
+impl Breaker {
+    pub fn new(threshold: u32, cooldown: Duration) -> Breaker {
+        Breaker {
+            failures: AtomicU32::new(0),
+            open: AtomicBool::new(false),
+            open_until: AtomicU64::new(0),
+            base: Instant::now(),
+            threshold: threshold.max(1),
+            cooldown,
+        }
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether calls are refused right now (open and still cooling down).
+    pub fn refuses(&self) -> bool {
+        self.millis() < self.open_until.load(Ordering::Relaxed)
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.open.load(Ordering::Relaxed)
+    }
+
+    /// Records a good call; true if this closed an open breaker.
+    pub fn succeeded(&self) -> bool {
+        self.failures.store(0, Ordering::Relaxed);
+        self.open.swap(false, Ordering::Relaxed)
+    }
+
+    /// Records a failed call; true if this opened a closed breaker.
+    pub fn failed(&self) -> bool {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < self.threshold {
+            return false;
+        }
+        let cooldown = u64::try_from(self.cooldown.as_millis()).unwrap_or(u64::MAX);
+        self.open_until
+            .store(self.millis().saturating_add(cooldown), Ordering::Relaxed);
+        !self.open.swap(true, Ordering::Relaxed)
+    }
+}
+
+/// A peer node: forwards, handoffs and membership calls.
+pub struct Remote {
+    address: Arc<str>,
+    me: Arc<str>,
+    client: PeerClient<Channel>,
+    queue: mpsc::Sender<Pending>,
+    pub breaker: Breaker,
+    pub stats: PeerStats,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("address", &self.address)
+            .field("open", &self.breaker.is_open())
+            .finish()
+    }
+}
+
+impl Remote {
+    /// A client for `address` with its batcher running. `recovered` is notified when the
+    /// breaker closes again (so counters kept meanwhile can be handed over).
+    pub fn spawn(
+        address: Arc<str>,
+        me: Arc<str>,
+        options: &ClusterOptions,
+        recovered: Arc<Notify>,
+    ) -> Result<Arc<Remote>, PeerError> {
+        let unreachable = |problem: String| PeerError::Unreachable {
+            peer: Arc::clone(&address),
+            problem,
+        };
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|error| unreachable(format!("bad address: {error}")))?
+            .connect_timeout(options.timeout.max(Duration::from_millis(100)))
+            .tcp_nodelay(true);
+        let client = PeerClient::new(endpoint.connect_lazy());
+        let (queue, rx) = mpsc::channel(options.queue_capacity.max(1));
+        let remote = Arc::new(Remote {
+            address,
+            me,
+            client,
+            queue,
+            breaker: Breaker::new(options.breaker_failures, options.breaker_cooldown),
+            stats: PeerStats::default(),
+            timeout: options.timeout,
+        });
+        let batcher = Batcher {
+            remote: Arc::downgrade(&remote),
+            rx,
+            batch_size: options.batch_size.max(1),
+            batch_window: options.batch_window,
+            in_flight: Arc::new(Semaphore::new(options.max_in_flight.max(1))),
+            recovered,
+        };
+        tokio::spawn(batcher.run());
+        Ok(remote)
+    }
+
+    pub fn address(&self) -> &Arc<str> {
+        &self.address
+    }
+
+    /// Queues one request's checks for this peer; the answer arrives on the receiver.
+    pub fn submit(&self, checks: Vec<Check>) -> Result<oneshot::Receiver<Answer>, PeerError> {
+        if self.breaker.refuses() {
+            return Err(PeerError::CircuitOpen(Arc::clone(&self.address)));
+        }
+        let (reply, rx) = oneshot::channel();
+        self.queue
+            .try_send(Pending { checks, reply })
+            .map_err(|_| PeerError::QueueFull(Arc::clone(&self.address)))?;
+        Ok(rx)
+    }
+
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(self.timeout);
+        request
+    }
+
+    fn unreachable(&self, problem: impl ToString) -> PeerError {
+        PeerError::Unreachable {
+            peer: Arc::clone(&self.address),
+            problem: problem.to_string(),
+        }
+    }
+
+    /// Hands counters to this peer (it owns them now). Not on the request path, so it gets
+    /// a longer deadline than forwards.
+    pub async fn handoff(&self, counters: &[(KeyId, Slot)]) -> Result<u32, PeerError> {
+        let batch = wire::HandoffBatch {
+            version: VERSION,
+            sender: self.me.to_string(),
+            counters: counters
+                .iter()
+                .map(|(key, slot)| convert::state_to_wire(key, slot))
+                .collect(),
+        };
+        let mut request = tonic::Request::new(batch);
+        request.set_timeout(Duration::from_secs(5));
+        let mut client = self.client.clone();
+        match tokio::time::timeout(Duration::from_secs(5), client.handoff(request)).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner().accepted),
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable("handoff timed out")),
+        }
+    }
+
+    /// Tells this peer we joined; returns the members it knows.
+    pub async fn join(&self) -> Result<Vec<String>, PeerError> {
+        self.membership(true).await
+    }
+
+    /// Tells this peer we are leaving.
+    pub async fn leave(&self) -> Result<Vec<String>, PeerError> {
+        self.membership(false).await
+    }
+
+    async fn membership(&self, join: bool) -> Result<Vec<String>, PeerError> {
+        let member = wire::Member {
+            version: VERSION,
+            address: self.me.to_string(),
+        };
+        let mut request = tonic::Request::new(member);
+        let deadline = self.timeout.max(Duration::from_secs(1));
+        request.set_timeout(deadline);
+        let mut client = self.client.clone();
+        let call = async {
+            if join {
+                client.join(request).await
+            } else {
+                client.leave(request).await
+            }
+        };
+        match tokio::time::timeout(deadline, call).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner().addresses),
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable("timed out")),
+        }
+    }
+
+    /// Sends one batch and answers every group in it.
+    async fn send(&self, batch: Vec<Pending>, recovered: &Notify) {
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .forwarded
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let message = wire::CheckBatch {
+            version: VERSION,
+            sender: self.me.to_string(),
+            groups: batch
+                .iter()
+                .map(|pending| wire::Group {
+                    checks: pending.checks.iter().map(convert::check_to_wire).collect(),
+                })
+                .collect(),
+        };
+        let mut client = self.client.clone();
+        let call = client.check(self.request(message));
+        let reply = match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => {
+                Err(self.unreachable(format!("{}: {}", status.code(), status.message())))
+            }
+            Err(_) => Err(self.unreachable(format!("no answer within {:?}", self.timeout))),
+        };
+        let reply = reply.and_then(|reply| {
+            if reply.groups.len() == batch.len() {
+                Ok(reply)
+            } else {
+                Err(self.unreachable("answered a different number of groups"))
+            }
+        });
+        match reply {
+            Ok(reply) => {
+                if self.breaker.succeeded() {
+                    tracing::info!(peer = %self.address, "peer reachable again");
+                    recovered.notify_one();
+                }
+                for (pending, group) in batch.into_iter().zip(reply.groups) {
+                    let answer = if group.error.is_empty()
+                        && group.decisions.len()
+                            == pending
+                                .checks
+                                .iter()
+                                .map(|c| c.counters.len())
+                                .sum::<usize>()
+                    {
+                        Ok(group
+                            .decisions
+                            .iter()
+                            .map(convert::decision_from_wire)
+                            .collect())
+                    } else {
+                        Err(PeerError::Remote {
+                            peer: Arc::clone(&self.address),
+                            problem: if group.error.is_empty() {
+                                "answered a different number of decisions".to_owned()
+                            } else {
+                                group.error
+                            },
+                        })
+                    };
+                    let _ = pending.reply.send(answer);
+                }
+            }
+            Err(error) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                if self.breaker.failed() {
+                    tracing::warn!(peer = %self.address, %error, "peer unreachable: its keys fall back to the local policy");
+                }
+                for pending in batch {
+                    let _ = pending.reply.send(Err(error.clone()));
+                }
+            }
+        }
+    }
+}
+
+struct Batcher {
+    remote: std::sync::Weak<Remote>,
+    rx: mpsc::Receiver<Pending>,
+    batch_size: usize,
+    batch_window: Duration,
+    in_flight: Arc<Semaphore>,
+    recovered: Arc<Notify>,
+}
+
+impl Batcher {
+    /// Runs until the `Remote` is dropped.
+    async fn run(mut self) {
+        while let Some(first) = self.rx.recv().await {
+            let mut batch = vec![first];
+            let started = Instant::now();
+            loop {
+                while batch.len() < self.batch_size {
+                    match self.rx.try_recv() {
+                        Ok(pending) => batch.push(pending),
+                        Err(_) => break,
+                    }
+                }
+                if batch.len() >= self.batch_size || started.elapsed() >= self.batch_window {
+                    break;
+                }
+                tokio::task::yield_now().await;
+                if self.rx.is_empty() {
+                    break;
+                }
+            }
+            let Some(remote) = self.remote.upgrade() else {
+                break;
+            };
+            let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {
+                break;
+            };
+            let recovered = Arc::clone(&self.recovered);
+            tokio::spawn(async move {
+                remote.send(batch, &recovered).await;
+                drop(permit);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_breaker_opens_after_consecutive_failures_and_closes_on_success() {
+        let breaker = Breaker::new(3, Duration::from_secs(60));
+        assert!(!breaker.failed());
+        assert!(!breaker.failed());
+        assert!(!breaker.refuses());
+        assert!(breaker.failed(), "the third failure opens it");
+        assert!(breaker.refuses());
+        assert!(!breaker.failed(), "already open: no second transition");
+        assert!(breaker.succeeded(), "a success closes it");
+        assert!(!breaker.is_open());
+        assert!(!breaker.failed(), "the count starts over");
+    }
+
+    #[test]
+    fn an_open_breaker_lets_calls_through_after_the_cooldown() {
+        let breaker = Breaker::new(1, Duration::ZERO);
+        assert!(breaker.failed());
+        assert!(breaker.is_open());
+        assert!(!breaker.refuses(), "zero cooldown: half-open at once");
+    }
+}

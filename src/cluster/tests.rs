@@ -1,0 +1,129 @@
+use super::*;
+use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
+use crate::clock::Clock;
+use crate::engine::EngineConfig;
+use crate::key::KeyBuilder;
+use crate::shard::Counter;
+
+fn set(members: &[&str]) -> BTreeSet<String> {
+    members.iter().map(|member| (*member).to_owned()).collect()
+}
+
+#[test]
+fn members_are_seeds_discovered_and_joined_minus_those_that_left() {
+    let mut membership = Membership {
+        seeds: set(&["a:1", "b:1"]),
+        discovered: set(&["c:1"]),
+        ..Membership::default()
+    };
+    assert_eq!(
+        membership.members("me:1"),
+        set(&["a:1", "b:1", "c:1", "me:1"])
+    );
+    membership.joined.insert("d:1".to_owned());
+    membership.left.insert("b:1".to_owned());
+    assert_eq!(
+        membership.members("me:1"),
+        set(&["a:1", "c:1", "d:1", "me:1"])
+    );
+    membership.leaving = true;
+    assert_eq!(
+        membership.members("me:1"),
+        set(&["a:1", "c:1", "d:1"]),
+        "a leaving node routes nothing to itself"
+    );
+}
+
+fn engine() -> Engine {
+    Engine::spawn(
+        EngineConfig {
+            shards: 2,
+            queue_capacity: 64,
+            max_keys: 100,
+            max_waiters: 10,
+        },
+        Clock::starting_at(1_704_326_400 * NANOS_PER_SEC),
+    )
+}
+
+fn check(value: &str) -> Check {
+    let rate = Rate::fixed(2, Unit::Hour);
+    Check {
+        counters: vec![Counter {
+            key: KeyBuilder::new("d").entry("k", value).key(&rate),
+            rate,
+        }],
+        cost: 1,
+        wait: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_single_node_decides_everything_on_its_engine() {
+    let cluster = Cluster::single(engine());
+    assert_eq!(cluster.me(), None);
+    let decisions = cluster
+        .check(vec![check("a"), check("b"), check("a")])
+        .await
+        .expect("answers");
+    let remaining: Vec<u32> = decisions
+        .iter()
+        .map(|decision| decision.remaining)
+        .collect();
+    assert_eq!(remaining, [1, 1, 0]);
+}
+
+#[tokio::test]
+async fn a_lone_member_owns_every_key_and_keeps_its_counters() {
+    let cluster = Cluster::join(engine(), ClusterOptions::new("127.0.0.1:1"));
+    assert_eq!(cluster.members(), [Arc::<str>::from("127.0.0.1:1")]);
+    let decisions = cluster
+        .check(vec![check("x"), check("x"), check("x")])
+        .await
+        .expect("answers");
+    let allowed: Vec<bool> = decisions.iter().map(|decision| decision.allowed).collect();
+    assert_eq!(allowed, [true, true, false]);
+    // Handing over with nobody else to own anything keeps every counter here.
+    cluster.hand_over_all().await;
+    let again = cluster.check(vec![check("x")]).await.expect("answers");
+    assert!(!again[0].allowed, "the count survived");
+}
+
+#[tokio::test]
+async fn fallback_policies_decide_for_an_unreachable_owner() {
+    for (fallback, expected) in [
+        (Fallback::Allow, true),
+        (Fallback::Deny, false),
+        (Fallback::Local, true),
+    ] {
+        let mut options = ClusterOptions::new("127.0.0.1:1");
+        // A peer nobody listens on (port 9 is discard; nothing binds it here).
+        options.peers = vec!["127.0.0.1:9".to_owned()];
+        options.fallback = fallback;
+        options.timeout = Duration::from_millis(200);
+        let cluster = Cluster::join(engine(), options);
+        assert_eq!(cluster.members().len(), 2);
+        // Keys owned by the dead peer get the policy's answer; there are plenty of those.
+        let values: Vec<String> = (0..40).map(|n| format!("v{n}")).collect();
+        let checks: Vec<Check> = values.iter().map(|value| check(value)).collect();
+        let decisions = cluster
+            .check(checks)
+            .await
+            .expect("answers without the owner");
+        assert_eq!(decisions.len(), 40);
+        let (stats, _) = cluster.stats().expect("cluster mode");
+        assert!(stats.fallbacks.load(Ordering::Relaxed) >= 1, "{fallback:?}");
+        let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
+        for (value, decision) in values.iter().zip(&decisions) {
+            let route = KeyBuilder::new("d").entry("k", value).route();
+            if ring
+                .owner(route)
+                .is_some_and(|owner| &**owner == "127.0.0.1:9")
+            {
+                assert_eq!(decision.allowed, expected, "{fallback:?} for {value}");
+            } else {
+                assert!(decision.allowed, "keys owned here are decided here");
+            }
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! Cluster mode with real ratekeeper processes on 127.0.0.1: one limit across all nodes,
+//! forwarding to owners, fallback when an owner dies, and counter handoff on SIGTERM.
+//!
+//! Forward deadlines are generous here (2 s instead of the 10 ms default) so a busy CI
+//! machine cannot turn a slow forward into a fallback and break an exact count; every test
+//! that counts also asserts no fallback happened.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratekeeper::key::KeyBuilder;
+use ratekeeper::ring::{DEFAULT_VNODES, Ring};
+use support::{Ratekeeper, TempDir, eventually, http_get, write_config};
+use tonic::transport::Channel;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn limits(requests_per_unit: u32) -> String {
+    format!(
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: day, requests_per_unit: {requests_per_unit}}}\n"
+    )
+}
+
+fn node(config: &Path, peer_addr: &str, peers: &[SocketAddr]) -> Ratekeeper {
+    let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
+    let joined = peers.join(",");
+    let mut args = vec!["--peer-addr", peer_addr, "--peer-timeout", "2s"];
+    if !peers.is_empty() {
+        args.extend(["--peers", joined.as_str()]);
+    }
+    Ratekeeper::start(config, &args)
+}
+
+/// The value of the first `/metrics` sample starting with `prefix` (0 if absent).
+fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
+    http_get(node.http_addr(), "/metrics", &[])
+        .ok()
+        .and_then(|response| {
+            response
+                .body
+                .lines()
+                .find(|line| line.starts_with(prefix))
+                .and_then(|line| line.rsplit(' ').next())
+                .and_then(|value| value.parse().ok())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Starts `n` nodes, each joining the ones before it, and waits until all see all.
+fn cluster(config: &Path, n: usize) -> Vec<Ratekeeper> {
+    let mut nodes: Vec<Ratekeeper> = Vec::new();
+    for _ in 0..n {
+        let peers: Vec<SocketAddr> = nodes.iter().map(Ratekeeper::peer_addr).collect();
+        nodes.push(node(config, "127.0.0.1:0", &peers));
+    }
+    wait_for_members(&nodes, n);
+    nodes
+}
+
+fn wait_for_members(nodes: &[Ratekeeper], n: usize) {
+    for node in nodes {
+        let agreed = eventually(WAIT, || {
+            metric(node, "ratekeeper_cluster_members") == n as f64
+        });
+        assert!(agreed, "a node never saw {n} members: {}", node.stderr());
+    }
+}
+
+async fn clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
+    let mut clients = Vec::new();
+    for node in nodes {
+        let client = RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
+            .await
+            .expect("connects");
+        clients.push(client);
+    }
+    clients
+}
+
+fn request(values: &[&str]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: values
+            .iter()
+            .map(|value| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "api_key".to_owned(),
+                    value: (*value).to_owned(),
+                }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+async fn admitted(client: &mut RateLimitServiceClient<Channel>, value: &str) -> bool {
+    let response = client
+        .should_rate_limit(request(&[value]))
+        .await
+        .expect("answers")
+        .into_inner();
+    response.overall_code == Code::Ok as i32
+}
+
+/// Which node (index into `nodes`) owns `value`, by the same ring the nodes build.
+fn owner(nodes: &[Ratekeeper], value: &str) -> usize {
+    let members: Vec<String> = nodes
+        .iter()
+        .map(|node| node.peer_addr().to_string())
+        .collect();
+    let ring = Ring::new(&members, DEFAULT_VNODES);
+    let mut key = KeyBuilder::new("edge");
+    key.entry("api_key", value);
+    let owner = ring.owner(key.route()).expect("a member");
+    members
+        .iter()
+        .position(|member| **member == **owner)
+        .expect("owner is a node")
+}
+
+/// The sum of every `/metrics` sample starting with `prefix` (all label sets).
+fn metric_sum(node: &Ratekeeper, prefix: &str) -> f64 {
+    http_get(node.http_addr(), "/metrics", &[])
+        .map(|response| {
+            response
+                .body
+                .lines()
+                .filter(|line| line.starts_with(prefix))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        })
+        .unwrap_or(0.0)
+}
+
+fn fallbacks(nodes: &[Ratekeeper]) -> f64 {
+    nodes
+        .iter()
+        .map(|node| metric(node, "ratekeeper_cluster_fallbacks_total"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_round_robin_is_admitted_exactly_the_limit_in_total() {
+    let dir = TempDir::new("cluster-exact");
+    write_config(dir.path(), "edge.yaml", &limits(10));
+    let nodes = cluster(dir.path(), 3);
+    let mut clients = clients(&nodes).await;
+    let mut total = 0;
+    for n in 0..30 {
+        if admitted(&mut clients[n % 3], "round-robin").await {
+            total += 1;
+        }
+    }
+    assert_eq!(total, 10, "the limit holds across the three nodes");
+    assert_eq!(fallbacks(&nodes), 0.0);
+    let forwarded: f64 = nodes
+        .iter()
+        .map(|node| metric_sum(node, "ratekeeper_peer_forwarded_total"))
+        .sum();
+    assert_eq!(
+        forwarded, 20.0,
+        "the two non-owners forwarded their 10 requests each"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_spread_over_all_owners_and_each_holds_its_limit() {
+    let dir = TempDir::new("cluster-spread");
+    write_config(dir.path(), "edge.yaml", &limits(2));
+    let nodes = cluster(dir.path(), 3);
+    let mut clients = clients(&nodes).await;
+    let values: Vec<String> = (0..120).map(|n| format!("user-{n}")).collect();
+    let mut owned = [0usize; 3];
+    for value in &values {
+        owned[owner(&nodes, value)] += 1;
+        let mut results = Vec::new();
+        for n in 0..3 {
+            results.push(admitted(&mut clients[n], value).await);
+        }
+        assert_eq!(results, [true, true, false], "key {value}");
+    }
+    assert!(
+        owned.iter().all(|count| *count > 20),
+        "keys spread over owners: {owned:?}"
+    );
+    for (index, node) in nodes.iter().enumerate() {
+        let live: f64 = (0..8)
+            .map(|shard| {
+                metric(
+                    node,
+                    &format!(r#"ratekeeper_shard_live_keys{{shard="{shard}"}}"#),
+                )
+            })
+            .sum();
+        assert_eq!(
+            live, owned[index] as f64,
+            "node {index} holds exactly the keys it owns"
+        );
+    }
+    assert_eq!(fallbacks(&nodes), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_keys_live_on_different_owners_gets_every_status_right() {
+    let dir = TempDir::new("cluster-multi");
+    write_config(dir.path(), "edge.yaml", &limits(3));
+    let nodes = cluster(dir.path(), 3);
+    let values = ["m-a", "m-b", "m-c", "m-d", "m-e", "m-f", "m-g", "m-h"];
+    let owners: std::collections::BTreeSet<usize> =
+        values.iter().map(|value| owner(&nodes, value)).collect();
+    assert_eq!(owners.len(), 3, "the request spans all three owners");
+    let mut clients = clients(&nodes).await;
+    // One extra hit on the first key, through another node, so the statuses differ.
+    assert!(admitted(&mut clients[1], values[0]).await);
+    for round in 0..3 {
+        let response = clients[0]
+            .should_rate_limit(request(&values))
+            .await
+            .expect("answers")
+            .into_inner();
+        let remaining: Vec<u32> = response
+            .statuses
+            .iter()
+            .map(|status| status.limit_remaining)
+            .collect();
+        let codes: Vec<i32> = response.statuses.iter().map(|status| status.code).collect();
+        let ok = Code::Ok as i32;
+        let over = Code::OverLimit as i32;
+        match round {
+            0 => assert_eq!((remaining[0], &remaining[1..]), (1, &[2u32; 7][..])),
+            1 => assert_eq!((remaining[0], &remaining[1..]), (0, &[1u32; 7][..])),
+            _ => {
+                assert_eq!(codes[0], over, "the first key ran out a request earlier");
+                assert_eq!(&codes[1..], &[ok; 7][..]);
+                assert_eq!(&remaining[1..], &[0u32; 7][..]);
+            }
+        }
+    }
+    assert_eq!(fallbacks(&nodes), 0.0);
+}
+
+fn kill(node: &mut Ratekeeper, signal: &str) {
+    let pid = node.process().id().to_string();
+    let status = Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_costs_a_fast_fallback_and_the_cluster_recovers_when_it_returns() {
+    let dir = TempDir::new("cluster-kill");
+    write_config(dir.path(), "edge.yaml", &limits(1_000_000));
+    let mut nodes = cluster(dir.path(), 3);
+    let victim_peer = nodes[2].peer_addr();
+    let victim_keys: Vec<String> = (0..400)
+        .map(|n| format!("k-{n}"))
+        .filter(|value| owner(&nodes, value) == 2)
+        .take(20)
+        .collect();
+    let mut clients = clients(&nodes[..2]).await;
+    kill(&mut nodes[2], "-KILL");
+    assert!(eventually(WAIT, || nodes[2].process().exited().is_some()));
+    // Let the breakers trip (3 failed forwards each), then time the steady state.
+    for value in &victim_keys {
+        for client in clients.iter_mut() {
+            assert!(
+                admitted(client, value).await,
+                "fallback decides locally and admits"
+            );
+        }
+    }
+    let mut slowest = Duration::ZERO;
+    for value in &victim_keys {
+        for client in clients.iter_mut() {
+            let started = Instant::now();
+            assert!(admitted(client, value).await);
+            slowest = slowest.max(started.elapsed());
+        }
+    }
+    assert!(
+        slowest < Duration::from_millis(20),
+        "answers stay fast with the owner dead: {slowest:?}"
+    );
+    assert!(fallbacks(&nodes[..2]) >= victim_keys.len() as f64);
+    let open = metric(
+        &nodes[0],
+        &format!(r#"ratekeeper_peer_circuit_open{{peer="{victim_peer}"}}"#),
+    );
+    assert_eq!(open, 1.0, "node 0 marked the dead owner down");
+
+    // The owner returns on the same address: forwards resume, fallback counters move to it.
+    let returned = node(
+        dir.path(),
+        &victim_peer.to_string(),
+        &[nodes[0].peer_addr(), nodes[1].peer_addr()],
+    );
+    let fallbacks_before = fallbacks(&nodes[..2]);
+    let recovered = eventually(WAIT, || {
+        metric(
+            &nodes[0],
+            &format!(r#"ratekeeper_peer_circuit_open{{peer="{victim_peer}"}}"#),
+        ) == 0.0
+    });
+    // The breaker closes on the first forward after its cooldown; keep sending until then.
+    let mut closed = recovered;
+    let deadline = Instant::now() + WAIT;
+    while !closed && Instant::now() < deadline {
+        for client in clients.iter_mut() {
+            admitted(client, &victim_keys[0]).await;
+        }
+        closed = metric(
+            &nodes[0],
+            &format!(r#"ratekeeper_peer_circuit_open{{peer="{victim_peer}"}}"#),
+        ) == 0.0
+            && metric(
+                &nodes[1],
+                &format!(r#"ratekeeper_peer_circuit_open{{peer="{victim_peer}"}}"#),
+            ) == 0.0;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(closed, "both nodes forward to the returned owner again");
+    let handed = eventually(WAIT, || {
+        metric(&returned, "ratekeeper_cluster_handoff_received_total") > 0.0
+    });
+    assert!(
+        handed,
+        "the fallback counters were handed to the owner: {}",
+        returned.stderr()
+    );
+    let before = fallbacks(&nodes[..2]);
+    for client in clients.iter_mut() {
+        assert!(admitted(client, &victim_keys[1]).await);
+    }
+    assert_eq!(
+        fallbacks(&nodes[..2]),
+        before,
+        "no more fallbacks once it is back"
+    );
+    assert!(before >= fallbacks_before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
+    let dir = TempDir::new("cluster-handoff");
+    write_config(dir.path(), "edge.yaml", &limits(20));
+    let mut nodes = cluster(dir.path(), 3);
+    // A key owned by the node we will restart.
+    let value = (0..400)
+        .map(|n| format!("h-{n}"))
+        .find(|value| owner(&nodes, value) == 2)
+        .expect("some key is owned by node 2");
+    let mut clients = clients(&nodes[..2]).await;
+    let mut total = 0;
+    for n in 0..10 {
+        total += usize::from(admitted(&mut clients[n % 2], &value).await);
+    }
+    assert_eq!(total, 10);
+    let restarted_peer = nodes[2].peer_addr();
+
+    kill(&mut nodes[2], "-TERM");
+    let exited = support::eventually_some(WAIT, || nodes[2].process().exited()).expect("exits");
+    assert!(exited.success(), "{}", nodes[2].stderr());
+    wait_for_members(&nodes[..2], 2);
+    let received: f64 = nodes[..2]
+        .iter()
+        .map(|node| metric(node, "ratekeeper_cluster_handoff_received_total"))
+        .sum();
+    assert!(received >= 1.0, "the leaving node handed its counters over");
+    for n in 0..20 {
+        total += usize::from(admitted(&mut clients[n % 2], &value).await);
+    }
+    assert_eq!(
+        total, 20,
+        "the new owner continued from the handed-over count"
+    );
+
+    // The node comes back: ownership returns to it, with the count.
+    let returned = node(
+        dir.path(),
+        &restarted_peer.to_string(),
+        &[nodes[0].peer_addr(), nodes[1].peer_addr()],
+    );
+    wait_for_members(&nodes[..2], 3);
+    let moved_back = eventually(WAIT, || {
+        metric(&returned, "ratekeeper_cluster_handoff_received_total") >= 1.0
+    });
+    assert!(
+        moved_back,
+        "the key's counter moved back to its owner: {}",
+        returned.stderr()
+    );
+    let mut all = clients;
+    all.extend(self::clients(std::slice::from_ref(&returned)).await);
+    for n in 0..9 {
+        total += usize::from(admitted(&mut all[n % 3], &value).await);
+    }
+    assert_eq!(
+        total, 20,
+        "nothing more is admitted across the whole rolling restart"
+    );
+    assert_eq!(
+        fallbacks(&nodes[..2]) + fallbacks(std::slice::from_ref(&returned)),
+        0.0
+    );
+}
