@@ -110,7 +110,7 @@ for attempt in $(seq 20); do
     headers=$(curl -s -o /dev/null -D - -H "x-api-key: $api_key" http://127.0.0.1:10000/)
     status=$(printf '%s\n' "$headers" | head -n 1 | tr -d '\r')
     ratelimit=$(printf '%s\n' "$headers" | tr -d '\r' | grep -i '^x-ratelimit-' | paste -sd ' ' - || true)
-    printf '%2d  %-24s %s\n' "$attempt" "$status" "$ratelimit"
+    printf '%2d  %-32s %s\n' "$attempt" "$status" "$ratelimit"
     if [[ $status == *" 429"* ]]; then
         limited=1
         break

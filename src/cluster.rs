@@ -308,32 +308,30 @@ impl Cluster {
         drop(topology);
         // Queue the forwards first, so they travel while the local part is decided.
         let mut answers: Vec<Option<Vec<Decision>>> = (0..groups.len()).map(|_| None).collect();
-        let mut waiting: Vec<(usize, Vec<Check>, oneshot::Receiver<_>)> = Vec::new();
+        let mut waiting: Vec<(usize, oneshot::Receiver<remote::Answer>)> = Vec::new();
         let mut fallbacks: Vec<(usize, Vec<Check>)> = Vec::new();
         let mut local = Vec::new();
         for (index, (target, group)) in groups.into_iter().enumerate() {
             match target {
                 Target::Local => local = group,
-                Target::Remote(remote) => {
-                    let copy = group.clone();
-                    match remote.submit(group) {
-                        Ok(rx) => waiting.push((index, copy, rx)),
-                        Err(_) => fallbacks.push((index, copy)),
-                    }
-                }
+                Target::Remote(remote) => match remote.submit(group) {
+                    Ok(rx) => waiting.push((index, rx)),
+                    Err((_, group)) => fallbacks.push((index, group)),
+                },
             }
         }
         if !local.is_empty() {
             answers[0] = Some(self.engine.check(local).await?);
         }
-        for (index, group, rx) in waiting {
+        for (index, rx) in waiting {
             match rx.await {
                 Ok(Ok(decisions)) => answers[index] = Some(decisions),
-                Ok(Err(PeerError::Remote { problem, .. })) => {
+                Ok(Err((PeerError::Remote { problem, .. }, _))) => {
                     return Err(EngineError::Peer(problem));
                 }
-                // Unreachable (or the client went away): the fallback policy decides.
-                Ok(Err(_)) | Err(_) => fallbacks.push((index, group)),
+                // Unreachable, or no longer a member: the fallback policy decides.
+                Ok(Err((_, group))) => fallbacks.push((index, group)),
+                Err(_) => return Err(EngineError::Peer("the forward was dropped".into())),
             }
         }
         for (index, group) in fallbacks {

@@ -305,6 +305,9 @@ pub(super) enum Step {
     Default,
 }
 
+/// The configured entries from a domain's root to one node, in order.
+type Steps = Vec<(Box<str>, Step)>;
+
 /// What `/rate/{domain}/{name}` turns into.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Target {
@@ -429,7 +432,7 @@ impl NameIndex {
 /// structured path of a node: `Node::path` is display text, `Node::key_path` has no values).
 fn named_targets(domain: &Domain) -> HashMap<Box<str>, Target> {
     // name -> the nodes carrying it, with the steps leading to each.
-    let mut found: HashMap<&str, Vec<(&str, Vec<(Box<str>, Step)>)>> = HashMap::new();
+    let mut found: HashMap<&str, Vec<(&str, Steps)>> = HashMap::new();
     let mut stack = vec![(&domain.root, Vec::new())];
     while let Some((level, steps)) = stack.pop() {
         for (key, group) in level {
@@ -443,7 +446,7 @@ fn named_targets(domain: &Domain) -> HashMap<Box<str>, Target> {
                 .map(|(_, pattern, node)| (Step::Wildcard(pattern.clone()), node));
             let default = group.default.iter().map(|node| (Step::Default, &**node));
             for (step, node) in exact.chain(wildcards).chain(default) {
-                let mut here: Vec<(Box<str>, Step)> = steps.clone();
+                let mut here: Steps = steps.clone();
                 here.push((key.clone(), step));
                 let mut names: Vec<&str> = node
                     .limits

@@ -42,7 +42,8 @@ pub enum PeerError {
     Remote { peer: Arc<str>, problem: String },
 }
 
-type Answer = Result<Vec<Decision>, PeerError>;
+/// The owner's decisions, or why not, with the checks handed back for the fallback.
+pub type Answer = Result<Vec<Decision>, (PeerError, Vec<Check>)>;
 
 struct Pending {
     checks: Vec<Check>,
@@ -169,16 +170,27 @@ impl Remote {
         &self.address
     }
 
-    /// Queues one request's checks for this peer; the answer arrives on the receiver.
-    pub fn submit(&self, checks: Vec<Check>) -> Result<oneshot::Receiver<Answer>, PeerError> {
+    /// Queues one request's checks for this peer; the answer arrives on the receiver. When
+    /// the peer is marked down or its queue is full, the checks come straight back.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the error hands the checks back, no copy"
+    )]
+    pub fn submit(
+        &self,
+        checks: Vec<Check>,
+    ) -> Result<oneshot::Receiver<Answer>, (PeerError, Vec<Check>)> {
         if self.breaker.refuses() {
-            return Err(PeerError::CircuitOpen(Arc::clone(&self.address)));
+            return Err((PeerError::CircuitOpen(Arc::clone(&self.address)), checks));
         }
         let (reply, rx) = oneshot::channel();
-        self.queue
-            .try_send(Pending { checks, reply })
-            .map_err(|_| PeerError::QueueFull(Arc::clone(&self.address)))?;
-        Ok(rx)
+        match self.queue.try_send(Pending { checks, reply }) {
+            Ok(()) => Ok(rx),
+            Err(full_or_closed) => Err((
+                PeerError::QueueFull(Arc::clone(&self.address)),
+                full_or_closed.into_inner().checks,
+            )),
+        }
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
@@ -287,28 +299,25 @@ impl Remote {
                     recovered.notify_one();
                 }
                 for (pending, group) in batch.into_iter().zip(reply.groups) {
-                    let answer = if group.error.is_empty()
-                        && group.decisions.len()
-                            == pending
-                                .checks
-                                .iter()
-                                .map(|c| c.counters.len())
-                                .sum::<usize>()
-                    {
+                    let expected: usize = pending
+                        .checks
+                        .iter()
+                        .map(|check| check.counters.len())
+                        .sum();
+                    let answer = if group.error.is_empty() && group.decisions.len() == expected {
                         Ok(group
                             .decisions
                             .iter()
                             .map(convert::decision_from_wire)
                             .collect())
                     } else {
-                        Err(PeerError::Remote {
-                            peer: Arc::clone(&self.address),
-                            problem: if group.error.is_empty() {
-                                "answered a different number of decisions".to_owned()
-                            } else {
-                                group.error
-                            },
-                        })
+                        let problem = if group.error.is_empty() {
+                            "answered a different number of decisions".to_owned()
+                        } else {
+                            group.error
+                        };
+                        let peer = Arc::clone(&self.address);
+                        Err((PeerError::Remote { peer, problem }, pending.checks))
                     };
                     let _ = pending.reply.send(answer);
                 }
@@ -319,7 +328,7 @@ impl Remote {
                     tracing::warn!(peer = %self.address, %error, "peer unreachable: its keys fall back to the local policy");
                 }
                 for pending in batch {
-                    let _ = pending.reply.send(Err(error.clone()));
+                    let _ = pending.reply.send(Err((error.clone(), pending.checks)));
                 }
             }
         }
@@ -357,6 +366,18 @@ impl Batcher {
                 }
             }
             let Some(remote) = self.remote.upgrade() else {
+                // The peer left the ring: hand every waiting request back for the fallback.
+                self.rx.close();
+                while let Ok(pending) = self.rx.try_recv() {
+                    batch.push(pending);
+                }
+                for pending in batch {
+                    let error = PeerError::Unreachable {
+                        peer: Arc::from("a former member"),
+                        problem: "left the ring".to_owned(),
+                    };
+                    let _ = pending.reply.send(Err((error, pending.checks)));
+                }
                 break;
             };
             let Ok(permit) = Arc::clone(&self.in_flight).acquire_owned().await else {

@@ -1,0 +1,992 @@
+//! Cluster forwarding cost: a 3-node ratekeeper cluster driven through node A by h2load, with
+//! keys A owns (decided locally) against keys B (and C) own (every request forwarded), next
+//! to a no-op RLS server as the same-run baseline.
+//!
+//! Starts, in this process and each on its own small multi-thread tokio runtime (threads
+//! named `node-a-rt`, `node-b-rt`, `node-c-rt`, `noop-rt`, so profiles tell them apart):
+//! - three ratekeeper servers ([`Server::bind`] + [`Server::run`]) on `127.0.0.1:0`, in
+//!   cluster mode with the production forwarding defaults (`ClusterOptions::new("")`: 10 ms
+//!   deadline, batches of up to 128 groups, 200 us window), peer listeners on `127.0.0.1:0`
+//!   advertising their bound address; B joins A, C joins A and B. The bench waits until every
+//!   node's `ratekeeper_cluster_members` is 3;
+//! - a no-op `RateLimitService` answering OK at once (as in `benches/grpc.rs`).
+//!
+//! Keys are chosen by computing owners with the same [`Ring`] the nodes build (over their peer
+//! addresses) and [`KeyBuilder`] routes, and each run asserts from node A's `/metrics` that
+//! the expected number of groups was forwarded (0 for local keys). A run counts only if node
+//! A's `ratekeeper_cluster_fallbacks_total` did not move (a fallback means a forward failed
+//! and the request was decided locally); otherwise it is reported and retried once.
+//!
+//! Bodies are pre-encoded gRPC frames in temp files; each is checked once with a tonic client
+//! (decoded `overall_code` OK, one status with a `current_limit` per descriptor) and once with
+//! `nghttp` (`grpc-status: 0` on the exact bytes h2load sends). Then the configurations
+//! alternate over the rounds (order reversed every other round), each run being
+//! `h2load -c 8 -m 32 -n 200000` like `benches/grpc.rs`. Last, the forward's own latency: one
+//! tonic client sends sequential requests (no concurrency), local and remote keys interleaved.
+//!
+//! Run with `cargo bench --bench cluster`. Options: `CLUSTER_BENCH_ROUNDS` (default 3),
+//! `CLUSTER_BENCH_REQUESTS` (default 200000), `CLUSTER_BENCH_WORKERS` (worker threads per
+//! node, default 2), `CLUSTER_BENCH_SEQUENTIAL` (sequential requests per key, default 2000),
+//! `CLUSTER_BENCH_CONFIGS` (comma-separated configuration ids to run, e.g. `remote-1`, for
+//! profiling one of them; default all).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use ratekeeper::cluster::ClusterOptions;
+use ratekeeper::key::KeyBuilder;
+use ratekeeper::limits::Limits;
+use ratekeeper::ring::{DEFAULT_VNODES, Ring};
+use ratekeeper::server::{Server, ServerOptions};
+use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+const CONNECTIONS: u32 = 8;
+const STREAMS_PER_CONNECTION: u32 = 32;
+const DOMAIN: &str = "bench";
+/// How long the nodes get to agree on the membership.
+const FORM_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// `api_key`: far above any rate reachable here, so every answer is OK.
+const LIMITS: &str = "\
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+";
+
+/// The do-nothing baseline: OK for every request, without looking at it.
+struct Noop;
+
+#[tonic::async_trait]
+impl RateLimitService for Noop {
+    async fn should_rate_limit(
+        &self,
+        _request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..Default::default()
+        }))
+    }
+}
+
+/// One cluster node, serving on its own runtime.
+struct Node {
+    name: &'static str,
+    runtime: Runtime,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    peer: SocketAddr,
+}
+
+/// One request body (one api_key value per descriptor).
+struct Body {
+    request: RateLimitRequest,
+    file: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Target {
+    Noop,
+    NodeA,
+}
+
+/// One measured configuration: where h2load sends which body.
+struct Config {
+    id: &'static str,
+    label: &'static str,
+    target: Target,
+    body: usize,
+    /// Forwarded groups node A must count per request (one per remote owner).
+    groups_per_request: u64,
+    /// The configuration the ratio column compares against (the no-op with as many
+    /// descriptors), and for remote keys the local-key run of the same cluster.
+    baseline: Option<&'static str>,
+    local: Option<&'static str>,
+}
+
+fn descriptor(value: &str) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: vec![Entry {
+            key: "api_key".to_owned(),
+            value: value.to_owned(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn request(values: &[String]) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: DOMAIN.to_owned(),
+        descriptors: values.iter().map(|value| descriptor(value)).collect(),
+        hits_addend: 0,
+    }
+}
+
+/// The gRPC wire frame h2load sends: uncompressed flag, big-endian length, message.
+fn grpc_frame(request: &RateLimitRequest) -> Vec<u8> {
+    let message = request.encode_to_vec();
+    let len = u32::try_from(message.len()).expect("a small request");
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.push(0);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&message);
+    frame
+}
+
+/// Index into `members` of the owner of `api_key=value`, by the ring the nodes build.
+fn owner(ring: &Ring, members: &[String], value: &str) -> usize {
+    let mut key = KeyBuilder::new(DOMAIN);
+    key.entry("api_key", value);
+    let owner = ring.owner(key.route()).expect("a non-empty ring");
+    members
+        .iter()
+        .position(|member| **member == **owner)
+        .expect("the owner is a node")
+}
+
+/// The first `count` values `key-N` owned by `members[wanted]`.
+fn values_owned_by(ring: &Ring, members: &[String], wanted: usize, count: usize) -> Vec<String> {
+    (0..)
+        .map(|n| format!("key-{n}"))
+        .filter(|value| owner(ring, members, value) == wanted)
+        .take(count)
+        .collect()
+}
+
+fn runtime(name: &str, workers: usize) -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+fn start_noop(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
+    let listener = runtime
+        .block_on(TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the no-op server");
+    let addr = listener.local_addr().expect("a bound address");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    runtime.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(Noop))
+            .serve_with_incoming_shutdown(incoming, stopped(stop))
+            .await
+            .expect("the no-op server runs");
+    });
+    addr
+}
+
+/// Starts a cluster node that joins `peers` (the earlier nodes' peer addresses).
+fn start_node(
+    name: &'static str,
+    workers: usize,
+    peers: &[SocketAddr],
+    stop: watch::Receiver<bool>,
+) -> Node {
+    let runtime = runtime(&format!("{name}-rt"), workers);
+    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
+    let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
+    let cluster = ClusterOptions {
+        peers: peers.iter().map(ToString::to_string).collect(),
+        // Empty `advertise`: the bound peer address.
+        ..ClusterOptions::new("")
+    };
+    let options = ServerOptions {
+        cluster: Some((localhost, cluster)),
+        shutdown_grace: Duration::from_secs(1),
+        ..ServerOptions::new(localhost, localhost)
+    };
+    let server = runtime
+        .block_on(Server::bind(&options, limits, 0))
+        .expect("bind a ratekeeper node");
+    let grpc = server.grpc_addr();
+    let http = server.http_addr();
+    let peer = server
+        .peer_addr()
+        .expect("cluster mode has a peer listener");
+    runtime.spawn(async move {
+        server.run(stopped(stop)).await.expect("ratekeeper runs");
+    });
+    Node {
+        name,
+        runtime,
+        grpc,
+        http,
+        peer,
+    }
+}
+
+/// The body of `GET path` on a node's HTTP listener.
+fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    let timeout = Duration::from_secs(5);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!("GET {path}: {head}")));
+    }
+    Ok(body.to_owned())
+}
+
+/// Node A's cluster counters at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    members: f64,
+    fallbacks: f64,
+    forwarded: f64,
+    batches: f64,
+    errors: f64,
+}
+
+/// Sums every sample of the metric `name` (all label sets) in a `/metrics` text.
+fn sample_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn scrape(node: &Node) -> Counters {
+    let text = http_get(node.http, "/metrics")
+        .unwrap_or_else(|error| panic!("scrape {}'s /metrics: {error}", node.name));
+    Counters {
+        members: sample_sum(&text, "ratekeeper_cluster_members"),
+        fallbacks: sample_sum(&text, "ratekeeper_cluster_fallbacks_total"),
+        forwarded: sample_sum(&text, "ratekeeper_peer_forwarded_total"),
+        batches: sample_sum(&text, "ratekeeper_peer_batches_total"),
+        errors: sample_sum(&text, "ratekeeper_peer_errors_total"),
+    }
+}
+
+/// Waits until every node sees `n` members.
+fn wait_for_members(nodes: &[Node], n: usize) {
+    let started = Instant::now();
+    for node in nodes {
+        loop {
+            let members = http_get(node.http, "/metrics")
+                .map(|text| sample_sum(&text, "ratekeeper_cluster_members"))
+                .unwrap_or(0.0);
+            if members == n as f64 {
+                break;
+            }
+            assert!(
+                started.elapsed() < FORM_TIMEOUT,
+                "{} sees {members} members, not {n}, after {FORM_TIMEOUT:?}",
+                node.name
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    println!(
+        "cluster formed: every node sees {n} members after {:.0} ms",
+        started.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+fn client_runtime() -> Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// Sends each body's request twice with a real gRPC client and checks the decoded answer.
+fn check_with_tonic(target: Target, addr: SocketAddr, configs: &[Config], bodies: &[Body]) {
+    client_runtime().block_on(async {
+        let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            .await
+            .expect("connect a gRPC client");
+        for config in configs.iter().filter(|config| config.target == target) {
+            let body = &bodies[config.body];
+            let mut response = None;
+            for _ in 0..2 {
+                response = Some(
+                    client
+                        .should_rate_limit(body.request.clone())
+                        .await
+                        .unwrap_or_else(|status| panic!("{} answered {status}", config.id))
+                        .into_inner(),
+                );
+            }
+            let response = response.expect("two calls were made");
+            assert_eq!(
+                response.overall_code,
+                Code::Ok as i32,
+                "{}: {response:?}",
+                config.id
+            );
+            if target == Target::NodeA {
+                assert_eq!(
+                    response.statuses.len(),
+                    body.request.descriptors.len(),
+                    "{}: one status per descriptor",
+                    config.id
+                );
+                assert!(
+                    response
+                        .statuses
+                        .iter()
+                        .all(|status| status.current_limit.is_some()),
+                    "{}: every descriptor matched a limit: {response:?}",
+                    config.id
+                );
+            }
+            println!(
+                "check: {} answers OK ({} statuses, tonic)",
+                config.id,
+                response.statuses.len()
+            );
+        }
+    });
+}
+
+/// Sends the exact bytes of a body file with nghttp and checks the gRPC status trailer.
+fn check_with_nghttp(config: &Config, addr: SocketAddr, body: &Body) {
+    let output = Command::new("nghttp")
+        .arg("-v")
+        .arg("-d")
+        .arg(&body.file)
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg(format!("http://{addr}{PATH}"))
+        .output()
+        .expect("run nghttp (package nghttp2-client)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && text.contains("grpc-status: 0"),
+        "{} did not answer grpc-status 0 to its body file:\n{text}",
+        config.id
+    );
+    println!("check: {} answers grpc-status 0 (nghttp)", config.id);
+}
+
+/// This process's user + system CPU time so far, from `/proc/self/stat`.
+fn process_cpu(ticks_per_second: f64) -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
+}
+
+/// Busy CPU time of the whole machine so far (everything but idle and iowait).
+fn machine_busy(ticks_per_second: f64) -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let busy: u64 = fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(index, _)| *index != 3 && *index != 4)
+        .map(|(_, ticks)| ticks)
+        .sum();
+    Duration::from_secs_f64(busy as f64 / ticks_per_second)
+}
+
+fn print_load(when: &str) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        .unwrap_or_default();
+    println!("{when}: {date}, load average {}", load.trim());
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8_lossy(&output.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn percentile(sorted: &[u64], fraction: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+struct Run {
+    config: usize,
+    requests_per_second: f64,
+    p50_us: u64,
+    p99_us: u64,
+    /// CPU of this process (all nodes; the idle ones use ~nothing) per request.
+    cpu_us_per_request: f64,
+    /// Everyone else's CPU per request: h2load, plus any noise.
+    other_us_per_request: f64,
+    /// Node A's counter deltas over the run.
+    delta: Counters,
+}
+
+/// One h2load run of `requests` against `addr`.
+fn h2load(addr: SocketAddr, body: &Body, requests: u64, log: &Path, ticks: f64) -> Run {
+    // h2load appends to its log file.
+    let _ = std::fs::remove_file(log);
+    let cpu_before = process_cpu(ticks);
+    let busy_before = machine_busy(ticks);
+    let output = Command::new("h2load")
+        .args(["-c", &CONNECTIONS.to_string()])
+        .args(["-m", &STREAMS_PER_CONNECTION.to_string()])
+        .args(["-n", &requests.to_string()])
+        .arg("-d")
+        .arg(&body.file)
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .arg(format!("--log-file={}", log.display()))
+        .arg(format!("http://{addr}{PATH}"))
+        .output()
+        .expect("run h2load (package nghttp2-client)");
+    let cpu = process_cpu(ticks).saturating_sub(cpu_before);
+    let busy = machine_busy(ticks).saturating_sub(busy_before);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "h2load failed:\n{text}");
+    // "finished in 4.21s, 47501.20 req/s, 3.11MB/s"
+    let requests_per_second: f64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("finished in "))
+        .and_then(|rest| rest.split(", ").nth(1))
+        .and_then(|field| field.strip_suffix(" req/s"))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no req/s in h2load's output:\n{text}"));
+    let expected_ok = format!("{requests} succeeded, 0 failed, 0 errored");
+    assert!(
+        text.contains(&expected_ok),
+        "not every request succeeded:\n{text}"
+    );
+    let log_text = std::fs::read_to_string(log).expect("read h2load's log");
+    let mut latencies: Vec<u64> = log_text
+        .lines()
+        .filter_map(|line| {
+            let mut columns = line.split('\t');
+            let status = columns.nth(1)?;
+            let elapsed = columns.next()?;
+            assert_eq!(status, "200", "a request failed: {line}");
+            elapsed.trim().parse().ok()
+        })
+        .collect();
+    assert_eq!(latencies.len() as u64, requests, "one log line per request");
+    latencies.sort_unstable();
+    Run {
+        config: 0,
+        requests_per_second,
+        p50_us: percentile(&latencies, 0.50),
+        p99_us: percentile(&latencies, 0.99),
+        cpu_us_per_request: cpu.as_secs_f64() * 1e6 / requests as f64,
+        other_us_per_request: busy.saturating_sub(cpu).as_secs_f64() * 1e6 / requests as f64,
+        delta: Counters::default(),
+    }
+}
+
+/// What every h2load run needs besides its configuration.
+struct Harness<'a> {
+    node_a: &'a Node,
+    noop: SocketAddr,
+    bodies: &'a [Body],
+    log: PathBuf,
+    ticks: f64,
+}
+
+impl Harness<'_> {
+    fn addr(&self, target: Target) -> SocketAddr {
+        match target {
+            Target::Noop => self.noop,
+            Target::NodeA => self.node_a.grpc,
+        }
+    }
+
+    /// One counted run of `config` (`index` into the configurations): h2load plus node A's
+    /// counters around it. A run during which node A fell back (a forward failed) is reported
+    /// and retried once; None if the retry fell back too.
+    fn measure(&self, index: usize, config: &Config, requests: u64) -> Option<Run> {
+        for attempt in 0..2 {
+            let before = scrape(self.node_a);
+            let mut run = h2load(
+                self.addr(config.target),
+                &self.bodies[config.body],
+                requests,
+                &self.log,
+                self.ticks,
+            );
+            let after = scrape(self.node_a);
+            run.config = index;
+            run.delta = Counters {
+                members: after.members,
+                fallbacks: after.fallbacks - before.fallbacks,
+                forwarded: after.forwarded - before.forwarded,
+                batches: after.batches - before.batches,
+                errors: after.errors - before.errors,
+            };
+            let expected = (config.groups_per_request * requests) as f64;
+            if config.target == Target::NodeA {
+                assert_eq!(
+                    run.delta.forwarded, expected,
+                    "{}: node A forwarded {} groups, expected {expected}",
+                    config.id, run.delta.forwarded
+                );
+            }
+            if run.delta.fallbacks == 0.0 {
+                return Some(run);
+            }
+            println!(
+                "FALLBACK: {} (attempt {}): node A fell back on {} groups ({} failed batches, \
+             {} members); {}",
+                config.id,
+                attempt + 1,
+                run.delta.fallbacks,
+                run.delta.errors,
+                run.delta.members,
+                if attempt == 0 {
+                    "retrying once"
+                } else {
+                    "not counted"
+                }
+            );
+        }
+        None
+    }
+}
+
+/// Sequential latencies (one request at a time) of several bodies, interleaved so drift hits
+/// them alike.
+fn sequential(
+    clients: &[(&str, SocketAddr, RateLimitRequest)],
+    count: usize,
+) -> Vec<(String, Vec<u64>)> {
+    client_runtime().block_on(async {
+        let mut connected = Vec::new();
+        for (name, addr, request) in clients {
+            let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+                .await
+                .expect("connect a gRPC client");
+            connected.push((*name, client, request.clone(), Vec::with_capacity(count)));
+        }
+        // Warm-up: connections, the keys, the peer channels.
+        for (name, client, request, _) in &mut connected {
+            for _ in 0..200 {
+                let response = client
+                    .should_rate_limit(request.clone())
+                    .await
+                    .unwrap_or_else(|status| panic!("{name}: {status}"))
+                    .into_inner();
+                assert_eq!(response.overall_code, Code::Ok as i32, "{name}");
+            }
+        }
+        for _ in 0..count {
+            for (name, client, request, latencies) in &mut connected {
+                let started = Instant::now();
+                let response = client
+                    .should_rate_limit(request.clone())
+                    .await
+                    .unwrap_or_else(|status| panic!("{name}: {status}"))
+                    .into_inner();
+                latencies.push(started.elapsed().as_nanos() as u64);
+                assert_eq!(response.overall_code, Code::Ok as i32, "{name}");
+            }
+        }
+        connected
+            .into_iter()
+            .map(|(name, _, _, mut latencies)| {
+                latencies.sort_unstable();
+                (name.to_owned(), latencies)
+            })
+            .collect()
+    })
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.is_empty() {
+        f64::NAN
+    } else if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
+}
+
+fn main() {
+    let started = Instant::now();
+    let rounds = env_or("CLUSTER_BENCH_ROUNDS", 3);
+    let requests = env_or("CLUSTER_BENCH_REQUESTS", 200_000);
+    let workers = usize::try_from(env_or("CLUSTER_BENCH_WORKERS", 2))
+        .unwrap_or(2)
+        .max(1);
+    let sequential_count = usize::try_from(env_or("CLUSTER_BENCH_SEQUENTIAL", 2000)).unwrap_or(0);
+    let only: Option<Vec<String>> = std::env::var("CLUSTER_BENCH_CONFIGS")
+        .ok()
+        .map(|list| list.split(',').map(|id| id.trim().to_owned()).collect());
+    let ticks = clock_ticks();
+    print_load("start");
+    let dir = std::env::temp_dir().join(format!("ratekeeper-cluster-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create a temp dir");
+
+    // The cluster: A alone, then B joining A, then C joining A and B.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut nodes: Vec<Node> = Vec::new();
+    for name in ["node-a", "node-b", "node-c"] {
+        let peers: Vec<SocketAddr> = nodes.iter().map(|node| node.peer).collect();
+        nodes.push(start_node(name, workers, &peers, stop_rx.clone()));
+    }
+    wait_for_members(&nodes, 3);
+    let noop_runtime = runtime("noop-rt", workers);
+    let noop = start_noop(&noop_runtime, stop_rx);
+    for node in &nodes {
+        println!(
+            "{}: grpc {}, http {}, peer {} ({workers} workers)",
+            node.name, node.grpc, node.http, node.peer
+        );
+    }
+
+    // Keys by owner, from the ring the nodes build over their advertised peer addresses.
+    let members: Vec<String> = nodes.iter().map(|node| node.peer.to_string()).collect();
+    let ring = Ring::new(&members, DEFAULT_VNODES);
+    let on_a = values_owned_by(&ring, &members, 0, 4);
+    let on_b = values_owned_by(&ring, &members, 1, 2);
+    let on_c = values_owned_by(&ring, &members, 2, 2);
+    let remote_4: Vec<String> = on_b.iter().chain(&on_c).cloned().collect();
+    println!(
+        "keys: owned by A {on_a:?}, by B {on_b:?}, by C {on_c:?} (api_key values, domain {DOMAIN})"
+    );
+    let body_values: Vec<Vec<String>> = vec![
+        on_a[..1].to_vec(),
+        on_b[..1].to_vec(),
+        on_a.clone(),
+        remote_4.clone(),
+    ];
+    let bodies: Vec<Body> = body_values
+        .iter()
+        .enumerate()
+        .map(|(index, values)| {
+            let request = request(values);
+            let file = dir.join(format!("body-{index}.bin"));
+            std::fs::write(&file, grpc_frame(&request)).expect("write a body file");
+            Body { request, file }
+        })
+        .collect();
+
+    let all_configs = vec![
+        Config {
+            id: "noop-1",
+            label: "no-op, 1 descriptor",
+            target: Target::Noop,
+            body: 0,
+            groups_per_request: 0,
+            baseline: None,
+            local: None,
+        },
+        Config {
+            id: "local-1",
+            label: "node A, 1 descriptor owned by A (local)",
+            target: Target::NodeA,
+            body: 0,
+            groups_per_request: 0,
+            baseline: Some("noop-1"),
+            local: None,
+        },
+        Config {
+            id: "remote-1",
+            label: "node A, 1 descriptor owned by B (forwarded)",
+            target: Target::NodeA,
+            body: 1,
+            groups_per_request: 1,
+            baseline: Some("noop-1"),
+            local: Some("local-1"),
+        },
+        Config {
+            id: "noop-4",
+            label: "no-op, 4 descriptors",
+            target: Target::Noop,
+            body: 2,
+            groups_per_request: 0,
+            baseline: None,
+            local: None,
+        },
+        Config {
+            id: "local-4",
+            label: "node A, 4 descriptors owned by A (local)",
+            target: Target::NodeA,
+            body: 2,
+            groups_per_request: 0,
+            baseline: Some("noop-4"),
+            local: None,
+        },
+        Config {
+            id: "remote-4",
+            label: "node A, 4 descriptors, 2 on B + 2 on C (forwarded)",
+            target: Target::NodeA,
+            body: 3,
+            groups_per_request: 2,
+            baseline: Some("noop-4"),
+            local: Some("local-4"),
+        },
+    ];
+    let configs: Vec<Config> = all_configs
+        .into_iter()
+        .filter(|config| {
+            only.as_ref()
+                .is_none_or(|ids| ids.iter().any(|id| id == config.id))
+        })
+        .collect();
+    assert!(!configs.is_empty(), "CLUSTER_BENCH_CONFIGS matched nothing");
+    let harness = Harness {
+        node_a: &nodes[0],
+        noop,
+        bodies: &bodies,
+        log: dir.join("h2load.log"),
+        ticks,
+    };
+    let addr = |target| harness.addr(target);
+
+    for target in [Target::Noop, Target::NodeA] {
+        check_with_tonic(target, addr(target), &configs, &bodies);
+    }
+    for config in &configs {
+        check_with_nghttp(config, addr(config.target), &bodies[config.body]);
+    }
+    let node_a = &nodes[0];
+    let checked = scrape(node_a);
+    assert_eq!(checked.fallbacks, 0.0, "node A fell back during the checks");
+
+    println!(
+        "h2load -c {CONNECTIONS} -m {STREAMS_PER_CONNECTION} -n {requests}, {rounds} rounds; \
+         3 nodes + no-op on {workers}-worker runtimes in this process, h2load on the same cores"
+    );
+    // Warm-up, not counted.
+    for (index, config) in configs.iter().enumerate() {
+        let warm = harness.measure(index, config, requests / 10);
+        if warm.is_none() {
+            println!("warm-up of {} fell back twice", config.id);
+        }
+    }
+    println!();
+    println!(
+        "| round | configuration | req/s | p50 | p99 | process CPU/req | h2load+other CPU/req | \
+         forwarded groups | batches | mean batch |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut runs: Vec<Run> = Vec::new();
+    let mut not_counted = 0;
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..configs.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for index in order {
+            let config = &configs[index];
+            let Some(run) = harness.measure(index, config, requests) else {
+                not_counted += 1;
+                continue;
+            };
+            let mean_batch = if run.delta.batches > 0.0 {
+                format!("{:.2}", run.delta.forwarded / run.delta.batches)
+            } else {
+                "-".to_owned()
+            };
+            println!(
+                "| {} | {} | {:.0} | {} us | {} us | {:.1} us | {:.1} us | {:.0} | {:.0} | {mean_batch} |",
+                round + 1,
+                config.id,
+                run.requests_per_second,
+                run.p50_us,
+                run.p99_us,
+                run.cpu_us_per_request,
+                run.other_us_per_request,
+                run.delta.forwarded,
+                run.delta.batches,
+            );
+            runs.push(run);
+        }
+    }
+    if not_counted > 0 {
+        println!("{not_counted} runs not counted: node A fell back during them and their retry");
+    }
+
+    println!();
+    println!("Medians over the counted runs:");
+    println!();
+    println!(
+        "| configuration | runs | req/s | p50 | p99 | process CPU/req | mean batch | vs no-op | \
+         vs local (same cluster) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let summary = |index: usize| {
+        let mine: Vec<&Run> = runs.iter().filter(|run| run.config == index).collect();
+        let mut rps: Vec<f64> = mine.iter().map(|run| run.requests_per_second).collect();
+        let mut p50: Vec<f64> = mine.iter().map(|run| run.p50_us as f64).collect();
+        let mut p99: Vec<f64> = mine.iter().map(|run| run.p99_us as f64).collect();
+        let mut cpu: Vec<f64> = mine.iter().map(|run| run.cpu_us_per_request).collect();
+        let forwarded: f64 = mine.iter().map(|run| run.delta.forwarded).sum();
+        let batches: f64 = mine.iter().map(|run| run.delta.batches).sum();
+        (
+            mine.len(),
+            median(&mut rps),
+            median(&mut p50),
+            median(&mut p99),
+            median(&mut cpu),
+            if batches > 0.0 {
+                forwarded / batches
+            } else {
+                f64::NAN
+            },
+        )
+    };
+    let position = |id: &str| configs.iter().position(|config| config.id == id);
+    for (index, config) in configs.iter().enumerate() {
+        let (count, rps, p50, p99, cpu, batch) = summary(index);
+        let ratio = |other: Option<&str>| {
+            other
+                .and_then(position)
+                .map(|other| summary(other).1)
+                .filter(|other_rps| other_rps.is_finite())
+                .map_or("-".to_owned(), |other_rps| {
+                    format!("{:.1}%", 100.0 * rps / other_rps)
+                })
+        };
+        let batch = if batch.is_finite() {
+            format!("{batch:.2}")
+        } else {
+            "-".to_owned()
+        };
+        println!(
+            "| {} ({}) | {count} | {rps:.0} | {p50:.0} us | {p99:.0} us | {cpu:.1} us | {batch} | {} | {} |",
+            config.label,
+            config.id,
+            ratio(config.baseline),
+            ratio(config.local),
+        );
+    }
+
+    if sequential_count > 0 {
+        let mut sequences = vec![("no-op, 1 descriptor", noop, bodies[0].request.clone())];
+        let a = node_a.grpc;
+        sequences.push((
+            "node A, local key (owned by A)",
+            a,
+            bodies[0].request.clone(),
+        ));
+        sequences.push((
+            "node A, remote key (owned by B)",
+            a,
+            bodies[1].request.clone(),
+        ));
+        sequences.push((
+            "node A, 4 remote keys (2 on B, 2 on C)",
+            a,
+            bodies[3].request.clone(),
+        ));
+        let before = scrape(node_a);
+        let latencies = sequential(&sequences, sequential_count);
+        let after = scrape(node_a);
+        println!();
+        println!(
+            "Sequential latency: one tonic client per server, {sequential_count} requests per \
+             row one at a time, rows interleaved (client on this process's current thread):"
+        );
+        println!();
+        println!("| request | p50 | p99 | mean | p50 vs local key |");
+        println!("|---|---:|---:|---:|---:|");
+        let p50_of = |latencies: &[u64]| percentile(latencies, 0.50) as f64 / 1e3;
+        let local_p50 = latencies
+            .iter()
+            .find(|(name, _)| name.contains("local key"))
+            .map(|(_, latencies)| p50_of(latencies));
+        for (name, latencies) in &latencies {
+            let mean = latencies.iter().sum::<u64>() as f64 / latencies.len().max(1) as f64 / 1e3;
+            let p50 = p50_of(latencies);
+            let added = match local_p50 {
+                Some(local) if name.contains("remote") => format!("+{:.1} us", p50 - local),
+                _ => "-".to_owned(),
+            };
+            println!(
+                "| {name} | {p50:.1} us | {:.1} us | {mean:.1} us | {added} |",
+                percentile(latencies, 0.99) as f64 / 1e3,
+            );
+        }
+        let fallbacks = after.fallbacks - before.fallbacks;
+        let batches = after.batches - before.batches;
+        let forwarded = after.forwarded - before.forwarded;
+        println!();
+        println!(
+            "during the sequential runs node A forwarded {forwarded:.0} groups in {batches:.0} \
+             batches (mean {:.2}), fallbacks {fallbacks:.0}{}",
+            if batches > 0.0 {
+                forwarded / batches
+            } else {
+                f64::NAN
+            },
+            if fallbacks > 0.0 {
+                " (FALLBACKS: the remote rows include locally decided requests)"
+            } else {
+                ""
+            }
+        );
+    }
+
+    let end = scrape(node_a);
+    println!();
+    println!(
+        "node A totals: {:.0} fallbacks, {:.0} failed batches, {:.0} members",
+        end.fallbacks, end.errors, end.members
+    );
+    print_load("end");
+    println!("bench took {:.0} s", started.elapsed().as_secs_f64());
+    let _ = stop_tx.send(true);
+    drop(noop_runtime);
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+}
