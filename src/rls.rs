@@ -77,6 +77,22 @@ pub struct CallOptions {
     pub max_wait: Option<std::time::Duration>,
 }
 
+/// A decided request, plus what Envoy's statuses cannot carry.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    pub response: RateLimitResponse,
+    /// Per descriptor: when it is over the limit, how long until the same request would
+    /// pass (`None` when it is not over, or never can pass).
+    pub retry_after: Vec<Option<std::time::Duration>>,
+}
+
+impl Verdict {
+    /// How long until the whole request would pass: the longest wait of its descriptors.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after.iter().flatten().max().copied()
+    }
+}
+
 /// Switches of the service.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LimiterOptions {
@@ -161,10 +177,24 @@ impl Limiter {
         request: &RateLimitRequest,
         options: CallOptions,
     ) -> Result<RateLimitResponse, RequestError> {
+        self.verdict(request, options)
+            .await
+            .map(|verdict| verdict.response)
+    }
+
+    /// [`Limiter::should_rate_limit_with`], with the exact retry times (for front ends that
+    /// answer `Retry-After`).
+    pub async fn verdict(
+        &self,
+        request: &RateLimitRequest,
+        options: CallOptions,
+    ) -> Result<Verdict, RequestError> {
         let started = std::time::Instant::now();
         let result = self.decide(request, options).await;
         let outcome = match &result {
-            Ok(response) if response.overall_code == Code::OverLimit as i32 => Outcome::OverLimit,
+            Ok(verdict) if verdict.response.overall_code == Code::OverLimit as i32 => {
+                Outcome::OverLimit
+            }
             Ok(_) => Outcome::Ok,
             Err(RequestError::Invalid { .. }) => Outcome::InvalidArgument,
             Err(RequestError::Engine(_)) => Outcome::Unavailable,
@@ -189,11 +219,14 @@ impl Limiter {
         &self,
         request: &RateLimitRequest,
         options: CallOptions,
-    ) -> Result<RateLimitResponse, RequestError> {
+    ) -> Result<Verdict, RequestError> {
         validate(request)?;
         let snapshot = self.limits.load_full();
         let Some(domain) = snapshot.domain(&request.domain) else {
-            return Ok(response_without_limits(request.descriptors.len()));
+            return Ok(Verdict {
+                response: response_without_limits(request.descriptors.len()),
+                retry_after: vec![None; request.descriptors.len()],
+            });
         };
         // Request-level overrides live as long as this call; `Plan` borrows them.
         let overrides: Vec<Option<Limit>> =
@@ -329,10 +362,30 @@ impl Limiter {
         }
     }
 
-    fn respond(&self, plans: &[Plan<'_>], decisions: &[Decision]) -> RateLimitResponse {
+    fn respond(&self, plans: &[Plan<'_>], decisions: &[Decision]) -> Verdict {
         let mut statuses = Vec::with_capacity(plans.len());
+        let mut retry_after = Vec::with_capacity(plans.len());
         let mut tightest: Option<(u32, u32, u64)> = None;
         for plan in plans {
+            let wait = match plan {
+                Plan::Checked {
+                    limits,
+                    shadow: false,
+                    first,
+                    ..
+                } => {
+                    let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+                    let denied = ours.iter().filter(|decision| !decision.allowed);
+                    // Every denying limit must have room again: the longest wait, if any can.
+                    denied
+                        .map(|decision| decision.retry_after)
+                        .reduce(|a, b| a.zip(b).map(|(a, b)| a.max(b)))
+                        .flatten()
+                        .map(std::time::Duration::from_nanos)
+                }
+                _ => None,
+            };
+            retry_after.push(wait);
             let status = match plan {
                 Plan::NoLimit => ok_status(),
                 Plan::Unlimited => DescriptorStatus {
@@ -395,7 +448,10 @@ impl Limiter {
                 ),
             ];
         }
-        response
+        Verdict {
+            response,
+            retry_after,
+        }
     }
 }
 

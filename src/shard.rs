@@ -564,6 +564,7 @@ impl Counters {
             for (decision, counter) in out[start..].iter_mut().zip(&check.counters) {
                 if counter.key == key {
                     decision.allowed = false;
+                    decision.retry_after = retry_after;
                 }
             }
             return Ok(Outcome::Denied { key, retry_after });

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::{
-    TempDir, envoy_validate, python_tool, read_repo_file, repo_path, run_ratekeeper, run_to_end,
-    write_config, yaml_document, yaml_documents,
+    Process, START_TIMEOUT, TempDir, envoy_validate, eventually, http_get, python_tool,
+    ratekeeper_command, read_repo_file, repo_path, run_ratekeeper, run_to_end, write_config,
+    yaml_document, yaml_documents,
 };
 
 const MANIFESTS: &str = "deploy/kubernetes";
@@ -817,6 +818,62 @@ fn ratekeeper_knows_every_flag_the_deployment_passes() {
             help.contains(&format!("--{name}")),
             "`ratekeeper serve` has no --{name}:\n{help}"
         );
+    }
+}
+
+#[test]
+fn the_deployments_command_line_serves() {
+    // The container's exact args, with only what the pod provides swapped for this machine:
+    // the ConfigMap's files in a temp dir, loopback for the pod IP, ephemeral ports.
+    let manifests = Manifests::load();
+    let dir = TempDir::new("deploy-serve");
+    let limits = dir.path().join("limits");
+    fs::create_dir(&limits).expect("create the limits dir");
+    for (key, text) in manifests.limits_files() {
+        write_config(&limits, &key, &text);
+    }
+    let peer_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let peer = format!("127.0.0.1:{peer_port}");
+    let swaps = [
+        ("config", limits.display().to_string()),
+        ("grpc-addr", "127.0.0.1:0".to_owned()),
+        ("http-addr", "127.0.0.1:0".to_owned()),
+        ("peer-addr", peer.clone()),
+        ("advertise", peer.clone()),
+        ("peer-dns", peer.clone()),
+    ];
+    let mut command_line = args(manifests.container("ratekeeper"));
+    for (name, value) in &swaps {
+        let prefix = format!("--{name}=");
+        let arg = command_line
+            .iter_mut()
+            .find(|arg| arg.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix}... in the ratekeeper args"));
+        *arg = format!("{prefix}{value}");
+    }
+    let mut process = Process::spawn("ratekeeper", ratekeeper_command().args(&command_line));
+    let line = process.stdout_line(START_TIMEOUT);
+    let Some(http) = line
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("http="))
+        .and_then(|addr| addr.parse::<SocketAddr>().ok())
+    else {
+        process.fail(&format!("printed {line:?} instead of the serving line"));
+    };
+    let healthy = eventually(START_TIMEOUT, || {
+        http_get(http, "/healthcheck", &[]).is_ok_and(|response| response.status == 200)
+    });
+    if !healthy {
+        process.fail("never answered /healthcheck with 200");
+    }
+    // --log-format=json took effect: every log line is a JSON object.
+    let logs = process.stderr();
+    assert!(!logs.trim().is_empty(), "no logs");
+    for line in logs.lines().filter(|line| !line.trim().is_empty()) {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
     }
 }
 

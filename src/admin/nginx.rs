@@ -70,13 +70,10 @@ async fn check(
             return text(StatusCode::BAD_REQUEST, problem);
         }
     };
-    match limiter
-        .should_rate_limit_with(&request, CallOptions::default())
-        .await
-    {
-        Ok(response) => {
-            let headers = rate_limit_headers(&response);
-            if is_over_limit(&response) {
+    match limiter.verdict(&request, CallOptions::default()).await {
+        Ok(verdict) => {
+            let headers = rate_limit_headers(&verdict);
+            if is_over_limit(&verdict.response) {
                 (StatusCode::FORBIDDEN, headers, "over limit\n").into_response()
             } else {
                 (StatusCode::NO_CONTENT, headers).into_response()

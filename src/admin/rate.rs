@@ -27,10 +27,8 @@
 //!   on several descriptors of a domain is refused as ambiguous, never guessed.
 //! - The name index is built once per limits snapshot (the first call after a reload), so a
 //!   call costs two hash lookups, not a walk of the tree.
-//! - `Retry-After` and `retry_after_ms` are the time until the limit has fully recovered
-//!   (`duration_until_reset`): exact for fixed windows and for buckets of one, later than
-//!   needed for larger buckets, and possibly early for sliding windows; the statuses carry
-//!   nothing finer.
+//! - `Retry-After` and `retry_after_ms` are exactly when the same call would pass (from the
+//!   engine's decision, [`Limiter::verdict`]), absent when it never can.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -53,7 +51,7 @@ use serde_json::json;
 
 use crate::algorithm::NANOS_PER_SEC;
 use crate::limits::{Domain, Limits, parse_duration};
-use crate::rls::{CallOptions, Limiter, RequestError, bounds};
+use crate::rls::{CallOptions, Limiter, RequestError, Verdict, bounds};
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
 
@@ -153,12 +151,8 @@ async fn check(
     let options = CallOptions {
         max_wait: params.wait,
     };
-    match state
-        .limiter
-        .should_rate_limit_with(&request, options)
-        .await
-    {
-        Ok(response) => answer(&response),
+    match state.limiter.verdict(&request, options).await {
+        Ok(verdict) => answer(&verdict),
         Err(invalid @ RequestError::Invalid { .. }) => {
             error(StatusCode::BAD_REQUEST, &invalid.to_string())
         }
@@ -169,11 +163,12 @@ async fn check(
 }
 
 /// The 200/429 answer for the call's single descriptor.
-fn answer(response: &RateLimitResponse) -> Response {
+fn answer(verdict: &Verdict) -> Response {
+    let response = &verdict.response;
     let status = response.statuses.first();
     let over = is_over_limit(response);
     let quota = status.and_then(Quota::of);
-    let retry_after = if over { retry_after(response) } else { None };
+    let retry_after = if over { verdict.retry_after() } else { None };
     let body = json!({
         "allowed": !over,
         "limit": quota.as_ref().map(|quota| quota.limit),
@@ -190,7 +185,7 @@ fn answer(response: &RateLimitResponse) -> Response {
     } else {
         StatusCode::OK
     };
-    (code, rate_limit_headers(response), axum::Json(body)).into_response()
+    (code, rate_limit_headers(verdict), axum::Json(body)).into_response()
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
@@ -533,20 +528,12 @@ pub(super) fn tightest(response: &RateLimitResponse) -> Option<Quota> {
         })
 }
 
-/// How long a denied request should wait: until every over-limit descriptor has recovered.
-pub(super) fn retry_after(response: &RateLimitResponse) -> Option<Duration> {
-    response
-        .statuses
-        .iter()
-        .filter(|status| status.code == Code::OverLimit as i32)
-        .filter_map(|status| status.duration_until_reset.as_ref().map(duration))
-        .max()
-}
-
 /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (seconds, rounded up) of the
 /// tightest descriptor, taken from `response_headers_to_add` when the limiter added them;
-/// plus `Retry-After` (seconds, rounded up) when the response is over the limit.
-pub(super) fn rate_limit_headers(response: &RateLimitResponse) -> HeaderMap {
+/// plus `Retry-After` (seconds, rounded up) when the response is over the limit and it can
+/// pass later.
+pub(super) fn rate_limit_headers(verdict: &Verdict) -> HeaderMap {
+    let response = &verdict.response;
     let mut headers = HeaderMap::new();
     if response.response_headers_to_add.is_empty() {
         if let Some(quota) = tightest(response) {
@@ -572,7 +559,7 @@ pub(super) fn rate_limit_headers(response: &RateLimitResponse) -> HeaderMap {
         }
     }
     if is_over_limit(response)
-        && let Some(wait) = retry_after(response)
+        && let Some(wait) = verdict.retry_after()
     {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds(wait)));
     }

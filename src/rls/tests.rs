@@ -370,3 +370,30 @@ async fn bad_requests_name_the_field() {
         assert_eq!(status.message(), message);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_verdict_says_exactly_when_a_denied_request_would_pass() {
+    let limiter = limiter(false);
+    let free = request(vec![descriptor(&[("api_key", "free")])]);
+    for _ in 0..2 {
+        let verdict = limiter
+            .verdict(&free, CallOptions::default())
+            .await
+            .expect("valid");
+        assert_eq!(verdict.retry_after(), None, "admitted: nothing to wait for");
+    }
+    let denied = limiter
+        .verdict(&free, CallOptions::default())
+        .await
+        .expect("valid");
+    assert_eq!(codes(&denied.response), [Code::OverLimit]);
+    // 2 per second, and the clock sits exactly on a second: the next window opens in 1 s.
+    assert_eq!(
+        denied.retry_after(),
+        Some(std::time::Duration::from_secs(1))
+    );
+    tokio::time::advance(std::time::Duration::from_millis(999)).await;
+    assert_eq!(codes(&ask(&limiter, &free).await), [Code::OverLimit]);
+    tokio::time::advance(std::time::Duration::from_millis(1)).await;
+    assert_eq!(codes(&ask(&limiter, &free).await), [Code::Ok]);
+}

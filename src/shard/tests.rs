@@ -234,3 +234,26 @@ fn a_key_and_its_state_take_40_bytes_in_the_map() {
     assert_eq!(std::mem::size_of::<KeyId>(), 24);
     assert_eq!(std::mem::size_of::<Slot>(), 16);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_denied_multi_limit_check_reports_when_it_would_pass() {
+    let engine = engine_at(MIDNIGHT + 250_000_000, 1000);
+    let per_second = Rate::fixed(1, Unit::Second);
+    let per_day = Rate::fixed(100, Unit::Day);
+    let both = || {
+        check(
+            vec![counter("r", per_day), counter("r", per_second)],
+            1,
+            None,
+        )
+    };
+    assert!(allowed(&engine, both()).await);
+    let decisions = engine.check(vec![both()]).await.expect("answers");
+    assert!(decisions[0].allowed, "the day has room");
+    assert!(!decisions[1].allowed, "the second is used up");
+    assert_eq!(
+        decisions[1].retry_after,
+        Some(750_000_000),
+        "the next second starts in 750 ms"
+    );
+}

@@ -320,6 +320,15 @@ fn response(statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
     }
 }
 
+/// A verdict whose descriptors are not waiting for anything.
+fn verdict(response: RateLimitResponse) -> Verdict {
+    let retry_after = vec![None; response.statuses.len()];
+    Verdict {
+        response,
+        retry_after,
+    }
+}
+
 #[test]
 fn headers_come_from_the_tightest_descriptor() {
     let allowed = response(vec![
@@ -328,7 +337,7 @@ fn headers_come_from_the_tightest_descriptor() {
         status(Code::Ok, Some((5, "b")), 2, (59, 100)),
         status(Code::Ok, Some((4, "c")), 2, (1, 0)),
     ]);
-    let headers = rate_limit_headers(&allowed);
+    let headers = rate_limit_headers(&verdict(allowed));
     assert_eq!(header(&headers, "ratelimit-limit"), Some("5"));
     assert_eq!(header(&headers, "ratelimit-remaining"), Some("2"));
     assert_eq!(
@@ -343,6 +352,14 @@ fn headers_come_from_the_tightest_descriptor() {
         status(Code::OverLimit, Some((9, "b")), 0, (40, 0)),
         status(Code::Ok, Some((9, "c")), 5, (90, 0)),
     ]);
+    let denied = Verdict {
+        response: denied,
+        retry_after: vec![
+            Some(Duration::from_secs(2)),
+            Some(Duration::from_millis(39_200)),
+            None,
+        ],
+    };
     let headers = rate_limit_headers(&denied);
     assert_eq!(header(&headers, "ratelimit-limit"), Some("3"));
     assert_eq!(header(&headers, "ratelimit-remaining"), Some("0"));
@@ -350,10 +367,11 @@ fn headers_come_from_the_tightest_descriptor() {
     assert_eq!(
         header(&headers, "retry-after"),
         Some("40"),
-        "until all over ones recover"
+        "the longest wait of the over-limit descriptors, rounded up"
     );
 
-    assert!(rate_limit_headers(&response(vec![status(Code::Ok, None, 0, (0, 0))])).is_empty());
+    let empty = verdict(response(vec![status(Code::Ok, None, 0, (0, 0))]));
+    assert!(rate_limit_headers(&empty).is_empty());
 }
 
 #[test]
@@ -376,6 +394,10 @@ fn headers_the_limiter_added_are_used_as_they_are() {
             ..Default::default()
         },
     ];
+    let denied = Verdict {
+        response: denied,
+        retry_after: vec![Some(Duration::from_millis(6_500))],
+    };
     let headers = rate_limit_headers(&denied);
     assert_eq!(headers.len(), 4);
     assert_eq!(header(&headers, "ratelimit-reset"), Some("7"));
