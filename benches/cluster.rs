@@ -12,8 +12,11 @@
 //! - a no-op `RateLimitService` answering OK at once (as in `benches/grpc.rs`).
 //!
 //! Keys are chosen by computing owners with the same [`Ring`] the nodes build (over their peer
-//! addresses) and [`KeyBuilder`] routes, and each run asserts from node A's `/metrics` that
-//! the expected number of groups was forwarded (0 for local keys). A run counts only if node
+//! addresses) and [`KeyBuilder`] routes, and shards with [`shard_of`]: a single key sits on
+//! shard 0 of its owner, and the four keys of a 4-descriptor body on both shards of each
+//! owner (2 + 2 on A; or one per shard on B and on C), so runs compare from one start to the
+//! next. Each run asserts from node A's `/metrics` that the expected number of groups was
+//! forwarded (0 for local keys). A run counts only if node
 //! A's `ratekeeper_cluster_fallbacks_total` did not move (a fallback means a forward failed
 //! and the request was decided locally); otherwise it is reported and retried once.
 //!
@@ -46,7 +49,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use prost::Message;
 use ratekeeper::cluster::ClusterOptions;
-use ratekeeper::key::KeyBuilder;
+use ratekeeper::engine::EngineConfig;
+use ratekeeper::key::{KeyBuilder, shard_of};
 use ratekeeper::limits::Limits;
 use ratekeeper::ring::{DEFAULT_VNODES, Ring};
 use ratekeeper::server::{Server, ServerOptions};
@@ -153,24 +157,35 @@ fn grpc_frame(request: &RateLimitRequest) -> Vec<u8> {
     frame
 }
 
-/// Index into `members` of the owner of `api_key=value`, by the ring the nodes build.
-fn owner(ring: &Ring, members: &[String], value: &str) -> usize {
+/// Where `api_key=value` lives: its owner (index into `members`, by the ring the nodes build)
+/// and the shard of that owner's engine (of `shards`).
+fn placement(ring: &Ring, members: &[String], shards: usize, value: &str) -> (usize, usize) {
     let mut key = KeyBuilder::new(DOMAIN);
     key.entry("api_key", value);
     let owner = ring.owner(key.route()).expect("a non-empty ring");
-    members
+    let owner = members
         .iter()
         .position(|member| **member == **owner)
-        .expect("the owner is a node")
+        .expect("the owner is a node");
+    (owner, shard_of(key.route(), shards))
 }
 
-/// The first `count` values `key-N` owned by `members[wanted]`.
-fn values_owned_by(ring: &Ring, members: &[String], wanted: usize, count: usize) -> Vec<String> {
+/// The first value `key-N` owned by `members[owner]` on shard `shard` (modulo `shards`) that
+/// is not in `taken`.
+fn value_at(
+    ring: &Ring,
+    members: &[String],
+    shards: usize,
+    (owner, shard): (usize, usize),
+    taken: &[String],
+) -> String {
     (0..)
         .map(|n| format!("key-{n}"))
-        .filter(|value| owner(ring, members, value) == wanted)
-        .take(count)
-        .collect()
+        .find(|value| {
+            !taken.contains(value)
+                && placement(ring, members, shards, value) == (owner, shard % shards)
+        })
+        .expect("some key lands there")
 }
 
 fn runtime(name: &str, workers: usize) -> Runtime {
@@ -709,19 +724,38 @@ fn main() {
     // Keys by owner, from the ring the nodes build over their advertised peer addresses.
     let members: Vec<String> = nodes.iter().map(|node| node.peer.to_string()).collect();
     let ring = Ring::new(&members, DEFAULT_VNODES);
-    let on_a = values_owned_by(&ring, &members, 0, 4);
-    let on_b = values_owned_by(&ring, &members, 1, 2);
-    let on_c = values_owned_by(&ring, &members, 2, 2);
-    let remote_4: Vec<String> = on_b.iter().chain(&on_c).cloned().collect();
-    println!(
-        "keys: owned by A {on_a:?}, by B {on_b:?}, by C {on_c:?} (api_key values, domain {DOMAIN})"
-    );
+    // Fixed placements, so runs compare: one key on shard 0 of its owner, and 4-descriptor
+    // requests with their keys on both shards of each owner (as key-1..4 in `benches/grpc.rs`
+    // usually are; all four on one shard is cheaper, see BENCHMARKS.md).
+    let shards = EngineConfig::default().shards;
+    let mut taken: Vec<String> = Vec::new();
+    let mut pick = |spots: &[(usize, usize)]| -> Vec<String> {
+        spots
+            .iter()
+            .map(|&spot| {
+                let value = value_at(&ring, &members, shards, spot, &taken);
+                taken.push(value.clone());
+                value
+            })
+            .collect()
+    };
+    let (a, b, c) = (0, 1, 2);
     let body_values: Vec<Vec<String>> = vec![
-        on_a[..1].to_vec(),
-        on_b[..1].to_vec(),
-        on_a.clone(),
-        remote_4.clone(),
+        pick(&[(a, 0)]),
+        pick(&[(b, 0)]),
+        pick(&[(a, 0), (a, 1), (a, 0), (a, 1)]),
+        pick(&[(b, 0), (b, 1), (c, 0), (c, 1)]),
     ];
+    for values in &body_values {
+        let places: Vec<String> = values
+            .iter()
+            .map(|value| {
+                let (owner, shard) = placement(&ring, &members, shards, value);
+                format!("{value} on {} shard {shard}", nodes[owner].name)
+            })
+            .collect();
+        println!("body: {}", places.join(", "));
+    }
     let bodies: Vec<Body> = body_values
         .iter()
         .enumerate()

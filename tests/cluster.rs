@@ -292,17 +292,28 @@ async fn a_killed_node_costs_a_fast_fallback_and_the_cluster_recovers_when_it_re
             );
         }
     }
-    let mut slowest = Duration::ZERO;
+    // Steady state: fallbacks are local decisions. The only slow answers allowed are the
+    // breaker's half-open probes (one per node per cooldown), bounded by the deadline.
+    let mut latencies = Vec::new();
     for value in &victim_keys {
         for client in clients.iter_mut() {
             let started = Instant::now();
             assert!(admitted(client, value).await);
-            slowest = slowest.max(started.elapsed());
+            latencies.push(started.elapsed());
         }
     }
+    let slowest = latencies.iter().max().copied().unwrap_or_default();
     assert!(
-        slowest < Duration::from_millis(20),
-        "answers stay fast with the owner dead: {slowest:?}"
+        slowest < Duration::from_millis(2_500),
+        "within the 2 s deadline: {slowest:?}"
+    );
+    let slow = latencies
+        .iter()
+        .filter(|latency| **latency > Duration::from_millis(20))
+        .count();
+    assert!(
+        slow <= 2,
+        "at most one probe per node was slow: {latencies:?}"
     );
     assert!(fallbacks(&nodes[..2]) >= victim_keys.len() as f64);
     let open = metric(

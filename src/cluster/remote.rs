@@ -50,11 +50,16 @@ struct Pending {
     reply: oneshot::Sender<Answer>,
 }
 
-/// A consecutive-failure circuit breaker.
+/// A consecutive-failure circuit breaker. Closed: calls go through. Open: calls are refused
+/// until the cooldown passes. Half-open (after the cooldown): one call at a time probes the
+/// peer while the others are still refused; its success closes the breaker, its failure
+/// opens it for another cooldown.
 #[derive(Debug)]
 pub struct Breaker {
     failures: AtomicU32,
     open: AtomicBool,
+    /// A half-open probe is in flight.
+    probing: AtomicBool,
     /// Milliseconds since `base` until which calls are refused.
     open_until: AtomicU64,
     base: Instant,
@@ -67,6 +72,7 @@ impl Breaker {
         Breaker {
             failures: AtomicU32::new(0),
             open: AtomicBool::new(false),
+            probing: AtomicBool::new(false),
             open_until: AtomicU64::new(0),
             base: Instant::now(),
             threshold: threshold.max(1),
@@ -78,9 +84,23 @@ impl Breaker {
         u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Whether calls are refused right now (open and still cooling down).
+    /// Whether a call is refused right now. Past the cooldown, the first caller becomes the
+    /// probe (and must report its outcome, or call [`Breaker::abandon`]).
     pub fn refuses(&self) -> bool {
-        self.millis() < self.open_until.load(Ordering::Relaxed)
+        if !self.open.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.millis() < self.open_until.load(Ordering::Relaxed) {
+            return true;
+        }
+        self.probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    }
+
+    /// A probe that was never sent: let the next caller probe instead.
+    pub fn abandon(&self) {
+        self.probing.store(false, Ordering::Release);
     }
 
     pub fn is_open(&self) -> bool {
@@ -90,7 +110,9 @@ impl Breaker {
     /// Records a good call; true if this closed an open breaker.
     pub fn succeeded(&self) -> bool {
         self.failures.store(0, Ordering::Relaxed);
-        self.open.swap(false, Ordering::Relaxed)
+        let was_open = self.open.swap(false, Ordering::Relaxed);
+        self.probing.store(false, Ordering::Release);
+        was_open
     }
 
     /// Records a failed call; true if this opened a closed breaker.
@@ -102,7 +124,9 @@ impl Breaker {
         let cooldown = u64::try_from(self.cooldown.as_millis()).unwrap_or(u64::MAX);
         self.open_until
             .store(self.millis().saturating_add(cooldown), Ordering::Relaxed);
-        !self.open.swap(true, Ordering::Relaxed)
+        let opened = !self.open.swap(true, Ordering::Relaxed);
+        self.probing.store(false, Ordering::Release);
+        opened
     }
 }
 
@@ -186,10 +210,13 @@ impl Remote {
         let (reply, rx) = oneshot::channel();
         match self.queue.try_send(Pending { checks, reply }) {
             Ok(()) => Ok(rx),
-            Err(full_or_closed) => Err((
-                PeerError::QueueFull(Arc::clone(&self.address)),
-                full_or_closed.into_inner().checks,
-            )),
+            Err(full_or_closed) => {
+                self.breaker.abandon();
+                Err((
+                    PeerError::QueueFull(Arc::clone(&self.address)),
+                    full_or_closed.into_inner().checks,
+                ))
+            }
         }
     }
 
@@ -411,10 +438,18 @@ mod tests {
     }
 
     #[test]
-    fn an_open_breaker_lets_calls_through_after_the_cooldown() {
+    fn after_the_cooldown_one_probe_at_a_time_goes_through() {
         let breaker = Breaker::new(1, Duration::ZERO);
         assert!(breaker.failed());
         assert!(breaker.is_open());
-        assert!(!breaker.refuses(), "zero cooldown: half-open at once");
+        assert!(!breaker.refuses(), "zero cooldown: the first caller probes");
+        assert!(breaker.refuses(), "the others wait for the probe's outcome");
+        assert!(!breaker.failed(), "a failed probe keeps it open");
+        assert!(!breaker.refuses(), "next cooldown over: a new probe");
+        breaker.abandon();
+        assert!(!breaker.refuses(), "an abandoned probe frees the slot");
+        assert!(breaker.succeeded(), "a good probe closes it");
+        assert!(!breaker.refuses());
+        assert!(!breaker.refuses(), "closed: everyone goes through");
     }
 }
