@@ -26,7 +26,7 @@ const WAIT: Duration = Duration::from_secs(20);
 
 fn limits(requests_per_unit: u32) -> String {
     format!(
-        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: day, requests_per_unit: {requests_per_unit}}}\n"
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: day, requests_per_unit: {requests_per_unit}, name: per_key}}\n"
     )
 }
 
@@ -436,4 +436,32 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
         fallbacks(&nodes[..2]) + fallbacks(std::slice::from_ref(&returned)),
         0.0
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_api_shares_the_cluster_wide_limit() {
+    let dir = TempDir::new("cluster-http");
+    write_config(dir.path(), "edge.yaml", &limits(10));
+    let nodes = cluster(dir.path(), 3);
+    let mut statuses = Vec::new();
+    for n in 0..30 {
+        let response = support::http_post(
+            nodes[n % 3].http_addr(),
+            "/rate/edge/per_key/over-http",
+            &[],
+            "",
+        )
+        .expect("answers");
+        statuses.push(response.status);
+    }
+    assert_eq!(
+        statuses.iter().filter(|status| **status == 200).count(),
+        10,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.iter().filter(|status| **status == 429).count(), 20);
+    // And gRPC sees the same counter: the key is used up.
+    let mut clients = clients(&nodes[..1]).await;
+    assert!(!admitted(&mut clients[0], "over-http").await);
+    assert_eq!(fallbacks(&nodes), 0.0);
 }
