@@ -439,6 +439,13 @@ impl Node {
         self.rebalance.notify_one();
     }
 
+    /// The current members' addresses (for `Join`/`Leave` answers).
+    fn member_list(&self) -> Vec<String> {
+        let topology = self.topology.load();
+        let members = topology.ring.members();
+        members.iter().map(|member| member.to_string()).collect()
+    }
+
     /// Adds `address` (it joined); returns the members we know.
     fn joined(&self, address: &str) -> Vec<String> {
         {
@@ -449,13 +456,7 @@ impl Node {
             }
         }
         self.refresh();
-        self.topology
-            .load()
-            .ring
-            .members()
-            .iter()
-            .map(|member| member.to_string())
-            .collect()
+        self.member_list()
     }
 
     /// Drops `address` (it is leaving) until it joins again.
@@ -466,13 +467,7 @@ impl Node {
             membership.left.insert(address.to_owned());
         }
         self.refresh();
-        self.topology
-            .load()
-            .ring
-            .members()
-            .iter()
-            .map(|member| member.to_string())
-            .collect()
+        self.member_list()
     }
 
     async fn fallback(&self, group: Vec<Check>) -> Result<Vec<Decision>, EngineError> {

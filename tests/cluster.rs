@@ -40,19 +40,9 @@ fn node(config: &Path, peer_addr: &str, peers: &[SocketAddr]) -> Ratekeeper {
     Ratekeeper::start(config, &args)
 }
 
-/// The value of the first `/metrics` sample starting with `prefix` (0 if absent).
+/// The value of the first `/metrics` sample of `node` starting with `prefix` (0 if absent).
 fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
-    http_get(node.http_addr(), "/metrics", &[])
-        .ok()
-        .and_then(|response| {
-            response
-                .body
-                .lines()
-                .find(|line| line.starts_with(prefix))
-                .and_then(|line| line.rsplit(' ').next())
-                .and_then(|value| value.parse().ok())
-        })
-        .unwrap_or(0.0)
+    support::metric(node.http_addr(), prefix)
 }
 
 /// Starts `n` nodes, each joining the ones before it, and waits until all see all.

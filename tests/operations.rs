@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use support::{Ratekeeper, TempDir, eventually, eventually_async, http_get, write_config};
+use support::{Ratekeeper, TempDir, eventually, eventually_async, http_get, metric, write_config};
 use tonic::transport::Channel;
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -236,20 +236,6 @@ async fn no_request_fails_while_the_limits_reload_repeatedly() {
         answered.load(Ordering::Relaxed) > 100,
         "the clients really ran"
     );
-}
-
-/// The value of the first sample line starting with `prefix` on `/metrics` (0 if absent).
-fn metric(http: SocketAddr, prefix: &str) -> f64 {
-    let Ok(response) = http_get(http, "/metrics", &[]) else {
-        return 0.0;
-    };
-    response
-        .body
-        .lines()
-        .find(|line| line.starts_with(prefix))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
