@@ -23,6 +23,10 @@
 //! switches per request (the servers' side only: h2load is another process); any other value
 //! is taken as the perf event list.
 
+mod loadgen;
+
+use loadgen::*;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,21 +34,15 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use prost::Message;
 use ratekeeper::engine::EngineConfig;
 use ratekeeper::limits::Limits;
 use ratekeeper::rls::LimiterOptions;
 use ratekeeper::server::{Server, ServerOptions};
-use tokio::net::TcpListener;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 const CONNECTIONS: u32 = 8;
@@ -64,22 +62,6 @@ descriptors:
       unit: day
       requests_per_unit: 1
 ";
-
-/// The do-nothing baseline: OK for every request, without looking at it.
-struct Noop;
-
-#[tonic::async_trait]
-impl RateLimitService for Noop {
-    async fn should_rate_limit(
-        &self,
-        _request: tonic::Request<RateLimitRequest>,
-    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        Ok(tonic::Response::new(RateLimitResponse {
-            overall_code: Code::Ok as i32,
-            ..Default::default()
-        }))
-    }
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Target {
@@ -126,17 +108,6 @@ fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
     }
 }
 
-/// The gRPC wire frame h2load sends: uncompressed flag, big-endian length, message.
-fn grpc_frame(request: &RateLimitRequest) -> Vec<u8> {
-    let message = request.encode_to_vec();
-    let len = u32::try_from(message.len()).expect("a small request");
-    let mut frame = Vec::with_capacity(5 + message.len());
-    frame.push(0);
-    frame.extend_from_slice(&len.to_be_bytes());
-    frame.extend_from_slice(&message);
-    frame
-}
-
 fn bodies(dir: &Path) -> Vec<Body> {
     let specs = [
         (
@@ -174,35 +145,6 @@ fn bodies(dir: &Path) -> Vec<Body> {
             }
         })
         .collect()
-}
-
-/// A server's runtime; its worker threads carry `name`, so profiles tell the servers apart.
-fn runtime(name: &str) -> Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .thread_name(name)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
-
-async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
-}
-
-fn start_noop(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
-    let listener = runtime
-        .block_on(TcpListener::bind("127.0.0.1:0"))
-        .expect("bind the no-op server");
-    let addr = listener.local_addr().expect("a bound address");
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    runtime.spawn(async move {
-        tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(Noop))
-            .serve_with_incoming_shutdown(incoming, stopped(stop))
-            .await
-            .expect("the no-op server runs");
-    });
-    addr
 }
 
 fn start_ratekeeper(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
@@ -309,56 +251,6 @@ fn check_with_nghttp(target: Target, addr: SocketAddr, bodies: &[Body]) {
     );
 }
 
-/// This process's user + system CPU time so far, from `/proc/self/stat`.
-fn process_cpu(ticks_per_second: f64) -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
-    // Fields after the command name (which may hold spaces) start at field 3 (state);
-    // utime and stime are fields 14 and 15.
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
-}
-
-/// Busy CPU time of the whole machine so far (all CPUs, everything but idle and iowait),
-/// from `/proc/stat`.
-fn machine_busy(ticks_per_second: f64) -> Duration {
-    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
-    // "cpu  user nice system idle iowait irq softirq steal guest guest_nice"
-    let fields: Vec<u64> = stat
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|field| field.parse().ok())
-        .collect();
-    let busy: u64 = fields
-        .iter()
-        .take(8)
-        .enumerate()
-        .filter(|(index, _)| *index != 3 && *index != 4)
-        .map(|(_, ticks)| ticks)
-        .sum();
-    Duration::from_secs_f64(busy as f64 / ticks_per_second)
-}
-
-/// Prints the machine's load average: a busy neighbour shows up here.
-fn print_load(when: &str) {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!("load average at {when}: {}", load.trim());
-}
-
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|output| String::from_utf8_lossy(&output.stdout).trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
 struct Run {
     target: Target,
     body: usize,
@@ -420,14 +312,6 @@ impl Perf {
             })
             .collect()
     }
-}
-
-fn percentile(sorted: &[u64], fraction: f64) -> u64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let rank = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len());
-    sorted[rank - 1]
 }
 
 fn h2load(
@@ -503,23 +387,6 @@ fn h2load(
     }
 }
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let middle = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[middle]
-    } else {
-        (values[middle - 1] + values[middle]) / 2.0
-    }
-}
-
 fn main() {
     let rounds = env_or("GRPC_BENCH_ROUNDS", 6);
     let requests = env_or("GRPC_BENCH_REQUESTS", 200_000);
@@ -531,8 +398,8 @@ fn main() {
     let log = dir.join("h2load.log");
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let noop_runtime = runtime("noop-rt");
-    let ratekeeper_runtime = runtime("ratekeeper-rt");
+    let noop_runtime = runtime("noop-rt", 2);
+    let ratekeeper_runtime = runtime("ratekeeper-rt", 2);
     let noop = start_noop(&noop_runtime, stop_rx.clone());
     let ratekeeper = start_ratekeeper(&ratekeeper_runtime, stop_rx);
     let addr = |target| match target {

@@ -271,18 +271,28 @@ impl Cluster {
 
     /// Decides `checks`; one decision per counter, in order.
     pub async fn check(&self, checks: Vec<Check>) -> Result<Vec<Decision>, EngineError> {
-        let Some(node) = &self.node else {
-            return self.engine.check(checks).await;
-        };
+        if let Some(node) = &self.node
+            && !node.owns_all(&checks)
+        {
+            // Boxed: the forwarding path's state would otherwise make every request's
+            // future (boxed and moved by tonic) several hundred bytes larger.
+            return Box::pin(self.check_distributed(node, checks)).await;
+        }
+        self.engine.check(checks).await
+    }
+
+    /// [`Cluster::check`] when some checks belong to other nodes.
+    async fn check_distributed(
+        &self,
+        node: &Node,
+        checks: Vec<Check>,
+    ) -> Result<Vec<Decision>, EngineError> {
         let topology = node.topology.load();
         let target = |check: &Check| -> Option<&Arc<Remote>> {
             let route = check.counters.first()?.key.route;
             let owner = topology.ring.owner_index(route)?;
             topology.remotes.get(owner)?.as_ref()
         };
-        if checks.iter().all(|check| target(check).is_none()) {
-            return self.engine.check(checks).await;
-        }
         // Group by target, remembering where each check's decisions go.
         let mut groups: Vec<(Target, Vec<Check>)> = vec![(Target::Local, Vec::new())];
         let mut places = Vec::with_capacity(checks.len());
@@ -383,6 +393,18 @@ impl Cluster {
 }
 
 impl Node {
+    /// Whether this node owns every check's key (then nothing needs forwarding).
+    fn owns_all(&self, checks: &[Check]) -> bool {
+        let topology = self.topology.load();
+        checks.iter().all(|check| {
+            check
+                .counters
+                .first()
+                .and_then(|counter| topology.ring.owner_index(counter.key.route))
+                .is_none_or(|owner| topology.remotes.get(owner).is_none_or(Option::is_none))
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Membership> {
         // A panic while holding this lock would be a bug elsewhere; the data stays usable.
         self.membership

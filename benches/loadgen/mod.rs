@@ -1,0 +1,151 @@
+//! Pieces the gRPC and cluster benchmarks share: a no-op RLS server for the same-run
+//! baseline, request framing, runtimes, and the CPU, load and statistics readings.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use tokio::net::TcpListener;
+use tokio::runtime::Runtime;
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+
+/// The do-nothing baseline: OK for every request, without looking at it.
+pub struct Noop;
+
+#[tonic::async_trait]
+impl RateLimitService for Noop {
+    async fn should_rate_limit(
+        &self,
+        _request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..Default::default()
+        }))
+    }
+}
+
+/// The gRPC wire frame h2load sends: uncompressed flag, big-endian length, message.
+pub fn grpc_frame(request: &RateLimitRequest) -> Vec<u8> {
+    let message = request.encode_to_vec();
+    let len = u32::try_from(message.len()).expect("a small request");
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.push(0);
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&message);
+    frame
+}
+
+pub fn runtime(name: &str, workers: usize) -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+pub async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+pub fn start_noop(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
+    let listener = runtime
+        .block_on(TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the no-op server");
+    let addr = listener.local_addr().expect("a bound address");
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    runtime.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(RateLimitServiceServer::new(Noop))
+            .serve_with_incoming_shutdown(incoming, stopped(stop))
+            .await
+            .expect("the no-op server runs");
+    });
+    addr
+}
+
+/// This process's user + system CPU time so far, from `/proc/self/stat`.
+pub fn process_cpu(ticks_per_second: f64) -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("read /proc/self/stat");
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second)
+}
+
+/// Busy CPU time of the whole machine so far (everything but idle and iowait).
+pub fn machine_busy(ticks_per_second: f64) -> Duration {
+    let stat = std::fs::read_to_string("/proc/stat").expect("read /proc/stat");
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|field| field.parse().ok())
+        .collect();
+    let busy: u64 = fields
+        .iter()
+        .take(8)
+        .enumerate()
+        .filter(|(index, _)| *index != 3 && *index != 4)
+        .map(|(_, ticks)| ticks)
+        .sum();
+    Duration::from_secs_f64(busy as f64 / ticks_per_second)
+}
+
+pub fn print_load(when: &str) {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M:%S UTC"])
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        .unwrap_or_default();
+    println!("{when}: {date}, load average {}", load.trim());
+}
+
+pub fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|output| String::from_utf8_lossy(&output.stdout).trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+pub fn percentile(sorted: &[u64], fraction: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((sorted.len() as f64 * fraction).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+pub fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let middle = values.len() / 2;
+    if values.is_empty() {
+        f64::NAN
+    } else if values.len() % 2 == 1 {
+        values[middle]
+    } else {
+        (values[middle - 1] + values[middle]) / 2.0
+    }
+}
