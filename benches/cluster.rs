@@ -385,34 +385,7 @@ fn h2load(addr: SocketAddr, body: &Body, requests: u64, log: &Path, ticks: f64) 
         .expect("run h2load (package nghttp2-client)");
     let cpu = process_cpu(ticks).saturating_sub(cpu_before);
     let busy = machine_busy(ticks).saturating_sub(busy_before);
-    let text = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "h2load failed:\n{text}");
-    // "finished in 4.21s, 47501.20 req/s, 3.11MB/s"
-    let requests_per_second: f64 = text
-        .lines()
-        .find_map(|line| line.strip_prefix("finished in "))
-        .and_then(|rest| rest.split(", ").nth(1))
-        .and_then(|field| field.strip_suffix(" req/s"))
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no req/s in h2load's output:\n{text}"));
-    let expected_ok = format!("{requests} succeeded, 0 failed, 0 errored");
-    assert!(
-        text.contains(&expected_ok),
-        "not every request succeeded:\n{text}"
-    );
-    let log_text = std::fs::read_to_string(log).expect("read h2load's log");
-    let mut latencies: Vec<u64> = log_text
-        .lines()
-        .filter_map(|line| {
-            let mut columns = line.split('\t');
-            let status = columns.nth(1)?;
-            let elapsed = columns.next()?;
-            assert_eq!(status, "200", "a request failed: {line}");
-            elapsed.trim().parse().ok()
-        })
-        .collect();
-    assert_eq!(latencies.len() as u64, requests, "one log line per request");
-    latencies.sort_unstable();
+    let (requests_per_second, latencies) = parse_h2load(&output, log, requests);
     Run {
         config: 0,
         requests_per_second,

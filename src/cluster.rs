@@ -128,6 +128,13 @@ struct Topology {
     remotes: Vec<Option<Arc<Remote>>>,
 }
 
+impl Topology {
+    /// The clients of the other members.
+    fn peers(&self) -> Vec<Arc<Remote>> {
+        self.remotes.iter().flatten().cloned().collect()
+    }
+}
+
 #[derive(Default)]
 struct Membership {
     seeds: BTreeSet<String>,
@@ -256,17 +263,9 @@ impl Cluster {
 
     /// Per-peer and cluster figures, for metrics.
     pub fn stats(&self) -> Option<(&ClusterStats, Vec<Arc<Remote>>)> {
-        self.node.as_ref().map(|node| {
-            let remotes = node
-                .topology
-                .load()
-                .remotes
-                .iter()
-                .flatten()
-                .cloned()
-                .collect();
-            (&node.stats, remotes)
-        })
+        self.node
+            .as_ref()
+            .map(|node| (&node.stats, node.topology.load().peers()))
     }
 
     /// Decides `checks`; one decision per counter, in order.
@@ -516,14 +515,7 @@ impl Node {
     /// while none answers.
     async fn announce(self: Arc<Self>) {
         for attempt in 0..10u32 {
-            let remotes: Vec<Arc<Remote>> = self
-                .topology
-                .load()
-                .remotes
-                .iter()
-                .flatten()
-                .cloned()
-                .collect();
+            let remotes = self.topology.load().peers();
             if remotes.is_empty() && self.options.peer_dns.is_none() {
                 return;
             }

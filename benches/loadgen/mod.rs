@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::Command;
+use std::process::Output;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -148,4 +150,39 @@ pub fn median(values: &mut [f64]) -> f64 {
     } else {
         (values[middle - 1] + values[middle]) / 2.0
     }
+}
+
+/// h2load's req/s and every request's latency (us, sorted), from its summary and its
+/// `--log-file`. Panics unless every request succeeded with HTTP 200.
+pub fn parse_h2load(output: &Output, log: &Path, requests: u64) -> (f64, Vec<u64>) {
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "h2load failed:\n{text}");
+    // "finished in 4.21s, 47501.20 req/s, 3.11MB/s"
+    let requests_per_second: f64 = text
+        .lines()
+        .find_map(|line| line.strip_prefix("finished in "))
+        .and_then(|rest| rest.split(", ").nth(1))
+        .and_then(|field| field.strip_suffix(" req/s"))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no req/s in h2load's output:\n{text}"));
+    // "requests: 200000 total, 200000 started, 200000 done, 200000 succeeded, 0 failed, ..."
+    let expected_ok = format!("{requests} succeeded, 0 failed, 0 errored");
+    assert!(
+        text.contains(&expected_ok),
+        "not every request succeeded:\n{text}"
+    );
+    let log_text = std::fs::read_to_string(log).expect("read h2load's log");
+    let mut latencies: Vec<u64> = log_text
+        .lines()
+        .filter_map(|line| {
+            let mut columns = line.split('\t');
+            let status = columns.nth(1)?;
+            let elapsed = columns.next()?;
+            assert_eq!(status, "200", "a request failed: {line}");
+            elapsed.trim().parse().ok()
+        })
+        .collect();
+    assert_eq!(latencies.len() as u64, requests, "one log line per request");
+    latencies.sort_unstable();
+    (requests_per_second, latencies)
 }

@@ -32,6 +32,17 @@ impl PeerService {
         )
     }
 
+    /// The node and the validated address of a `Join` or `Leave`.
+    fn member(&self, request: Request<wire::Member>) -> Result<(&Arc<Node>, String), Status> {
+        let node = self.node()?;
+        let member = request.into_inner();
+        same_version(member.version)?;
+        if member.address.is_empty() || member.address.len() > 256 {
+            return Err(Status::invalid_argument("address: must be 1 to 256 bytes"));
+        }
+        Ok((node, member.address))
+    }
+
     fn node(&self) -> Result<&Arc<Node>, Status> {
         self.cluster
             .node
@@ -132,13 +143,8 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::Member>,
     ) -> Result<Response<wire::Members>, Status> {
-        let node = self.node()?;
-        let member = request.into_inner();
-        same_version(member.version)?;
-        if member.address.is_empty() || member.address.len() > 256 {
-            return Err(Status::invalid_argument("address: must be 1 to 256 bytes"));
-        }
-        let addresses = node.joined(&member.address);
+        let (node, address) = self.member(request)?;
+        let addresses = node.joined(&address);
         Ok(Response::new(wire::Members { addresses }))
     }
 
@@ -146,10 +152,8 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::Member>,
     ) -> Result<Response<wire::Members>, Status> {
-        let node = self.node()?;
-        let member = request.into_inner();
-        same_version(member.version)?;
-        let addresses = node.left(&member.address);
+        let (node, address) = self.member(request)?;
+        let addresses = node.left(&address);
         Ok(Response::new(wire::Members { addresses }))
     }
 }
