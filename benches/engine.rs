@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use ratekeeper::algorithm::{self, Algorithm, Rate, Unit};
+use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
 use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::key::{KeyBuilder, KeyId};
-use ratekeeper::shard::{Check, Counter};
 use tokio::runtime::Runtime;
 
 /// Concurrent caller tasks, like concurrent gRPC calls in flight.
@@ -50,12 +50,12 @@ struct Workload {
 impl Workload {
     /// The `n`-th request of caller `caller`: `per_request` consecutive keys of the pool,
     /// each caller starting at its own offset so callers spread over the pool.
-    fn request(&self, caller: u64, n: u64) -> Vec<Check> {
+    fn request(&self, caller: u64, n: u64) -> Checks {
         let len = self.keys.len() as u64;
         let start = caller * (len / CALLERS).max(1) + n * self.per_request as u64;
         (0..self.per_request as u64)
             .map(|d| Check {
-                counters: vec![Counter {
+                counters: smallvec::smallvec![Counter {
                     key: self.keys[((start + d) % len) as usize],
                     rate: high_rate(),
                 }],

@@ -12,15 +12,14 @@
 //!
 //! Run with `cargo bench --bench memory`; see BENCHMARKS.md for figures.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use counting_alloc::Counting;
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
+use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
 use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::key::KeyBuilder;
-use ratekeeper::shard::{Check, Counter};
 
 #[global_allocator]
 static ALLOC: Counting = Counting::new();
@@ -38,12 +37,12 @@ fn rate() -> Rate {
     Rate::new(Algorithm::FixedWindow, 1_000, Unit::Day, None)
 }
 
-fn check(index: usize, cost: u64) -> Vec<Check> {
+fn check(index: usize, cost: u64) -> Checks {
     let mut builder = KeyBuilder::new("bench");
     builder.entry("api_key", &format!("user-{index:08}"));
     let rate = rate();
-    vec![Check {
-        counters: vec![Counter {
+    smallvec::smallvec![Check {
+        counters: smallvec::smallvec![Counter {
             key: builder.key(&rate),
             rate,
         }],
@@ -113,12 +112,11 @@ fn measure(keys: usize) -> Row {
     runtime.block_on(drive(&engine, keys, 1));
     let after = ALLOC.live();
     let peak = ALLOC.peak();
-    // Shards publish their key counts after replying to a batch: wait for the last one.
     let live_keys = || -> Vec<u64> {
         engine
-            .stats()
+            .figures()
             .iter()
-            .map(|stats| stats.live_keys.load(Ordering::Relaxed))
+            .map(|figures| figures.live_keys as u64)
             .collect()
     };
     let deadline = Instant::now() + Duration::from_secs(5);

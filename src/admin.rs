@@ -21,7 +21,9 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
-use crate::rls::{Limiter, RequestError, bounds};
+use crate::error::Error;
+use crate::limiter::Limiter;
+use crate::rls::MAX_MESSAGE_BYTES;
 
 mod json;
 mod nginx;
@@ -67,7 +69,7 @@ pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json_request))
-        .layer(DefaultBodyLimit::max(bounds::MAX_MESSAGE_BYTES))
+        .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
         .with_state(AdminState {
             health,
             limiter: Arc::clone(&limiter),
@@ -104,22 +106,23 @@ async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response 
         Ok(request) => request,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
     };
-    match state.limiter.should_rate_limit(&request).await {
-        Ok(response) => {
-            let status = if json::is_over_limit(&response) {
+    match state.limiter.decide(&request.query()).await {
+        Ok(verdict) => {
+            let status = if verdict.is_over() {
                 StatusCode::TOO_MANY_REQUESTS
             } else {
                 StatusCode::OK
             };
-            (status, axum::Json(json::response(&response))).into_response()
+            let headers = state.limiter.options().response_headers;
+            (status, axum::Json(json::response(&verdict, headers))).into_response()
         }
-        Err(invalid @ RequestError::Invalid { .. }) => {
-            error(StatusCode::BAD_REQUEST, &invalid.to_string())
-        }
-        Err(RequestError::Engine(engine)) => {
-            error(StatusCode::SERVICE_UNAVAILABLE, &engine.to_string())
-        }
+        Err(failed) => error_response(&failed),
     }
+}
+
+/// A JSON error body with the error's own HTTP status.
+fn error_response(failed: &Error) -> Response {
+    error(failed.http_status(), &failed.to_string())
 }
 
 fn error(status: StatusCode, message: &str) -> Response {

@@ -9,10 +9,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
+use crate::limiter::LimiterOptions;
 use crate::limits::parse_duration;
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
-use crate::rls::LimiterOptions;
 use crate::server::ServerOptions;
 
 /// Envoy rate limit service sidecar.

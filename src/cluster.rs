@@ -17,6 +17,7 @@
 //! Without cluster options, [`Cluster`] is a thin pass-through to the engine.
 
 mod convert;
+mod metrics;
 pub mod remote;
 pub mod service;
 
@@ -29,11 +30,13 @@ use arc_swap::ArcSwap;
 use tokio::sync::{Notify, oneshot};
 
 use self::remote::{PeerError, Remote};
-use crate::algorithm::Decision;
-use crate::engine::{Engine, EngineError};
+use crate::check::{Check, Checks, Decision, Decisions, KeepRoute, Slot};
+use crate::engine::{Engine, Progress};
+pub use crate::error::ClusterError;
+use crate::error::StoreError;
 use crate::key::KeyId;
 use crate::ring::{DEFAULT_VNODES, Ring};
-use crate::shard::{Check, Slot};
+use crate::store::{Capabilities, Checked, Store};
 
 /// What a node does with a check whose owner cannot answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -268,24 +271,26 @@ impl Cluster {
             .map(|node| (&node.stats, node.topology.load().peers()))
     }
 
-    /// Decides `checks`; one decision per counter, in order.
-    pub async fn check(&self, checks: Vec<Check>) -> Result<Vec<Decision>, EngineError> {
-        if let Some(node) = &self.node
-            && !node.owns_all(&checks)
-        {
-            // Boxed: the forwarding path's state would otherwise make every request's
-            // future (boxed and moved by tonic) several hundred bytes larger.
-            return Box::pin(self.check_distributed(node, checks)).await;
+    /// Registers the cluster's metrics (read at scrape time) in `registry`, in cluster mode.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        if self.node.is_some() {
+            registry.register_collector(Box::new(metrics::ClusterCollector {
+                cluster: self.clone(),
+            }));
         }
-        self.engine.check(checks).await
+    }
+
+    /// Decides `checks`; one decision per counter, in order.
+    pub async fn check(&self, checks: Checks) -> Result<Decisions, StoreError> {
+        Store::check(self, checks).wait().await
     }
 
     /// [`Cluster::check`] when some checks belong to other nodes.
     async fn check_distributed(
         &self,
         node: &Node,
-        checks: Vec<Check>,
-    ) -> Result<Vec<Decision>, EngineError> {
+        checks: Checks,
+    ) -> Result<Decisions, StoreError> {
         let topology = node.topology.load();
         let target = |check: &Check| -> Option<&Arc<Remote>> {
             let route = check.counters.first()?.key.route;
@@ -293,7 +298,7 @@ impl Cluster {
             topology.remotes.get(owner)?.as_ref()
         };
         // Group by target, remembering where each check's decisions go.
-        let mut groups: Vec<(Target, Vec<Check>)> = vec![(Target::Local, Vec::new())];
+        let mut groups: Vec<(Target, Checks)> = vec![(Target::Local, Checks::new())];
         let mut places = Vec::with_capacity(checks.len());
         let mut total = 0;
         for check in checks {
@@ -304,7 +309,7 @@ impl Cluster {
                         matches!(target, Target::Remote(other) if Arc::ptr_eq(other, remote))
                     });
                     found.unwrap_or_else(|| {
-                        groups.push((Target::Remote(Arc::clone(remote)), Vec::new()));
+                        groups.push((Target::Remote(Arc::clone(remote)), Checks::new()));
                         groups.len() - 1
                     })
                 }
@@ -316,15 +321,15 @@ impl Cluster {
         }
         drop(topology);
         // Queue the forwards first, so they travel while the local part is decided.
-        let mut answers: Vec<Option<Vec<Decision>>> = (0..groups.len()).map(|_| None).collect();
-        let mut waiting: Vec<(usize, oneshot::Receiver<remote::Answer>)> = Vec::new();
-        let mut fallbacks: Vec<(usize, Vec<Check>)> = Vec::new();
-        let mut local = Vec::new();
+        let mut answers: Vec<Option<Decisions>> = (0..groups.len()).map(|_| None).collect();
+        let mut waiting: Vec<(usize, Arc<str>, oneshot::Receiver<remote::Answer>)> = Vec::new();
+        let mut fallbacks: Vec<(usize, Checks)> = Vec::new();
+        let mut local = Checks::new();
         for (index, (target, group)) in groups.into_iter().enumerate() {
             match target {
                 Target::Local => local = group,
                 Target::Remote(remote) => match remote.submit(group) {
-                    Ok(rx) => waiting.push((index, rx)),
+                    Ok(rx) => waiting.push((index, Arc::clone(remote.address()), rx)),
                     Err((_, group)) => fallbacks.push((index, group)),
                 },
             }
@@ -332,22 +337,37 @@ impl Cluster {
         if !local.is_empty() {
             answers[0] = Some(self.engine.check(local).await?);
         }
-        for (index, rx) in waiting {
+        for (index, peer, rx) in waiting {
             match rx.await {
                 Ok(Ok(decisions)) => answers[index] = Some(decisions),
-                Ok(Err((PeerError::Remote { problem, .. }, _))) => {
-                    return Err(EngineError::Peer(problem));
+                Ok(Err((
+                    PeerError::Remote {
+                        peer,
+                        kind,
+                        message,
+                    },
+                    _,
+                ))) => {
+                    return Err(ClusterError::Owner {
+                        peer,
+                        kind,
+                        message,
+                    }
+                    .into());
                 }
                 // Unreachable, or no longer a member: the fallback policy decides.
                 Ok(Err((_, group))) => fallbacks.push((index, group)),
-                Err(_) => return Err(EngineError::Peer("the forward was dropped".into())),
+                Err(_) => {
+                    let problem = "the forward was dropped".to_owned();
+                    return Err(ClusterError::Protocol { peer, problem }.into());
+                }
             }
         }
         for (index, group) in fallbacks {
             node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
             answers[index] = Some(node.fallback(group).await?);
         }
-        let mut decisions = Vec::with_capacity(total);
+        let mut decisions = Decisions::with_capacity(total);
         let mut iters: Vec<_> = answers
             .into_iter()
             .map(|answer| answer.unwrap_or_default().into_iter())
@@ -355,9 +375,10 @@ impl Cluster {
         // `places` is in request order and each group's checks were pushed in that order.
         for (group, len) in places {
             for _ in 0..len {
-                let decision = iters[group]
-                    .next()
-                    .ok_or_else(|| EngineError::Peer("a peer answered too few decisions".into()))?;
+                let decision = iters[group].next().ok_or_else(|| ClusterError::Protocol {
+                    peer: Arc::from("a peer"),
+                    problem: "answered too few decisions".to_owned(),
+                })?;
                 decisions.push(decision);
             }
         }
@@ -391,15 +412,37 @@ impl Cluster {
     }
 }
 
+/// The in-memory store: this node's engine, and in cluster mode the engines of the keys'
+/// owners.
+impl Store for Cluster {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { wait: true }
+    }
+
+    fn check(&self, checks: Checks) -> Checked<'_> {
+        if let Some(node) = &self.node
+            && !node.owns_all(&checks)
+        {
+            return Checked::Pending(Box::pin(self.check_distributed(node, checks)));
+        }
+        match self.engine.start(checks) {
+            Ok(started) => match started.progress() {
+                Progress::Decided(decisions) => Checked::Ready(Ok(decisions)),
+                Progress::Waiting(waiting) => Checked::Pending(Box::pin(waiting.finish())),
+            },
+            Err(error) => Checked::Ready(Err(error)),
+        }
+    }
+}
+
 impl Node {
     /// Whether this node owns every check's key (then nothing needs forwarding).
     fn owns_all(&self, checks: &[Check]) -> bool {
         let topology = self.topology.load();
         checks.iter().all(|check| {
-            check
-                .counters
-                .first()
-                .and_then(|counter| topology.ring.owner_index(counter.key.route))
+            topology
+                .ring
+                .owner_index(check.route())
                 .is_none_or(|owner| topology.remotes.get(owner).is_none_or(Option::is_none))
         })
     }
@@ -491,7 +534,7 @@ impl Node {
         self.member_list()
     }
 
-    async fn fallback(&self, group: Vec<Check>) -> Result<Vec<Decision>, EngineError> {
+    async fn fallback(&self, group: Checks) -> Result<Decisions, StoreError> {
         let synthetic = |allowed: bool| {
             group
                 .iter()
@@ -580,9 +623,9 @@ impl Node {
         let topology = self.topology.load_full();
         let me = Arc::clone(&self.me);
         let ring = topology.ring.clone();
-        let keep: crate::shard::KeepRoute =
+        let keep: KeepRoute =
             Arc::new(move |route| ring.owner(route).is_none_or(|owner| **owner == *me));
-        let exported = self.engine.export(keep).await;
+        let exported = self.engine.export(keep);
         if exported.is_empty() {
             return;
         }
@@ -594,7 +637,7 @@ impl Node {
         }
         for (owner, counters) in by_owner {
             let Some(Some(remote)) = topology.remotes.get(owner) else {
-                self.engine.import(counters).await;
+                self.engine.import(counters);
                 continue;
             };
             for chunk in counters.chunks(convert::MAX_HANDOFF / 10) {
@@ -609,7 +652,7 @@ impl Node {
                             .handoff_failed
                             .fetch_add(chunk.len() as u64, Ordering::Relaxed);
                         tracing::warn!(%error, counters = chunk.len(), "handoff failed: keeping the counters here");
-                        self.engine.import(chunk.to_vec()).await;
+                        self.engine.import(chunk.to_vec());
                     }
                 }
             }

@@ -8,11 +8,15 @@
 
 pub mod admin;
 pub mod algorithm;
+pub mod check;
 pub mod cli;
 pub mod clock;
 pub mod cluster;
 pub mod engine;
+pub mod error;
+pub mod histogram;
 pub mod key;
+pub mod limiter;
 pub mod limits;
 pub mod metrics;
 pub mod peer;
@@ -21,3 +25,4 @@ pub mod ring;
 pub mod rls;
 pub mod server;
 pub mod shard;
+pub mod store;

@@ -33,6 +33,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
+mod metrics;
+
 use crate::key::fnv1a64;
 use crate::limits::{ConfigErrors, Domain, Limits, Source};
 
@@ -87,6 +89,16 @@ impl ReloadStats {
         let stats = ReloadStats::default();
         stats.version.store(version, Ordering::Relaxed);
         stats
+    }
+
+    /// Registers the reload metrics (read at scrape time) in `registry`.
+    pub fn register_metrics(
+        self: &Arc<Self>,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        registry.register_collector(Box::new(metrics::ReloadCollector {
+            stats: Arc::clone(self),
+        }));
     }
 
     fn serialize(&self) -> MutexGuard<'_, ()> {

@@ -27,10 +27,11 @@ use crate::clock::Clock;
 use crate::cluster::service::PeerService;
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::engine::{Engine, EngineConfig};
+use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
-use crate::rls::{Limiter, LimiterOptions, RlsService, bounds};
+use crate::rls::{MAX_MESSAGE_BYTES, RlsService};
 
 /// Everything `serve` needs besides the limits.
 #[derive(Clone, Debug)]
@@ -93,6 +94,7 @@ pub struct Server {
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
+    cluster: Cluster,
     health: Arc<Health>,
     reload_stats: Arc<ReloadStats>,
     shutdown_grace: Duration,
@@ -145,11 +147,12 @@ impl Server {
         reload_stats
             .last_success_unix_seconds
             .store(now, Ordering::Relaxed);
-        let metrics = Arc::new(Metrics::new(
-            options.metrics,
-            &cluster,
-            Arc::clone(&reload_stats),
-        ));
+        // Each owner of figures registers its own collector.
+        let mut registry = Metrics::registry();
+        cluster.engine().register_metrics(&mut registry);
+        cluster.register_metrics(&mut registry);
+        reload_stats.register_metrics(&mut registry);
+        let metrics = Arc::new(Metrics::new(options.metrics, registry));
         let limits = Arc::new(ArcSwap::from_pointee(limits));
         let watcher = match &options.watch {
             Some(path) => Some(reload::watch(
@@ -160,7 +163,8 @@ impl Server {
             )?),
             None => None,
         };
-        let limiter = Arc::new(Limiter::new(limits, cluster, options.limiter, metrics));
+        let store = Arc::new(cluster.clone());
+        let limiter = Arc::new(Limiter::new(limits, store, options.limiter, metrics));
         Ok(Server {
             grpc,
             http,
@@ -168,6 +172,7 @@ impl Server {
             grpc_addr,
             http_addr,
             limiter,
+            cluster,
             health: Arc::new(Health::new()),
             reload_stats,
             shutdown_grace: options.shutdown_grace,
@@ -192,6 +197,11 @@ impl Server {
         &self.limiter
     }
 
+    /// The in-memory store: this node's engine, and its cluster when in cluster mode.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
     pub fn reload_stats(&self) -> &Arc<ReloadStats> {
         &self.reload_stats
     }
@@ -205,7 +215,7 @@ impl Server {
         };
         let rls =
             RateLimitServiceServer::from_arc(Arc::new(RlsService::new(Arc::clone(&self.limiter))))
-                .max_decoding_message_size(bounds::MAX_MESSAGE_BYTES);
+                .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let (reporter, health_service) = tonic_health::server::health_reporter();
         reporter
             .set_serving::<RateLimitServiceServer<RlsService>>()
@@ -225,7 +235,7 @@ impl Server {
         let app = admin::router(Arc::clone(&self.health), Arc::clone(&self.limiter));
         let http =
             axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
-        let cluster = self.limiter.cluster().clone();
+        let cluster = self.cluster.clone();
         let peer = async {
             let Some((listener, _)) = self.peer else {
                 return Ok(());

@@ -1,10 +1,13 @@
-//! Shard actors: each owns the counters of the keys that hash to it.
+//! A shard: the counters of the keys that hash to it, their FIFO wait queues and timers.
 //!
-//! A shard is a tokio task with a bounded mailbox. One [`Message::Check`] carries every check
-//! of one request that routes to this shard; the reply goes back through a `oneshot`. Only
-//! the shard touches its map, so the request path takes no locks.
+//! A [`Shard`] is plain state with synchronous steps; the [`Engine`](crate::engine::Engine)
+//! keeps each one behind its own lock and the requesting task runs the step itself (no
+//! mailbox, no thread wake-up per request). Only what must happen later, timers of waiting
+//! checks and the sweep of idle keys, runs on the shard's timer task, under the same lock.
 //!
 //! Invariants:
+//! - One step at a time: a shard's state changes only under its lock, and `now` is read
+//!   under the lock, so a shard sees time move forward only.
 //! - All limits of one descriptor (one [`Check`]) are decided together: either every counter
 //!   admits the cost and all consume it, or none consumes anything.
 //! - The number of live keys never exceeds `max_keys`; the number of waiting checks never
@@ -20,74 +23,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
-use tokio::time::{Instant, MissedTickBehavior};
+use tokio::sync::oneshot;
 
-use crate::algorithm::{self, Decision, NANOS_PER_SEC, Rate, State};
-use crate::clock::Clock;
+use crate::algorithm::{self, NANOS_PER_SEC, State};
+use crate::check::{Check, Counter, Decisions, Slot};
+use crate::error::StoreError;
+use crate::histogram::AtomicHistogram;
 use crate::key::{KeyHasher, KeyId};
-use crate::metrics::AtomicHistogram;
 
 /// How often a shard sweeps out idle keys.
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// Messages a shard takes from its mailbox per wake-up.
-const RECV_BATCH: usize = 64;
-
-/// One limit of a descriptor: the counter's key and its rate.
-#[derive(Clone, Copy, Debug)]
-pub struct Counter {
-    pub key: KeyId,
-    pub rate: Rate,
-}
-
-/// Opt-in waiting: a check that would be over its limit may wait up to `max_wait` in the
-/// key's FIFO queue for capacity.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitPolicy {
-    pub max_wait: Duration,
-    pub max_queue: u32,
-}
-
-/// The limits of one request descriptor, decided together.
-#[derive(Clone, Debug)]
-pub struct Check {
-    /// All with the same `key.route`.
-    pub counters: Vec<Counter>,
-    /// Hits to consume; 0 checks without consuming.
-    pub cost: u64,
-    pub wait: Option<WaitPolicy>,
-}
-
-pub type CheckReply = Result<Vec<Decision>, ShardError>;
-
-/// Which routes a shard keeps when exporting (cluster handoff).
-pub type KeepRoute = Arc<dyn Fn(u64) -> bool + Send + Sync>;
-
-pub enum Message {
-    /// Decide `checks`; reply with one decision per counter, in order.
-    Check {
-        checks: Vec<Check>,
-        reply: oneshot::Sender<CheckReply>,
-        /// When the engine queued it (for the queue wait metric).
-        sent_at: Instant,
-    },
-    /// Remove and return every counter whose route `keep` rejects.
-    Export {
-        keep: KeepRoute,
-        reply: oneshot::Sender<Vec<(KeyId, Slot)>>,
-    },
-    /// Take counters handed over by another node; reply with how many were kept.
-    Import {
-        counters: Vec<(KeyId, Slot)>,
-        reply: oneshot::Sender<usize>,
-    },
-}
-
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum ShardError {
-    #[error("shard {shard} is full: it holds its maximum of {max_keys} keys")]
-    KeyCapacity { shard: usize, max_keys: usize },
-}
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Sizes of one shard.
 #[derive(Clone, Copy, Debug)]
@@ -96,31 +41,24 @@ pub struct ShardConfig {
     pub max_waiters: usize,
 }
 
-/// Counters a shard keeps for scrapes; written by the shard only.
+/// Counters a shard keeps for scrapes.
 #[derive(Debug, Default)]
 pub struct ShardStats {
-    pub live_keys: AtomicU64,
     pub expired_keys: AtomicU64,
     pub key_capacity_hits: AtomicU64,
-    pub waiters: AtomicU64,
     pub waits_admitted: AtomicU64,
     pub waits_rejected: AtomicU64,
-    /// Written by the engine when this shard's mailbox is full.
-    pub overloads: AtomicU64,
-    /// Time messages spent in the mailbox.
-    pub queue_wait: AtomicHistogram,
+    /// Steps that found the shard busy and waited for it.
+    pub contended: AtomicU64,
+    /// How long those steps waited for the shard.
+    pub lock_wait: AtomicHistogram,
     /// Counters taken from other nodes, and those dropped because the shard was full.
     pub imported: AtomicU64,
     pub import_dropped: AtomicU64,
 }
 
-/// A key's state plus when it may be forgotten (Unix seconds). 16 bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Slot {
-    pub a: u64,
-    pub b: u32,
-    pub expires: u32,
-}
+/// A waiting check's decisions, sent when it is settled.
+pub type WaitReply = oneshot::Receiver<Decisions>;
 
 /// The counters a shard owns.
 struct Counters {
@@ -134,11 +72,9 @@ struct Counters {
 }
 
 struct Waiter {
-    batch: u64,
-    /// Index of this check's first decision in the batch's reply.
-    offset: usize,
     check: Check,
     deadline: u64,
+    reply: oneshot::Sender<Decisions>,
 }
 
 struct Queue {
@@ -147,23 +83,15 @@ struct Queue {
     wake_at: u64,
 }
 
-/// A reply held back until every waiting check in it is settled.
-struct Pending {
-    decisions: Vec<Decision>,
-    outstanding: usize,
-    reply: oneshot::Sender<CheckReply>,
-}
-
 pub struct Shard {
-    rx: mpsc::Receiver<Message>,
-    clock: Clock,
     counters: Counters,
     max_waiters: usize,
     queues: HashMap<KeyId, Queue, KeyHasher>,
     timers: BinaryHeap<Reverse<(u64, KeyId)>>,
-    pending: HashMap<u64, Pending>,
-    next_batch: u64,
     waiting: usize,
+    /// When the timer task wakes next (Unix nanoseconds); an earlier timer must wake it.
+    armed_at: u64,
+    next_sweep: u64,
 }
 
 /// The outcome of evaluating one check.
@@ -177,17 +105,19 @@ enum Outcome {
     },
 }
 
+/// What [`Shard::check`] did with a check.
+pub enum Stepped {
+    /// Decided: its decisions were pushed.
+    Decided,
+    /// Queued to wait for capacity: placeholder decisions were pushed, the real ones come
+    /// on the receiver. `wake` says whether the timer task must be woken (the new timer is
+    /// earlier than the one it sleeps on).
+    Waiting { reply: WaitReply, wake: bool },
+}
+
 impl Shard {
-    pub fn new(
-        shard: usize,
-        rx: mpsc::Receiver<Message>,
-        clock: Clock,
-        config: ShardConfig,
-        stats: Arc<ShardStats>,
-    ) -> Shard {
+    pub fn new(shard: usize, config: ShardConfig, stats: Arc<ShardStats>) -> Shard {
         Shard {
-            rx,
-            clock,
             counters: Counters {
                 shard,
                 keys: HashMap::with_hasher(KeyHasher::default()),
@@ -198,171 +128,105 @@ impl Shard {
             max_waiters: config.max_waiters,
             queues: HashMap::with_hasher(KeyHasher::default()),
             timers: BinaryHeap::new(),
-            pending: HashMap::new(),
-            next_batch: 0,
             waiting: 0,
+            armed_at: u64::MAX,
+            next_sweep: 0,
         }
     }
 
-    /// Runs until every sender of the mailbox is gone.
-    pub async fn run(mut self) {
-        let mut sweep = tokio::time::interval(SWEEP_EVERY);
-        sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut inbox = Vec::with_capacity(RECV_BATCH);
-        let timer = tokio::time::sleep_until(Instant::now());
-        tokio::pin!(timer);
-        let mut armed: Option<u64> = None;
-        loop {
-            let next = self.timers.peek().map(|Reverse((at, _))| *at);
-            if next != armed
-                && let Some(at) = next
-            {
-                timer.as_mut().reset(self.clock.instant_at(at));
-            }
-            armed = next;
-            tokio::select! {
-                biased;
-                received = self.rx.recv_many(&mut inbox, RECV_BATCH) => {
-                    if received == 0 {
-                        break;
-                    }
-                    // One clock read for the whole batch of messages.
-                    let arrived = Instant::now();
-                    let now = self.clock.unix_at(arrived);
-                    for message in inbox.drain(..) {
-                        self.handle(message, arrived, now);
-                    }
-                }
-                () = &mut timer, if armed.is_some() => {
-                    armed = None;
-                    self.fire_timers();
-                }
-                _ = sweep.tick() => self.sweep(),
-            }
-            self.publish();
-        }
+    pub fn stats(&self) -> &Arc<ShardStats> {
+        &self.counters.stats
     }
 
-    fn handle(&mut self, message: Message, arrived: Instant, now: u64) {
-        match message {
-            Message::Check {
-                checks,
-                reply,
-                sent_at,
-            } => {
-                let waited = arrived.saturating_duration_since(sent_at);
-                self.counters.stats.queue_wait.observe(waited);
-                self.check(checks, reply, now);
-            }
-            Message::Export { keep, reply } => {
-                let _ = reply.send(self.counters.export(&*keep));
-            }
-            Message::Import { counters, reply } => {
-                let _ = reply.send(self.counters.import(counters));
-            }
-        }
+    pub fn live_keys(&self) -> usize {
+        self.counters.keys.len()
     }
 
-    fn publish(&self) {
-        let stats = &self.counters.stats;
-        stats
-            .live_keys
-            .store(self.counters.keys.len() as u64, Ordering::Relaxed);
-        stats.waiters.store(self.waiting as u64, Ordering::Relaxed);
+    pub fn waiters(&self) -> usize {
+        self.waiting
     }
 
-    fn check(&mut self, checks: Vec<Check>, reply: oneshot::Sender<CheckReply>, now: u64) {
-        let total = checks.iter().map(|check| check.counters.len()).sum();
-        let mut decisions = Vec::with_capacity(total);
-        // Checks that wait are queued only once the whole batch evaluated without error.
-        let mut to_queue: Vec<(KeyId, Waiter, u64)> = Vec::new();
-        let mut queued_here = 0usize;
-        for check in checks {
-            let offset = decisions.len();
-            let policy = check.wait.filter(|_| check.cost > 0);
-            // First in, first out: don't overtake checks already waiting on one of our keys.
-            let queued_key = policy.and_then(|_| {
-                check
-                    .counters
-                    .iter()
-                    .map(|counter| counter.key)
-                    .find(|key| self.queues.contains_key(key))
-            });
-            let outcome = match queued_key {
-                Some(key) => {
-                    self.counters.peek(&check, now, &mut decisions);
-                    Outcome::Denied {
-                        key,
-                        retry_after: Some(0),
-                    }
-                }
-                None => match self.counters.evaluate(&check, now, &mut decisions) {
-                    Ok(outcome) => outcome,
-                    Err(error) => {
-                        let _ = reply.send(Err(error));
-                        return;
-                    }
-                },
-            };
-            let (Some(policy), Outcome::Denied { key, retry_after }) = (policy, outcome) else {
-                continue;
-            };
-            let deadline = now.saturating_add(duration_nanos(policy.max_wait));
-            let queue_len = self.queues.get(&key).map_or(0, |queue| queue.waiters.len());
-            let room = queue_len + queued_here < policy.max_queue as usize
-                && self.waiting + queued_here < self.max_waiters;
-            match retry_after {
-                Some(wait) if room && now.saturating_add(wait) <= deadline => {
-                    queued_here += 1;
-                    let waiter = Waiter {
-                        batch: 0,
-                        offset,
-                        check,
-                        deadline,
-                    };
-                    to_queue.push((key, waiter, now.saturating_add(wait)));
-                }
-                _ => {
-                    self.counters
-                        .stats
-                        .waits_rejected
-                        .fetch_add(1, Ordering::Relaxed);
+    /// Decides `check` at `now`, pushing one decision per counter onto `out`. A check that
+    /// may wait and is denied is queued instead (see [`Stepped::Waiting`]).
+    pub fn check(
+        &mut self,
+        check: Check,
+        now: u64,
+        out: &mut Decisions,
+    ) -> Result<Stepped, StoreError> {
+        let policy = check.wait.filter(|_| check.cost > 0);
+        // First in, first out: don't overtake checks already waiting on one of our keys.
+        let queued_key = policy.and_then(|_| {
+            check
+                .counters
+                .iter()
+                .map(|counter| counter.key)
+                .find(|key| self.queues.contains_key(key))
+        });
+        let outcome = match queued_key {
+            Some(key) => {
+                self.counters.peek(&check, now, out);
+                Outcome::Denied {
+                    key,
+                    retry_after: Some(0),
                 }
             }
-        }
-        if to_queue.is_empty() {
-            // The caller may have left; nothing to undo then.
-            let _ = reply.send(Ok(decisions));
-            return;
-        }
-        let batch = self.next_batch;
-        self.next_batch += 1;
-        self.pending.insert(
-            batch,
-            Pending {
-                decisions,
-                outstanding: to_queue.len(),
-                reply,
-            },
-        );
-        for (key, mut waiter, wake_at) in to_queue {
-            waiter.batch = batch;
-            self.waiting += 1;
-            let queue = self.queues.entry(key).or_insert_with(|| Queue {
-                waiters: VecDeque::new(),
-                wake_at: u64::MAX,
-            });
-            queue.waiters.push_back(waiter);
-            if queue.waiters.len() == 1 {
-                queue.wake_at = wake_at;
-                self.timers.push(Reverse((wake_at, key)));
+            None => self.counters.evaluate(&check, now, out)?,
+        };
+        let (Some(policy), Outcome::Denied { key, retry_after }) = (policy, outcome) else {
+            return Ok(Stepped::Decided);
+        };
+        let deadline = now.saturating_add(duration_nanos(policy.max_wait));
+        let queue_len = self.queues.get(&key).map_or(0, |queue| queue.waiters.len());
+        let room = queue_len < policy.max_queue as usize && self.waiting < self.max_waiters;
+        let wake_at = match retry_after {
+            Some(wait) if room && now.saturating_add(wait) <= deadline => now.saturating_add(wait),
+            _ => {
+                self.counters
+                    .stats
+                    .waits_rejected
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(Stepped::Decided);
+            }
+        };
+        let (reply, rx) = oneshot::channel();
+        self.waiting += 1;
+        let queue = self.queues.entry(key).or_insert_with(|| Queue {
+            waiters: VecDeque::new(),
+            wake_at: u64::MAX,
+        });
+        queue.waiters.push_back(Waiter {
+            check,
+            deadline,
+            reply,
+        });
+        let mut wake = false;
+        if queue.waiters.len() == 1 {
+            queue.wake_at = wake_at;
+            self.timers.push(Reverse((wake_at, key)));
+            if wake_at < self.armed_at {
+                self.armed_at = wake_at;
+                wake = true;
             }
         }
+        Ok(Stepped::Waiting { reply: rx, wake })
+    }
+
+    /// The timer task's step: serves every queue whose timer is due, sweeps idle keys when
+    /// a sweep is due, and returns when it must run next (Unix nanoseconds).
+    pub fn tick(&mut self, now: u64) -> u64 {
+        self.fire_timers(now);
+        if now >= self.next_sweep {
+            self.sweep(now);
+            self.next_sweep = now.saturating_add(duration_nanos(SWEEP_EVERY));
+        }
+        let next_timer = self.timers.peek().map_or(u64::MAX, |Reverse((at, _))| *at);
+        self.armed_at = next_timer.min(self.next_sweep);
+        self.armed_at
     }
 
     /// Serves every queue whose timer is due.
-    fn fire_timers(&mut self) {
-        let now = self.clock.now();
+    fn fire_timers(&mut self, now: u64) {
         while let Some(&Reverse((at, key))) = self.timers.peek() {
             if at > now {
                 break;
@@ -383,13 +247,9 @@ impl Shard {
         let Some(mut queue) = self.queues.remove(&key) else {
             return;
         };
-        let mut scratch = Vec::new();
+        let mut scratch = Decisions::new();
         while let Some(waiter) = queue.waiters.front() {
-            let gone = self
-                .pending
-                .get(&waiter.batch)
-                .is_none_or(|pending| pending.reply.is_closed());
-            if gone {
+            if waiter.reply.is_closed() {
                 self.settle(queue.waiters.pop_front(), None);
                 continue;
             }
@@ -439,29 +299,18 @@ impl Shard {
         }
     }
 
-    /// Records a waiter's decisions and sends its batch's reply when it was the last.
-    fn settle(&mut self, waiter: Option<Waiter>, decisions: Option<&[Decision]>) {
+    /// Sends a waiter its decisions (none: its caller left).
+    fn settle(&mut self, waiter: Option<Waiter>, decisions: Option<&Decisions>) {
         let Some(waiter) = waiter else { return };
         self.waiting -= 1;
-        let Some(pending) = self.pending.get_mut(&waiter.batch) else {
-            return;
-        };
         if let Some(decisions) = decisions {
-            let end = waiter.offset + decisions.len();
-            if let Some(slots) = pending.decisions.get_mut(waiter.offset..end) {
-                slots.copy_from_slice(decisions);
-            }
-        }
-        pending.outstanding -= 1;
-        if pending.outstanding == 0
-            && let Some(pending) = self.pending.remove(&waiter.batch)
-        {
-            let _ = pending.reply.send(Ok(pending.decisions));
+            // The caller may have left meanwhile; nothing to undo then.
+            let _ = waiter.reply.send(decisions.clone());
         }
     }
 
-    fn sweep(&mut self) {
-        let now_secs = unix_secs(self.clock.now());
+    fn sweep(&mut self, now: u64) {
+        let now_secs = unix_secs(now);
         let before = self.counters.keys.len();
         self.counters.keys.retain(|_, slot| slot.expires > now_secs);
         self.counters.pending.retain(|_, slots| {
@@ -481,6 +330,16 @@ impl Shard {
             keys.shrink_to(keys.len() * 2);
         }
     }
+
+    /// Removes and returns every counter (and pending handoff) whose route `keep` rejects.
+    pub fn export(&mut self, keep: &dyn Fn(u64) -> bool) -> Vec<(KeyId, Slot)> {
+        self.counters.export(keep)
+    }
+
+    /// Takes counters from another node; returns how many were kept.
+    pub fn import(&mut self, counters: Vec<(KeyId, Slot)>) -> usize {
+        self.counters.import(counters)
+    }
 }
 
 impl Counters {
@@ -490,8 +349,8 @@ impl Counters {
         &mut self,
         check: &Check,
         now: u64,
-        out: &mut Vec<Decision>,
-    ) -> Result<Outcome, ShardError> {
+        out: &mut Decisions,
+    ) -> Result<Outcome, StoreError> {
         if !self.pending.is_empty() {
             for counter in &check.counters {
                 self.absorb(counter, now);
@@ -575,7 +434,7 @@ impl Counters {
         }
         if new_keys > 0 && self.keys.len() + new_keys > self.max_keys {
             self.stats.key_capacity_hits.fetch_add(1, Ordering::Relaxed);
-            return Err(ShardError::KeyCapacity {
+            return Err(StoreError::KeyCapacity {
                 shard: self.shard,
                 max_keys: self.max_keys,
             });
@@ -629,7 +488,6 @@ impl Counters {
         }
     }
 
-    /// Removes and returns every counter (and pending handoff) whose route `keep` rejects.
     fn export(&mut self, keep: &dyn Fn(u64) -> bool) -> Vec<(KeyId, Slot)> {
         let mut out: Vec<(KeyId, Slot)> = self.keys.extract_if(|key, _| !keep(key.route)).collect();
         for (key, handed) in self.pending.extract_if(|key, _| !keep(key.route)) {
@@ -668,7 +526,7 @@ impl Counters {
     }
 
     /// Pushes what each counter of `check` would say with nothing consumed.
-    fn peek(&self, check: &Check, now: u64, out: &mut Vec<Decision>) {
+    fn peek(&self, check: &Check, now: u64, out: &mut Decisions) {
         for counter in &check.counters {
             let mut state = self.state_of(counter, now);
             let mut decision = algorithm::decide(&counter.rate, &mut state, now, 0);

@@ -1,7 +1,7 @@
 //! The example limits (`examples/limits/`) and the demo script (`examples/demo.sh`).
 //!
 //! Every example loads (`Limits::load`, and `ratekeeper validate` on the directory), and
-//! each does what its comment promises, checked through [`ratekeeper::rls::Limiter`] on a
+//! each does what its comment promises, checked through [`ratekeeper::limiter::Limiter`] on a
 //! paused clock: per-IP counters, the VIP override, wildcard paths, shadow mode, the token
 //! bucket's burst and refill, the wait queue, and two limits on one key.
 
@@ -10,22 +10,19 @@ mod support;
 use std::ffi::OsStr;
 use std::fs;
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratekeeper::clock::Clock;
-use ratekeeper::cluster::Cluster;
 use ratekeeper::engine::{Engine, EngineConfig};
+use ratekeeper::limiter::{Limiter, LimiterOptions};
 use ratekeeper::limits::Limits;
-use ratekeeper::metrics::{Metrics, MetricsOptions};
-use ratekeeper::reload::ReloadStats;
-use ratekeeper::rls::{Limiter, LimiterOptions};
+use ratekeeper::metrics::MetricsOptions;
+use ratekeeper::rls::should_rate_limit;
 use support::{repo_path, run_ratekeeper, run_to_end};
 use tokio::time::{Instant, advance};
 
@@ -56,17 +53,11 @@ fn limiter(file: &str) -> Limiter {
         },
         Clock::starting_at(START_NANOS),
     );
-    let cluster = Cluster::single(engine);
-    let metrics = Arc::new(Metrics::new(
-        MetricsOptions::default(),
-        &cluster,
-        Arc::new(ReloadStats::with_version(0)),
-    ));
-    Limiter::new(
-        Arc::new(ArcSwap::from_pointee(limits)),
-        cluster,
+    Limiter::standalone(
+        limits,
+        engine,
         LimiterOptions::default(),
-        metrics,
+        MetricsOptions::default(),
     )
 }
 
@@ -86,8 +77,7 @@ fn request(domain: &str, key: &str, value: &str) -> RateLimitRequest {
 }
 
 async fn ask(limiter: &Limiter, request: &RateLimitRequest) -> RateLimitResponse {
-    limiter
-        .should_rate_limit(request)
+    should_rate_limit(limiter, request)
         .await
         .unwrap_or_else(|error| panic!("{request:?}: {error}"))
 }

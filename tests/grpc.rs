@@ -8,8 +8,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratekeeper::engine::EngineConfig;
+use ratekeeper::limiter::LimiterOptions;
 use ratekeeper::limits::Limits;
-use ratekeeper::rls::LimiterOptions;
 use ratekeeper::server::{Server, ServerOptions};
 use tonic::transport::Channel;
 

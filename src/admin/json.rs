@@ -1,22 +1,18 @@
-//! The JSON form of `RateLimitRequest` and `RateLimitResponse` for `POST /json`, as the
-//! reference service's endpoint speaks it (protobuf's JSON mapping: camelCase names, enum
-//! names as strings, durations as `"12.5s"`; snake_case input names are accepted too).
+//! `POST /json`: the reference service's JSON form of `RateLimitRequest` and
+//! `RateLimitResponse` (protobuf's JSON mapping: camelCase names, enum names as strings,
+//! durations as `"12.5s"`; snake_case input names are accepted too). The body becomes a
+//! limiter [`Query`] directly and the [`Verdict`] is rendered in the same shape Envoy's
+//! response has.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::UInt64Value;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::algorithm::Unit;
+use crate::limiter::{LimitOverride, Limited, Query, Status, Verdict};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct JsonRequest {
+pub(super) struct JsonRequest {
     domain: String,
     #[serde(default)]
     descriptors: Vec<JsonDescriptor>,
@@ -51,13 +47,37 @@ struct JsonOverride {
     unit: String,
 }
 
+/// A parsed body whose units are checked: [`JsonRequest::query`] cannot fail.
+pub(super) struct ParsedRequest {
+    request: JsonRequest,
+    limits: Vec<Option<LimitOverride>>,
+}
+
+impl ParsedRequest {
+    /// The limiter query (borrowing the body's strings).
+    pub fn query(&self) -> Query<'_> {
+        let request = &self.request;
+        let request_cost = u64::from(request.hits_addend.max(1));
+        let mut query = Query::new(&request.domain);
+        for (descriptor, limit) in request.descriptors.iter().zip(&self.limits) {
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|entry| (entry.key.as_str(), entry.value.as_str()));
+            let cost = descriptor.hits_addend.unwrap_or(request_cost);
+            query.descriptor(entries, cost).limit = *limit;
+        }
+        query
+    }
+}
+
 /// Parses a request body; the error says what is wrong and where.
-pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
-    let parsed: JsonRequest =
+pub(super) fn parse_request(body: &[u8]) -> Result<ParsedRequest, String> {
+    let request: JsonRequest =
         serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
-    let mut descriptors = Vec::with_capacity(parsed.descriptors.len());
-    for (index, descriptor) in parsed.descriptors.into_iter().enumerate() {
-        let limit = match descriptor.limit {
+    let mut limits = Vec::with_capacity(request.descriptors.len());
+    for (index, descriptor) in request.descriptors.iter().enumerate() {
+        let limit = match &descriptor.limit {
             None => None,
             Some(limit) => {
                 let unit = Unit::parse(&limit.unit).ok_or_else(|| {
@@ -66,78 +86,54 @@ pub fn parse_request(body: &[u8]) -> Result<RateLimitRequest, String> {
                         limit.unit
                     )
                 })?;
-                Some(RateLimitOverride {
+                Some(LimitOverride {
                     requests_per_unit: limit.requests_per_unit,
-                    unit: unit.to_proto(),
+                    unit,
                 })
             }
         };
-        descriptors.push(RateLimitDescriptor {
-            entries: descriptor
-                .entries
-                .into_iter()
-                .map(|entry| Entry {
-                    key: entry.key,
-                    value: entry.value,
-                })
-                .collect(),
-            limit,
-            hits_addend: descriptor.hits_addend.map(|value| UInt64Value { value }),
-            ..Default::default()
-        });
+        limits.push(limit);
     }
-    Ok(RateLimitRequest {
-        domain: parsed.domain,
-        descriptors,
-        hits_addend: parsed.hits_addend,
+    Ok(ParsedRequest { request, limits })
+}
+
+fn status(status: &Status) -> Value {
+    match status {
+        Status::NoLimit => json!({"code": "OK", "limitRemaining": 0}),
+        Status::Unlimited => json!({"code": "OK", "limitRemaining": u32::MAX}),
+        Status::Limited(limited) => limited_status(limited),
+    }
+}
+
+fn limited_status(limited: &Limited) -> Value {
+    let mut current = json!({
+        "requestsPerUnit": limited.requests_per_unit,
+        "unit": limited.unit.as_str().to_uppercase(),
+    });
+    if let Some(name) = limited.name.as_deref().filter(|name| !name.is_empty()) {
+        current["name"] = json!(name);
+    }
+    let reset = limited.reset_after;
+    let seconds = reset.as_secs() as f64 + f64::from(reset.subsec_nanos()) / 1e9;
+    json!({
+        "code": if limited.over { "OVER_LIMIT" } else { "OK" },
+        "limitRemaining": limited.remaining,
+        "currentLimit": current,
+        "durationUntilReset": format!("{seconds}s"),
     })
 }
 
-pub fn is_over_limit(response: &RateLimitResponse) -> bool {
-    response.overall_code == Code::OverLimit as i32
-}
-
-fn code_name(code: i32) -> &'static str {
-    Code::try_from(code).map_or("UNKNOWN", |code| code.as_str_name())
-}
-
-fn unit_name(unit: i32) -> String {
-    Unit::from_proto(unit).map_or_else(|| "UNKNOWN".to_owned(), |unit| unit.as_str().to_uppercase())
-}
-
-fn status(status: &DescriptorStatus) -> Value {
+/// The JSON body answering a request; `with_headers` adds `responseHeadersToAdd` like the
+/// gRPC response carries them.
+pub(super) fn response(verdict: &Verdict, with_headers: bool) -> Value {
     let mut out = json!({
-        "code": code_name(status.code),
-        "limitRemaining": status.limit_remaining,
+        "overallCode": if verdict.is_over() { "OVER_LIMIT" } else { "OK" },
+        "statuses": verdict.statuses.iter().map(status).collect::<Vec<_>>(),
     });
-    if let Some(limit) = &status.current_limit {
-        let mut current = json!({
-            "requestsPerUnit": limit.requests_per_unit,
-            "unit": unit_name(limit.unit),
-        });
-        if !limit.name.is_empty() {
-            current["name"] = json!(limit.name);
-        }
-        out["currentLimit"] = current;
-    }
-    if let Some(reset) = &status.duration_until_reset {
-        let seconds = reset.seconds as f64 + f64::from(reset.nanos) / 1e9;
-        out["durationUntilReset"] = json!(format!("{seconds}s"));
-    }
-    out
-}
-
-/// The JSON body answering a request.
-pub fn response(response: &RateLimitResponse) -> Value {
-    let mut out = json!({
-        "overallCode": code_name(response.overall_code),
-        "statuses": response.statuses.iter().map(status).collect::<Vec<_>>(),
-    });
-    if !response.response_headers_to_add.is_empty() {
-        out["responseHeadersToAdd"] = response
-            .response_headers_to_add
+    if with_headers && let Some(headers) = verdict.rate_limit_headers() {
+        out["responseHeadersToAdd"] = headers
             .iter()
-            .map(|header| json!({"key": header.key, "value": header.value}))
+            .map(|(key, value)| json!({"key": key, "value": value}))
             .collect();
     }
     out

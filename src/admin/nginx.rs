@@ -21,26 +21,21 @@
 //! `error_page 500` says); 503 when overloaded. `examples/nginx/nginx.conf` maps the 403 to
 //! a 429 and fails open on the rest.
 //!
-//! Invariants: the check goes through [`Limiter::should_rate_limit_with`] like gRPC (same
-//! matching, counters, metrics); a malformed subrequest never reaches the limiter and never
+//! Invariants: the check goes through [`Limiter::decide`] like gRPC (same matching,
+//! counters, metrics); a malformed subrequest never reaches the limiter and never
 //! panics; header bytes that are not UTF-8 are decoded lossily, never rejected, so client
 //! data copied into a value cannot turn into an error.
 
 use std::sync::Arc;
 
+use super::rate::{percent_decode, rate_limit_headers};
+use crate::limiter::{Limiter, Query, bounds};
 use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use envoy_types::pb::google::protobuf::UInt64Value;
-
-use super::rate::{is_over_limit, percent_decode, rate_limit_headers};
-use crate::rls::{CallOptions, Limiter, RequestError, bounds};
 
 /// One descriptor per header line.
 pub(super) const DESCRIPTOR_HEADER: &str = "x-ratelimit-descriptor";
@@ -70,21 +65,16 @@ async fn check(
             return text(StatusCode::BAD_REQUEST, problem);
         }
     };
-    match limiter.verdict(&request, CallOptions::default()).await {
+    match limiter.decide(&request.query()).await {
         Ok(verdict) => {
             let headers = rate_limit_headers(&verdict);
-            if is_over_limit(&verdict.response) {
+            if verdict.is_over() {
                 (StatusCode::FORBIDDEN, headers, "over limit\n").into_response()
             } else {
                 (StatusCode::NO_CONTENT, headers).into_response()
             }
         }
-        Err(invalid @ RequestError::Invalid { .. }) => {
-            text(StatusCode::BAD_REQUEST, invalid.to_string())
-        }
-        Err(RequestError::Engine(engine)) => {
-            text(StatusCode::SERVICE_UNAVAILABLE, engine.to_string())
-        }
+        Err(failed) => text(failed.http_status(), failed.to_string()),
     }
 }
 
@@ -97,12 +87,36 @@ fn text(status: StatusCode, message: String) -> Response {
         .into_response()
 }
 
+/// What one subrequest asks, decoded from its headers.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Subrequest {
+    pub domain: String,
+    /// Each descriptor's entries, `(key, value)`, in header order.
+    pub descriptors: Vec<Vec<(String, String)>>,
+    /// `X-Ratelimit-Hits`, if sent: hits per descriptor.
+    pub hits: Option<u64>,
+}
+
+impl Subrequest {
+    /// The limiter query (borrowing the decoded strings).
+    pub fn query(&self) -> Query<'_> {
+        let mut query = Query::new(&self.domain);
+        for entries in &self.descriptors {
+            let entries = entries
+                .iter()
+                .map(|(key, value)| (key.as_str(), value.as_str()));
+            query.descriptor(entries, self.hits.unwrap_or(1));
+        }
+        query
+    }
+}
+
 /// The request a subrequest asks for: `None` when no descriptor is left to check; the error
 /// names the header and entry at fault.
 pub(super) fn parse_request(
     domain: String,
     headers: &HeaderMap,
-) -> Result<Option<RateLimitRequest>, String> {
+) -> Result<Option<Subrequest>, String> {
     let hits = parse_hits(headers)?;
     let lines = headers.get_all(DESCRIPTOR_HEADER);
     let count = lines.iter().count();
@@ -115,20 +129,16 @@ pub(super) fn parse_request(
     let mut descriptors = Vec::with_capacity(count);
     for (index, line) in lines.iter().enumerate() {
         if let Some(entries) = parse_descriptor(line.as_bytes(), index)? {
-            descriptors.push(RateLimitDescriptor {
-                entries,
-                hits_addend: hits.map(|value| UInt64Value { value }),
-                ..Default::default()
-            });
+            descriptors.push(entries);
         }
     }
     if descriptors.is_empty() {
         return Ok(None);
     }
-    Ok(Some(RateLimitRequest {
+    Ok(Some(Subrequest {
         domain,
         descriptors,
-        hits_addend: 0,
+        hits,
     }))
 }
 
@@ -155,7 +165,10 @@ fn parse_hits(headers: &HeaderMap) -> Result<Option<u64>, String> {
 
 /// One descriptor header's entries; `None` when an entry's value is empty (the descriptor
 /// is dropped). The whole header is checked either way.
-pub(super) fn parse_descriptor(raw: &[u8], index: usize) -> Result<Option<Vec<Entry>>, String> {
+pub(super) fn parse_descriptor(
+    raw: &[u8],
+    index: usize,
+) -> Result<Option<Vec<(String, String)>>, String> {
     let field = format!("{DESCRIPTOR_HEADER}[{index}]");
     let count = raw.split(|&byte| byte == b',').count();
     if count > bounds::MAX_ENTRIES {
@@ -199,7 +212,7 @@ pub(super) fn parse_descriptor(raw: &[u8], index: usize) -> Result<Option<Vec<En
             ));
         }
         complete &= !value.is_empty();
-        entries.push(Entry { key, value });
+        entries.push((key, value));
     }
     Ok(complete.then_some(entries))
 }

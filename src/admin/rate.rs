@@ -28,7 +28,7 @@
 //! - The name index is built once per limits snapshot (the first call after a reload), so a
 //!   call costs two hash lookups, not a walk of the tree.
 //! - `Retry-After` and `retry_after_ms` are exactly when the same call would pass (from the
-//!   engine's decision, [`Limiter::verdict`]), absent when it never can.
+//!   store's decision), absent when it never can.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -42,16 +42,11 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::{Duration as ProtoDuration, UInt64Value};
 use serde_json::json;
 
 use crate::algorithm::NANOS_PER_SEC;
+use crate::limiter::{Limiter, Query, Verdict, bounds};
 use crate::limits::{Domain, Limits, parse_duration};
-use crate::rls::{CallOptions, Limiter, RequestError, Verdict, bounds};
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
 
@@ -139,45 +134,31 @@ async fn check(
         Ok(entries) => entries,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
     };
-    let request = RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries,
-            hits_addend: Some(UInt64Value { value: params.hits }),
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    };
-    let options = CallOptions {
-        max_wait: params.wait,
-    };
-    match state.limiter.verdict(&request, options).await {
+    let mut query = Query::new(domain);
+    query.descriptor(
+        entries.iter().map(|(key, value)| (&**key, value.as_str())),
+        params.hits,
+    );
+    query.max_wait = params.wait;
+    match state.limiter.decide(&query).await {
         Ok(verdict) => answer(&verdict),
-        Err(invalid @ RequestError::Invalid { .. }) => {
-            error(StatusCode::BAD_REQUEST, &invalid.to_string())
-        }
-        Err(RequestError::Engine(engine)) => {
-            error(StatusCode::SERVICE_UNAVAILABLE, &engine.to_string())
-        }
+        Err(failed) => error(failed.http_status(), &failed.to_string()),
     }
 }
 
 /// The 200/429 answer for the call's single descriptor.
 fn answer(verdict: &Verdict) -> Response {
-    let response = &verdict.response;
-    let status = response.statuses.first();
-    let over = is_over_limit(response);
-    let quota = status.and_then(Quota::of);
+    let over = verdict.is_over();
+    let limited = verdict.statuses.first().and_then(|status| status.limited());
     let retry_after = if over { verdict.retry_after() } else { None };
     let body = json!({
         "allowed": !over,
-        "limit": quota.as_ref().map(|quota| quota.limit),
-        "remaining": quota.as_ref().map(|quota| quota.remaining),
-        "reset_after_ms": quota.as_ref().map(|quota| millis(quota.reset_after)),
+        "limit": limited.map(|limited| limited.requests_per_unit),
+        "remaining": limited.map(|limited| limited.remaining),
+        "reset_after_ms": limited.map(|limited| millis(limited.reset_after)),
         "retry_after_ms": retry_after.map(millis),
-        "name": status
-            .and_then(|status| status.current_limit.as_ref())
-            .map(|limit| limit.name.as_str())
+        "name": limited
+            .and_then(|limited| limited.name.as_deref())
             .filter(|name| !name.is_empty()),
     });
     let code = if over {
@@ -357,11 +338,12 @@ impl Target {
     }
 
     /// The request entries for a call with `value`; the error says what to call instead.
-    fn entries(&self, name: &str, value: Option<String>) -> Result<Vec<Entry>, String> {
-        let entry = |(key, value): &(Box<str>, Box<str>)| Entry {
-            key: key.to_string(),
-            value: value.to_string(),
-        };
+    fn entries(
+        &self,
+        name: &str,
+        value: Option<String>,
+    ) -> Result<Vec<(Box<str>, String)>, String> {
+        let entry = |(key, value): &(Box<str>, Box<str>)| (key.clone(), value.to_string());
         match (self, value) {
             (Target::Fixed { entries, .. }, None) => Ok(entries.iter().map(entry).collect()),
             (Target::Fixed { path, .. }, Some(_)) => Err(format!(
@@ -378,11 +360,8 @@ impl Target {
                         bounds::MAX_VALUE_LEN
                     ));
                 }
-                let mut entries: Vec<Entry> = prefix.iter().map(entry).collect();
-                entries.push(Entry {
-                    key: key.to_string(),
-                    value,
-                });
+                let mut entries: Vec<(Box<str>, String)> = prefix.iter().map(entry).collect();
+                entries.push((key.clone(), value));
                 Ok(entries)
             }
             (Target::Unaddressable(why), _) => {
@@ -485,92 +464,25 @@ fn named_targets(domain: &Domain) -> HashMap<Box<str>, Target> {
 // ---------------------------------------------------------------------------------------
 // Headers
 
-/// The `RateLimit-*` figures of one descriptor status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Quota {
-    pub limit: u32,
-    pub remaining: u32,
-    pub reset_after: Duration,
-}
-
-impl Quota {
-    /// `None` for a status without a limit (no match, allow-listed, unlimited).
-    pub fn of(status: &DescriptorStatus) -> Option<Quota> {
-        let limit = status.current_limit.as_ref()?;
-        Some(Quota {
-            limit: limit.requests_per_unit,
-            remaining: status.limit_remaining,
-            reset_after: status
-                .duration_until_reset
-                .as_ref()
-                .map_or(Duration::ZERO, duration),
-        })
-    }
-}
-
-pub(super) fn is_over_limit(response: &RateLimitResponse) -> bool {
-    response.overall_code == Code::OverLimit as i32
-}
-
-/// The descriptor with the fewest hits left (the first of equals), as `rls` picks it for
-/// `response_headers_to_add`.
-pub(super) fn tightest(response: &RateLimitResponse) -> Option<Quota> {
-    response
-        .statuses
-        .iter()
-        .filter_map(Quota::of)
-        .reduce(|best, quota| {
-            if quota.remaining < best.remaining {
-                quota
-            } else {
-                best
-            }
-        })
-}
-
 /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (seconds, rounded up) of the
-/// tightest descriptor, taken from `response_headers_to_add` when the limiter added them;
-/// plus `Retry-After` (seconds, rounded up) when the response is over the limit and it can
-/// pass later.
+/// tightest descriptor, plus `Retry-After` (seconds, rounded up) when the verdict is over
+/// the limit and the request can pass later: the headers of both HTTP front ends.
 pub(super) fn rate_limit_headers(verdict: &Verdict) -> HeaderMap {
-    let response = &verdict.response;
     let mut headers = HeaderMap::new();
-    if response.response_headers_to_add.is_empty() {
-        if let Some(quota) = tightest(response) {
-            let pairs = [
-                ("ratelimit-limit", quota.limit.to_string()),
-                ("ratelimit-remaining", quota.remaining.to_string()),
-                ("ratelimit-reset", seconds(quota.reset_after).to_string()),
-            ];
-            for (name, value) in pairs {
-                if let Ok(value) = HeaderValue::from_str(&value) {
-                    headers.insert(HeaderName::from_static(name), value);
-                }
-            }
-        }
-    } else {
-        for added in &response.response_headers_to_add {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(added.key.as_bytes()),
-                HeaderValue::from_str(&added.value),
-            ) {
-                headers.insert(name, value);
-            }
+    for (name, value) in verdict.rate_limit_headers().into_iter().flatten() {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            headers.insert(name, value);
         }
     }
-    if is_over_limit(response)
+    if verdict.is_over()
         && let Some(wait) = verdict.retry_after()
     {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds(wait)));
     }
     headers
-}
-
-fn duration(proto: &ProtoDuration) -> Duration {
-    Duration::new(
-        u64::try_from(proto.seconds).unwrap_or(0),
-        u32::try_from(proto.nanos).unwrap_or(0),
-    )
 }
 
 fn nanos(duration: Duration) -> u64 {

@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use crate::algorithm::{Algorithm, Decision, Rate, Unit};
+use crate::algorithm::{Algorithm, Rate, Unit};
+use crate::check::{Check, Counter, Counters, Decision, Slot, WaitPolicy};
+use crate::error::ErrorKind;
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
-use crate::shard::{Check, Counter, Slot, WaitPolicy};
 
 /// The protocol version this build speaks.
 pub const VERSION: u32 = 1;
@@ -79,7 +80,7 @@ pub fn check_from_wire(check: wire::Check) -> Result<Check, String> {
     if check.counters.is_empty() || check.counters.len() > MAX_COUNTERS_PER_CHECK {
         return Err(format!("{} counters in a check", check.counters.len()));
     }
-    let mut counters = Vec::with_capacity(check.counters.len());
+    let mut counters = Counters::with_capacity(check.counters.len());
     for counter in &check.counters {
         let key = key_from_wire(counter.key.as_ref())?;
         let rate = counter.rate.as_ref().ok_or("counter without a rate")?;
@@ -148,4 +149,48 @@ pub fn state_from_wire(state: &wire::CounterState) -> Result<(KeyId, Slot), Stri
             expires: state.expires,
         },
     ))
+}
+
+pub fn error_to_wire(kind: ErrorKind) -> wire::ErrorCode {
+    match kind {
+        ErrorKind::InvalidArgument => wire::ErrorCode::InvalidArgument,
+        ErrorKind::Overloaded => wire::ErrorCode::Overloaded,
+        ErrorKind::Full => wire::ErrorCode::Full,
+        ErrorKind::Unavailable => wire::ErrorCode::Unavailable,
+        ErrorKind::Internal => wire::ErrorCode::Internal,
+    }
+}
+
+/// The kind of an owner's error; unknown and missing codes are internal errors.
+pub fn error_from_wire(code: i32) -> ErrorKind {
+    match wire::ErrorCode::try_from(code) {
+        Ok(wire::ErrorCode::InvalidArgument) => ErrorKind::InvalidArgument,
+        Ok(wire::ErrorCode::Overloaded) => ErrorKind::Overloaded,
+        Ok(wire::ErrorCode::Full) => ErrorKind::Full,
+        Ok(wire::ErrorCode::Unavailable) => ErrorKind::Unavailable,
+        Ok(wire::ErrorCode::Internal | wire::ErrorCode::Unspecified) | Err(_) => {
+            ErrorKind::Internal
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_kinds_cross_the_wire_as_codes() {
+        for kind in [
+            ErrorKind::InvalidArgument,
+            ErrorKind::Overloaded,
+            ErrorKind::Full,
+            ErrorKind::Unavailable,
+            ErrorKind::Internal,
+        ] {
+            assert_eq!(error_from_wire(error_to_wire(kind) as i32), kind);
+        }
+        // A node that predates the code sends 0 with text; an unknown code is no better.
+        assert_eq!(error_from_wire(0), ErrorKind::Internal);
+        assert_eq!(error_from_wire(99), ErrorKind::Internal);
+    }
 }

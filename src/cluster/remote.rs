@@ -22,11 +22,11 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::convert::{self, VERSION};
 use super::{ClusterOptions, PeerStats};
-use crate::algorithm::Decision;
+use crate::check::{Checks, Decisions, Slot};
+use crate::error::ErrorKind;
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_client::PeerClient;
-use crate::shard::{Check, Slot};
 
 /// Why a forward did not get the owner's answer.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -38,15 +38,19 @@ pub enum PeerError {
     #[error("peer {peer} did not answer: {problem}")]
     Unreachable { peer: Arc<str>, problem: String },
     /// The owner answered, with an error of its own (it is overloaded or full).
-    #[error("peer {peer}: {problem}")]
-    Remote { peer: Arc<str>, problem: String },
+    #[error("peer {peer}: {message}")]
+    Remote {
+        peer: Arc<str>,
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 /// The owner's decisions, or why not, with the checks handed back for the fallback.
-pub type Answer = Result<Vec<Decision>, (PeerError, Vec<Check>)>;
+pub type Answer = Result<Decisions, (PeerError, Checks)>;
 
 struct Pending {
-    checks: Vec<Check>,
+    checks: Checks,
     reply: oneshot::Sender<Answer>,
 }
 
@@ -200,10 +204,7 @@ impl Remote {
         clippy::result_large_err,
         reason = "the error hands the checks back, no copy"
     )]
-    pub fn submit(
-        &self,
-        checks: Vec<Check>,
-    ) -> Result<oneshot::Receiver<Answer>, (PeerError, Vec<Check>)> {
+    pub fn submit(&self, checks: Checks) -> Result<oneshot::Receiver<Answer>, (PeerError, Checks)> {
         if self.breaker.refuses() {
             return Err((PeerError::CircuitOpen(Arc::clone(&self.address)), checks));
         }
@@ -331,20 +332,27 @@ impl Remote {
                         .iter()
                         .map(|check| check.counters.len())
                         .sum();
-                    let answer = if group.error.is_empty() && group.decisions.len() == expected {
+                    let failed = !group.error.is_empty() || group.code != 0;
+                    let answer = if !failed && group.decisions.len() == expected {
                         Ok(group
                             .decisions
                             .iter()
                             .map(convert::decision_from_wire)
                             .collect())
                     } else {
-                        let problem = if group.error.is_empty() {
-                            "answered a different number of decisions".to_owned()
+                        let (kind, message) = if failed {
+                            (convert::error_from_wire(group.code), group.error)
                         } else {
-                            group.error
+                            let problem = "answered a different number of decisions";
+                            (ErrorKind::Internal, problem.to_owned())
                         };
                         let peer = Arc::clone(&self.address);
-                        Err((PeerError::Remote { peer, problem }, pending.checks))
+                        let error = PeerError::Remote {
+                            peer,
+                            kind,
+                            message,
+                        };
+                        Err((error, pending.checks))
                     };
                     let _ = pending.reply.send(answer);
                 }

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{self, VERSION};
 use super::{Cluster, Node};
+use crate::check::Checks;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_server::{Peer, PeerServer};
 
@@ -87,25 +88,26 @@ impl Peer for PeerService {
                 .checks
                 .into_iter()
                 .map(convert::check_from_wire)
-                .collect::<Result<Vec<_>, _>>()
+                .collect::<Result<Checks, _>>()
                 .map_err(Status::invalid_argument)?;
-            let engine = engine.clone();
-            calls.push(tokio::spawn(async move { engine.check(checks).await }));
+            // Decided here and now; only checks that wait for capacity are left pending.
+            calls.push(engine.start(checks));
         }
         let mut groups = Vec::with_capacity(calls.len());
         for call in calls {
-            let reply = match call.await {
-                Ok(Ok(decisions)) => wire::GroupReply {
+            let decided = match call {
+                Ok(started) => started.finish().await,
+                Err(error) => Err(error),
+            };
+            let reply = match decided {
+                Ok(decisions) => wire::GroupReply {
                     decisions: decisions.iter().map(convert::decision_to_wire).collect(),
-                    error: String::new(),
+                    ..Default::default()
                 },
-                Ok(Err(error)) => wire::GroupReply {
+                Err(error) => wire::GroupReply {
                     decisions: Vec::new(),
                     error: error.to_string(),
-                },
-                Err(_) => wire::GroupReply {
-                    decisions: Vec::new(),
-                    error: "the check was cancelled".to_owned(),
+                    code: convert::error_to_wire(error.kind()) as i32,
                 },
             };
             groups.push(reply);
@@ -129,7 +131,7 @@ impl Peer for PeerService {
             .map(convert::state_from_wire)
             .collect::<Result<Vec<_>, _>>()
             .map_err(Status::invalid_argument)?;
-        let accepted = self.cluster.engine().import(counters).await;
+        let accepted = self.cluster.engine().import(counters);
         node.stats
             .handoff_received
             .fetch_add(accepted as u64, Ordering::Relaxed);

@@ -1,9 +1,9 @@
 use super::*;
 use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
+use crate::check::Counter;
 use crate::clock::Clock;
 use crate::engine::EngineConfig;
 use crate::key::KeyBuilder;
-use crate::shard::Counter;
 
 fn set(members: &[&str]) -> BTreeSet<String> {
     members.iter().map(|member| (*member).to_owned()).collect()
@@ -38,7 +38,6 @@ fn engine() -> Engine {
     Engine::spawn(
         EngineConfig {
             shards: 2,
-            queue_capacity: 64,
             max_keys: 100,
             max_waiters: 10,
         },
@@ -49,7 +48,7 @@ fn engine() -> Engine {
 fn check(value: &str) -> Check {
     let rate = Rate::fixed(2, Unit::Hour);
     Check {
-        counters: vec![Counter {
+        counters: smallvec::smallvec![Counter {
             key: KeyBuilder::new("d").entry("k", value).key(&rate),
             rate,
         }],
@@ -63,7 +62,7 @@ async fn a_single_node_decides_everything_on_its_engine() {
     let cluster = Cluster::single(engine());
     assert_eq!(cluster.me(), None);
     let decisions = cluster
-        .check(vec![check("a"), check("b"), check("a")])
+        .check(smallvec::smallvec![check("a"), check("b"), check("a")])
         .await
         .expect("answers");
     let remaining: Vec<u32> = decisions
@@ -78,14 +77,17 @@ async fn a_lone_member_owns_every_key_and_keeps_its_counters() {
     let cluster = Cluster::join(engine(), ClusterOptions::new("127.0.0.1:1"));
     assert_eq!(cluster.members(), [Arc::<str>::from("127.0.0.1:1")]);
     let decisions = cluster
-        .check(vec![check("x"), check("x"), check("x")])
+        .check(smallvec::smallvec![check("x"), check("x"), check("x")])
         .await
         .expect("answers");
     let allowed: Vec<bool> = decisions.iter().map(|decision| decision.allowed).collect();
     assert_eq!(allowed, [true, true, false]);
     // Handing over with nobody else to own anything keeps every counter here.
     cluster.hand_over_all().await;
-    let again = cluster.check(vec![check("x")]).await.expect("answers");
+    let again = cluster
+        .check(smallvec::smallvec![check("x")])
+        .await
+        .expect("answers");
     assert!(!again[0].allowed, "the count survived");
 }
 
@@ -105,7 +107,7 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
         assert_eq!(cluster.members().len(), 2);
         // Keys owned by the dead peer get the policy's answer; there are plenty of those.
         let values: Vec<String> = (0..40).map(|n| format!("v{n}")).collect();
-        let checks: Vec<Check> = values.iter().map(|value| check(value)).collect();
+        let checks: Checks = values.iter().map(|value| check(value)).collect();
         let decisions = cluster
             .check(checks)
             .await

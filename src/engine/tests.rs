@@ -1,12 +1,14 @@
+use smallvec::smallvec;
+
 use super::*;
 use crate::algorithm::{Rate, Unit};
+use crate::check::{Check, Counter};
 use crate::key::KeyBuilder;
-use crate::shard::Counter;
 
 fn check_for(value: &str, limit: u32) -> Check {
     let rate = Rate::fixed(limit, Unit::Hour);
     Check {
-        counters: vec![Counter {
+        counters: smallvec![Counter {
             key: KeyBuilder::new("d").entry("k", value).key(&rate),
             rate,
         }],
@@ -15,11 +17,10 @@ fn check_for(value: &str, limit: u32) -> Check {
     }
 }
 
-fn engine(shards: usize, queue_capacity: usize) -> Engine {
+fn engine(shards: usize) -> Engine {
     Engine::spawn(
         EngineConfig {
             shards,
-            queue_capacity,
             max_keys: 10_000,
             max_waiters: 10,
         },
@@ -29,9 +30,9 @@ fn engine(shards: usize, queue_capacity: usize) -> Engine {
 
 #[tokio::test(start_paused = true)]
 async fn decisions_come_back_in_request_order_across_shards() {
-    let engine = engine(4, 16);
+    let engine = engine(4);
     // Each descriptor gets its own limit, so its remaining count identifies it.
-    let checks: Vec<Check> = (0..40)
+    let checks: Checks = (0..40)
         .map(|n| check_for(&format!("v{n}"), 100 + n))
         .collect();
     let used: std::collections::HashSet<usize> = checks
@@ -50,13 +51,13 @@ async fn decisions_come_back_in_request_order_across_shards() {
 
 #[tokio::test(start_paused = true)]
 async fn the_same_key_counts_once_per_hit_across_concurrent_callers() {
-    let engine = engine(2, 1024);
+    let engine = engine(2);
     let mut tasks = Vec::new();
     for _ in 0..200 {
         let engine = engine.clone();
         tasks.push(tokio::spawn(async move {
             engine
-                .check(vec![check_for("hot", 150)])
+                .check(smallvec![check_for("hot", 150)])
                 .await
                 .map(|d| d[0].allowed)
         }));
@@ -70,25 +71,68 @@ async fn the_same_key_counts_once_per_hit_across_concurrent_callers() {
     assert_eq!(admitted, 150);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_full_mailbox_fails_fast_and_is_counted() {
-    let engine = engine(1, 2);
-    // On this single-threaded test runtime the shard cannot run between these sends.
-    let first = engine.send(0, vec![check_for("a", 10)]).expect("room");
-    let second = engine.send(0, vec![check_for("a", 10)]).expect("room");
-    let third = engine.send(0, vec![check_for("a", 10)]);
-    assert_eq!(third.err(), Some(EngineError::Overloaded { shard: 0 }));
-    assert_eq!(engine.stats()[0].overloads.load(Ordering::Relaxed), 1);
-    assert!(first.recv().await.is_ok());
-    assert!(second.recv().await.is_ok());
-    assert!(
-        engine.check(vec![check_for("a", 10)]).await.is_ok(),
-        "room again"
+/// Callers on several threads step the same shards at once: the lock keeps every step
+/// whole, so a limit admits exactly its count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_on_many_threads_admit_exactly_the_limit() {
+    let engine = engine(2);
+    let mut tasks = Vec::new();
+    for task in 0..8 {
+        let engine = engine.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut admitted = 0u32;
+            for n in 0..2_000 {
+                // One hot key shared by everyone, one key of this task's own, per request.
+                let checks = smallvec![
+                    check_for("hot", 5_000),
+                    check_for(&format!("own-{task}-{}", n % 10), 1_000_000)
+                ];
+                let decisions = engine.check(checks).await.expect("answers");
+                assert!(
+                    decisions[1].allowed,
+                    "the own keys are far from their limit"
+                );
+                admitted += u32::from(decisions[0].allowed);
+            }
+            admitted
+        }));
+    }
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.expect("task");
+    }
+    assert_eq!(admitted, 5_000, "16,000 tries at a limit of 5,000");
+    let own = engine
+        .check(smallvec![check_for("own-0-0", 1_000_000)])
+        .await
+        .expect("answers");
+    assert_eq!(
+        own[0].remaining,
+        1_000_000 - 201,
+        "200 hits before, one now"
     );
 }
 
 #[tokio::test]
 async fn an_empty_request_needs_no_shard() {
-    let engine = engine(2, 2);
-    assert_eq!(engine.check(Vec::new()).await, Ok(Vec::new()));
+    let engine = engine(2);
+    assert_eq!(engine.check(Checks::new()).await, Ok(Decisions::new()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_timer_tasks_end_when_the_last_handle_drops() {
+    let engine = engine(3);
+    let cells: Vec<std::sync::Weak<Cell>> = engine.inner.cells.iter().map(Arc::downgrade).collect();
+    let copy = engine.clone();
+    drop(engine);
+    tokio::task::yield_now().await;
+    assert!(
+        cells.iter().all(|cell| cell.upgrade().is_some()),
+        "a handle is left"
+    );
+    drop(copy);
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    assert!(cells.iter().all(|cell| cell.upgrade().is_none()));
 }

@@ -1,12 +1,8 @@
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-
 use super::*;
 use crate::algorithm::NANOS_PER_SEC;
-use crate::rls::{Limiter, LimiterOptions};
+use crate::limiter::{Limiter, LimiterOptions, Query};
 
 const LIMITS: &str = r#"
 domain: edge
@@ -30,18 +26,9 @@ fn limiter(options: MetricsOptions) -> Limiter {
 }
 
 async fn hit(limiter: &Limiter, key: &str, value: &str) {
-    let request = RateLimitRequest {
-        domain: "edge".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.to_owned(),
-                value: value.to_owned(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    };
-    limiter.should_rate_limit(&request).await.expect("answers");
+    let mut query = Query::new("edge");
+    query.descriptor([(key, value)], 1);
+    limiter.decide(&query).await.expect("answers");
 }
 
 /// The value of the sample line starting with `prefix` (name and labels), if any.
@@ -163,7 +150,7 @@ async fn engine_and_config_figures_are_read_at_scrape_time() {
         "{text}"
     );
     assert!(
-        text.contains("ratekeeper_shard_queue_wait_seconds_bucket"),
+        text.contains("ratekeeper_shard_lock_wait_seconds_bucket"),
         "{text}"
     );
     assert!(text.ends_with("# EOF\n"));
@@ -171,6 +158,8 @@ async fn engine_and_config_figures_are_read_at_scrape_time() {
 
 #[test]
 fn histogram_buckets_are_cumulative() {
+    use crate::histogram::{AtomicHistogram, SharedHistogram};
+
     let histogram = AtomicHistogram::default();
     histogram.observe(Duration::from_micros(5));
     histogram.observe(Duration::from_micros(30));

@@ -1,9 +1,12 @@
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
 use envoy_types::pb::google::protobuf::UInt64Value;
 
 use super::*;
+use crate::algorithm::NANOS_PER_SEC;
+use crate::limiter::{LimiterOptions, bounds};
 
 const LIMITS: &str = r#"
 domain: edge
@@ -67,8 +70,7 @@ fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
 }
 
 async fn ask(limiter: &Limiter, request: &RateLimitRequest) -> RateLimitResponse {
-    limiter
-        .should_rate_limit(request)
+    should_rate_limit(limiter, request)
         .await
         .expect("a valid request")
 }
@@ -361,11 +363,10 @@ async fn bad_requests_name_the_field() {
         ),
     ];
     for (request, message) in cases {
-        let error = limiter
-            .should_rate_limit(&request)
+        let error = should_rate_limit(&limiter, &request)
             .await
             .expect_err(message);
-        let status = to_status(&error);
+        let status = error.to_grpc();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{message}");
         assert_eq!(status.message(), message);
     }
@@ -377,16 +378,16 @@ async fn the_verdict_says_exactly_when_a_denied_request_would_pass() {
     let free = request(vec![descriptor(&[("api_key", "free")])]);
     for _ in 0..2 {
         let verdict = limiter
-            .verdict(&free, CallOptions::default())
+            .decide(&query(&free).expect("valid"))
             .await
             .expect("valid");
         assert_eq!(verdict.retry_after(), None, "admitted: nothing to wait for");
     }
     let denied = limiter
-        .verdict(&free, CallOptions::default())
+        .decide(&query(&free).expect("valid"))
         .await
         .expect("valid");
-    assert_eq!(codes(&denied.response), [Code::OverLimit]);
+    assert_eq!(codes(&response(&denied, false)), [Code::OverLimit]);
     // 2 per second, and the clock sits exactly on a second: the next window opens in 1 s.
     assert_eq!(
         denied.retry_after(),

@@ -1,9 +1,13 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use smallvec::smallvec;
+
 use super::*;
-use crate::algorithm::{Algorithm, Unit};
-use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::algorithm::{Algorithm, Rate, Unit};
+use crate::check::WaitPolicy;
+use crate::clock::Clock;
+use crate::engine::{Engine, EngineConfig};
 use crate::key::KeyBuilder;
 
 const S: u64 = NANOS_PER_SEC;
@@ -14,7 +18,6 @@ fn engine_at(start: u64, max_keys: usize) -> Engine {
     Engine::spawn(
         EngineConfig {
             shards: 1,
-            queue_capacity: 64,
             max_keys,
             max_waiters: 100,
         },
@@ -31,14 +34,21 @@ fn counter(value: &str, rate: Rate) -> Counter {
 
 fn check(counters: Vec<Counter>, cost: u64, wait: Option<WaitPolicy>) -> Check {
     Check {
-        counters,
+        counters: counters.into(),
         cost,
         wait,
     }
 }
 
+fn shard_stats(engine: &Engine) -> Arc<ShardStats> {
+    Arc::clone(engine.stats().next().expect("one shard"))
+}
+
 async fn allowed(engine: &Engine, check: Check) -> bool {
-    let decisions = engine.check(vec![check]).await.expect("engine answers");
+    let decisions = engine
+        .check(smallvec![check])
+        .await
+        .expect("engine answers");
     decisions.iter().all(|decision| decision.allowed)
 }
 
@@ -58,13 +68,13 @@ async fn all_limits_of_a_descriptor_decide_together() {
     assert!(allowed(&engine, both()).await);
     // Over the per-second limit: the daily quota must not be charged for it.
     for _ in 0..10 {
-        let decisions = engine.check(vec![both()]).await.expect("answers");
+        let decisions = engine.check(smallvec![both()]).await.expect("answers");
         assert!(!decisions[0].allowed, "per second is over");
         assert_eq!(decisions[1].remaining, 3, "the day still has 3 left");
     }
     tokio::time::advance(Duration::from_secs(1)).await;
     assert!(allowed(&engine, both()).await);
-    let decisions = engine.check(vec![both()]).await.expect("answers");
+    let decisions = engine.check(smallvec![both()]).await.expect("answers");
     assert_eq!(decisions[1].remaining, 1);
 }
 
@@ -74,13 +84,16 @@ async fn zero_cost_checks_do_not_create_keys() {
     let rate = Rate::fixed(1, Unit::Minute);
     for n in 0..50 {
         let decisions = engine
-            .check(vec![check(vec![counter(&n.to_string(), rate)], 0, None)])
+            .check(smallvec![check(
+                vec![counter(&n.to_string(), rate)],
+                0,
+                None
+            )])
             .await
             .expect("answers");
         assert!(decisions[0].allowed);
     }
-    tokio::task::yield_now().await;
-    assert_eq!(engine.stats()[0].live_keys.load(Ordering::Relaxed), 0);
+    assert_eq!(engine.figures()[0].live_keys, 0);
 }
 
 fn waiting(max_wait_ms: u64, max_queue: u32) -> Option<WaitPolicy> {
@@ -115,7 +128,10 @@ async fn a_waiting_request_is_admitted_when_the_window_turns() {
         Duration::from_millis(100),
         "admitted right at the boundary"
     );
-    assert_eq!(engine.stats()[0].waits_admitted.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        shard_stats(&engine).waits_admitted.load(Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -203,28 +219,28 @@ async fn live_keys_are_capped_and_idle_keys_expire_after_three_windows() {
         assert!(allowed(&engine, check(vec![counter(user, rate)], 1, None)).await);
     }
     let full = engine
-        .check(vec![check(vec![counter("d", rate)], 1, None)])
+        .check(smallvec![check(vec![counter("d", rate)], 1, None)])
         .await;
     assert_eq!(
         full,
-        Err(EngineError::Shard(ShardError::KeyCapacity {
+        Err(StoreError::KeyCapacity {
             shard: 0,
             max_keys: 3
-        }))
+        })
     );
     // Known keys still work while full.
     assert!(allowed(&engine, check(vec![counter("a", rate)], 1, None)).await);
-    let stats = &engine.stats()[0];
+    let stats = shard_stats(&engine);
     assert_eq!(stats.key_capacity_hits.load(Ordering::Relaxed), 1);
     tokio::time::advance(Duration::from_secs(2)).await;
     assert_eq!(
-        stats.live_keys.load(Ordering::Relaxed),
+        engine.figures()[0].live_keys,
         3,
         "not idle for 3 windows yet"
     );
     tokio::time::advance(Duration::from_secs(3)).await;
     tokio::task::yield_now().await;
-    assert_eq!(stats.live_keys.load(Ordering::Relaxed), 0);
+    assert_eq!(engine.figures()[0].live_keys, 0);
     assert_eq!(stats.expired_keys.load(Ordering::Relaxed), 3);
     assert!(allowed(&engine, check(vec![counter("d", rate)], 1, None)).await);
 }
@@ -248,7 +264,7 @@ async fn a_denied_multi_limit_check_reports_when_it_would_pass() {
         )
     };
     assert!(allowed(&engine, both()).await);
-    let decisions = engine.check(vec![both()]).await.expect("answers");
+    let decisions = engine.check(smallvec![both()]).await.expect("answers");
     assert!(decisions[0].allowed, "the day has room");
     assert!(!decisions[1].allowed, "the second is used up");
     assert_eq!(

@@ -2,7 +2,7 @@ use axum::http::HeaderValue;
 
 use super::*;
 use crate::algorithm::NANOS_PER_SEC;
-use crate::rls::LimiterOptions;
+use crate::limiter::LimiterOptions;
 
 const LIMITS: &str = r#"
 domain: edge
@@ -41,14 +41,7 @@ fn headers(pairs: &[(&'static str, &[u8])]) -> HeaderMap {
 
 /// The entries of one header, or the error.
 fn entries(raw: &[u8]) -> Result<Option<Vec<(String, String)>>, String> {
-    parse_descriptor(raw, 0).map(|entries| {
-        entries.map(|entries| {
-            entries
-                .into_iter()
-                .map(|entry| (entry.key, entry.value))
-                .collect()
-        })
-    })
+    parse_descriptor(raw, 0)
 }
 
 #[test]
@@ -142,24 +135,19 @@ fn requests_from_headers() {
     .expect("valid")
     .expect("descriptors left");
     assert_eq!(request.domain, "edge");
-    assert_eq!(request.hits_addend, 0);
     let keys: Vec<Vec<&str>> = request
         .descriptors
         .iter()
-        .map(|descriptor| {
-            descriptor
-                .entries
-                .iter()
-                .map(|entry| entry.key.as_str())
-                .collect()
-        })
+        .map(|entries| entries.iter().map(|(key, _)| key.as_str()).collect())
         .collect();
     assert_eq!(keys, [vec!["api_key"], vec!["remote_address", "path"]]);
+    assert_eq!(request.hits, None);
+    let query = request.query();
     assert!(
-        request
+        query
             .descriptors
             .iter()
-            .all(|descriptor| descriptor.hits_addend.is_none())
+            .all(|descriptor| descriptor.cost == 1)
     );
 
     let hits = parse_request(
@@ -172,10 +160,14 @@ fn requests_from_headers() {
     )
     .expect("valid")
     .expect("descriptors left");
+    assert_eq!(hits.hits, Some(0));
+    let query = hits.query();
+    assert_eq!(query.descriptors.len(), 2);
     assert!(
-        hits.descriptors
+        query
+            .descriptors
             .iter()
-            .all(|descriptor| descriptor.hits_addend == Some(UInt64Value { value: 0 }))
+            .all(|descriptor| descriptor.cost == 0)
     );
 
     for nothing in [headers(&[]), headers(&[(DESCRIPTOR_HEADER, b"api_key=")])] {

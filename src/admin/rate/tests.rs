@@ -1,9 +1,8 @@
-use envoy_types::pb::envoy::config::core::v3::HeaderValue as ProtoHeader;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::RateLimit;
 use serde_json::Value;
 
 use super::*;
-use crate::rls::LimiterOptions;
+use crate::algorithm::Unit;
+use crate::limiter::{Limited, LimiterOptions, Status};
 
 const LIMITS: &str = r#"
 domain: api
@@ -265,7 +264,7 @@ fn entries_need_a_value_exactly_when_the_path_has_an_open_entry() {
         .expect("entries");
     let entries: Vec<(&str, &str)> = entries
         .iter()
-        .map(|entry| (entry.key.as_str(), entry.value.as_str()))
+        .map(|(key, value)| (&**key, value.as_str()))
         .collect();
     assert_eq!(entries, [("tenant", "acme"), ("path", "/a/b")]);
     let missing = valued
@@ -287,57 +286,41 @@ fn entries_need_a_value_exactly_when_the_path_has_an_open_entry() {
     assert!(extra.contains("call it without a value"), "{extra}");
 }
 
-fn status(
-    code: Code,
-    limit: Option<(u32, &str)>,
+fn limited(
+    limit: u32,
     remaining: u32,
-    reset: (i64, i32),
-) -> DescriptorStatus {
-    DescriptorStatus {
-        code: code as i32,
-        current_limit: limit.map(|(requests_per_unit, name)| RateLimit {
-            name: name.to_owned(),
-            requests_per_unit,
-            unit: 3,
-        }),
-        limit_remaining: remaining,
-        duration_until_reset: Some(ProtoDuration {
-            seconds: reset.0,
-            nanos: reset.1,
-        }),
-        quota: None,
-    }
-}
-
-fn response(statuses: Vec<DescriptorStatus>) -> RateLimitResponse {
-    let over = statuses
-        .iter()
-        .any(|status| status.code == Code::OverLimit as i32);
-    RateLimitResponse {
-        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
-        statuses,
-        ..Default::default()
-    }
-}
-
-/// A verdict whose descriptors are not waiting for anything.
-fn verdict(response: RateLimitResponse) -> Verdict {
-    let retry_after = vec![None; response.statuses.len()];
-    Verdict {
-        response,
+    reset_after: Duration,
+    over: bool,
+    retry_after: Option<Duration>,
+) -> Status {
+    Status::Limited(Limited {
+        name: None,
+        requests_per_unit: limit,
+        unit: Unit::Hour,
+        remaining,
+        reset_after,
+        over,
+        shadow: false,
         retry_after,
+    })
+}
+
+fn verdict(statuses: Vec<Status>) -> Verdict {
+    Verdict {
+        statuses: statuses.into(),
     }
 }
 
 #[test]
 fn headers_come_from_the_tightest_descriptor() {
-    let allowed = response(vec![
-        status(Code::Ok, Some((10, "a")), 7, (30, 0)),
-        status(Code::Ok, None, 0, (0, 0)),
-        status(Code::Ok, Some((5, "b")), 2, (59, 100)),
-        status(Code::Ok, Some((4, "c")), 2, (1, 0)),
+    let secs = Duration::from_secs;
+    let allowed = verdict(vec![
+        limited(10, 7, secs(30), false, None),
+        Status::NoLimit,
+        limited(5, 2, Duration::new(59, 100), false, None),
+        limited(4, 2, secs(1), false, None),
     ]);
-    let headers = rate_limit_headers(&verdict(allowed));
+    let headers = rate_limit_headers(&allowed);
     assert_eq!(header(&headers, "ratelimit-limit"), Some("5"));
     assert_eq!(header(&headers, "ratelimit-remaining"), Some("2"));
     assert_eq!(
@@ -347,19 +330,11 @@ fn headers_come_from_the_tightest_descriptor() {
     );
     assert_eq!(header(&headers, "retry-after"), None);
 
-    let denied = response(vec![
-        status(Code::OverLimit, Some((3, "a")), 0, (12, 1)),
-        status(Code::OverLimit, Some((9, "b")), 0, (40, 0)),
-        status(Code::Ok, Some((9, "c")), 5, (90, 0)),
+    let denied = verdict(vec![
+        limited(3, 0, Duration::new(12, 1), true, Some(secs(2))),
+        limited(9, 0, secs(40), true, Some(Duration::from_millis(39_200))),
+        limited(9, 5, secs(90), false, None),
     ]);
-    let denied = Verdict {
-        response: denied,
-        retry_after: vec![
-            Some(Duration::from_secs(2)),
-            Some(Duration::from_millis(39_200)),
-            None,
-        ],
-    };
     let headers = rate_limit_headers(&denied);
     assert_eq!(header(&headers, "ratelimit-limit"), Some("3"));
     assert_eq!(header(&headers, "ratelimit-remaining"), Some("0"));
@@ -370,38 +345,17 @@ fn headers_come_from_the_tightest_descriptor() {
         "the longest wait of the over-limit descriptors, rounded up"
     );
 
-    let empty = verdict(response(vec![status(Code::Ok, None, 0, (0, 0))]));
+    let empty = verdict(vec![Status::NoLimit]);
     assert!(rate_limit_headers(&empty).is_empty());
 }
 
 #[test]
-fn headers_the_limiter_added_are_used_as_they_are() {
-    let mut denied = response(vec![status(Code::OverLimit, Some((3, "a")), 0, (7, 0))]);
-    denied.response_headers_to_add = vec![
-        ProtoHeader {
-            key: "RateLimit-Limit".to_owned(),
-            value: "3".to_owned(),
-            ..Default::default()
-        },
-        ProtoHeader {
-            key: "RateLimit-Remaining".to_owned(),
-            value: "0".to_owned(),
-            ..Default::default()
-        },
-        ProtoHeader {
-            key: "RateLimit-Reset".to_owned(),
-            value: "7".to_owned(),
-            ..Default::default()
-        },
-    ];
-    let denied = Verdict {
-        response: denied,
-        retry_after: vec![Some(Duration::from_millis(6_500))],
-    };
-    let headers = rate_limit_headers(&denied);
-    assert_eq!(headers.len(), 4);
+fn a_request_that_can_never_pass_gets_no_retry_after() {
+    let never = verdict(vec![limited(3, 0, Duration::from_secs(7), true, None)]);
+    let headers = rate_limit_headers(&never);
+    assert_eq!(headers.len(), 3, "the RateLimit headers only");
     assert_eq!(header(&headers, "ratelimit-reset"), Some("7"));
-    assert_eq!(header(&headers, "retry-after"), Some("7"));
+    assert_eq!(header(&headers, "retry-after"), None);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,103 @@
+//! The cluster's metrics, read at scrape time: membership, fallbacks, handoffs, and
+//! per-peer forwarding figures.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType;
+
+use super::Cluster;
+use crate::metrics::{encode_counter, encode_gauge};
+
+/// Reads the cluster's figures at scrape time.
+#[derive(Debug)]
+pub(super) struct ClusterCollector {
+    pub cluster: Cluster,
+}
+
+impl Collector for ClusterCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some((stats, remotes)) = self.cluster.stats() else {
+            return Ok(());
+        };
+        let members = encoder.encode_descriptor(
+            "cluster_members",
+            "Nodes on this node's hash ring, itself included",
+            None,
+            MetricType::Gauge,
+        )?;
+        encode_gauge(members, self.cluster.members().len() as u64)?;
+        let totals: [(&str, &str, &AtomicU64); 5] = [
+            (
+                "cluster_fallbacks",
+                "Request groups decided by the fallback policy because their owner did not answer",
+                &stats.fallbacks,
+            ),
+            (
+                "cluster_handoff_sent",
+                "Counters handed to their new owners",
+                &stats.handoff_sent,
+            ),
+            (
+                "cluster_handoff_failed",
+                "Counters an owner did not take (kept here)",
+                &stats.handoff_failed,
+            ),
+            (
+                "cluster_handoff_received",
+                "Counters taken over from other nodes",
+                &stats.handoff_received,
+            ),
+            (
+                "cluster_ring_changes",
+                "Times the hash ring changed",
+                &stats.ring_changes,
+            ),
+        ];
+        for (name, help, value) in totals {
+            let counter = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            encode_counter(counter, value.load(Ordering::Relaxed))?;
+        }
+        type Read = fn(&super::remote::Remote) -> u64;
+        let per_peer: [(&str, &str, MetricType, Read); 4] = [
+            (
+                "peer_forwarded",
+                "Request groups forwarded to the peer (their key's owner)",
+                MetricType::Counter,
+                |r| r.stats.forwarded.load(Ordering::Relaxed),
+            ),
+            (
+                "peer_batches",
+                "Forward batches sent to the peer (forwarded / batches = mean batch size)",
+                MetricType::Counter,
+                |r| r.stats.batches.load(Ordering::Relaxed),
+            ),
+            (
+                "peer_errors",
+                "Forward batches that failed (unreachable, timed out)",
+                MetricType::Counter,
+                |r| r.stats.errors.load(Ordering::Relaxed),
+            ),
+            (
+                "peer_circuit_open",
+                "1 while the peer's circuit breaker is open (its keys use the fallback)",
+                MetricType::Gauge,
+                |r| u64::from(r.breaker.is_open()),
+            ),
+        ];
+        for (name, help, kind, read) in per_peer {
+            let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+            for remote in &remotes {
+                let labels = [("peer", remote.address().to_string())];
+                let metric = family.encode_family(&labels)?;
+                if matches!(kind, MetricType::Counter) {
+                    encode_counter(metric, read(remote))?;
+                } else {
+                    encode_gauge(metric, read(remote))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,87 @@
+//! The engine's metrics, read from the shards at scrape time.
+
+use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+
+use super::Engine;
+use crate::metrics::{encode_counter, encode_gauge};
+use crate::shard::ShardStats;
+
+#[derive(Debug)]
+pub(super) struct EngineCollector {
+    pub engine: Engine,
+}
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let shard_label = |index: usize| [("shard", index.to_string())];
+        let figures = self.engine.figures();
+        type Figure = fn(&super::ShardFigures) -> usize;
+        let gauges: [(&str, &str, Figure); 2] = [
+            ("shard_live_keys", "Keys with live state, per shard", |f| {
+                f.live_keys
+            }),
+            (
+                "shard_waiters",
+                "Checks waiting in FIFO queues (max_wait), per shard",
+                |f| f.waiters,
+            ),
+        ];
+        for (name, help, read) in gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (index, shard) in figures.iter().enumerate() {
+                let labels = shard_label(index);
+                encode_gauge(family.encode_family(&labels)?, read(shard) as u64)?;
+            }
+        }
+        type Read = fn(&ShardStats) -> u64;
+        let counters: [(&str, &str, Read); 5] = [
+            (
+                "shard_expired_keys",
+                "Keys swept after 3 idle windows, per shard",
+                |s| s.expired_keys.load(Ordering::Relaxed),
+            ),
+            (
+                "shard_contended",
+                "Checks that found their shard busy with another request's step and waited for it",
+                |s| s.contended.load(Ordering::Relaxed),
+            ),
+            (
+                "shard_key_capacity_hits",
+                "Requests answered UNAVAILABLE because the shard held max_keys keys",
+                |s| s.key_capacity_hits.load(Ordering::Relaxed),
+            ),
+            (
+                "shard_waits_admitted",
+                "Waiting checks admitted within max_wait",
+                |s| s.waits_admitted.load(Ordering::Relaxed),
+            ),
+            (
+                "shard_waits_rejected",
+                "Checks that could not wait (queue full, or no capacity within max_wait)",
+                |s| s.waits_rejected.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, help, read) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (index, shard) in self.engine.stats().enumerate() {
+                let labels = shard_label(index);
+                encode_counter(family.encode_family(&labels)?, read(shard))?;
+            }
+        }
+        let mut wait = encoder.encode_descriptor(
+            "shard_lock_wait_seconds",
+            "How long checks that found their shard busy waited for it",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (index, shard) in self.engine.stats().enumerate() {
+            let labels = shard_label(index);
+            shard.lock_wait.encode(wait.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

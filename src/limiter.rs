@@ -1,0 +1,709 @@
+//! The limiter: decides a [`Query`] against the live limits and answers a [`Verdict`],
+//! whatever protocol the query came in on.
+//!
+//! [`Limiter::decide`] validates the query's bounds, matches each descriptor against one
+//! [`Limits`] snapshot (exact > wildcard > default, `replaces`, `unlimited`, shadow mode,
+//! request-supplied limits), turns the matched limits into [`Check`]s, hands them to the
+//! [`Store`], counts every limit's hits in the metrics, and reports one [`Status`] per
+//! descriptor. Front ends (`rls` for Envoy, `admin::nginx`, `admin::rate`, `admin::json`)
+//! build the query from their own input and render the verdict in their own format; none
+//! of them sees another's types.
+//!
+//! Invariants:
+//! - Input is bounded (see [`bounds`]) and never panics the process: every violation is an
+//!   [`Error::Invalid`] naming the field.
+//! - A query uses one limits snapshot from start to end, whatever reloads happen meanwhile.
+//! - Shadow-mode limits count and report but never make a status over the limit and never
+//!   make a request wait; a store that cannot wait is never asked to.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use smallvec::SmallVec;
+
+use crate::algorithm::{Rate, Unit};
+use crate::check::{Check, Checks, Counter, Decision, WaitPolicy};
+use crate::error::{Error, StoreError};
+use crate::key::KeyBuilder;
+use crate::limits::{Limit, Limits, Node};
+use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
+use crate::store::{Checked, Store};
+
+/// Bounds on one query; larger input is rejected with [`Error::Invalid`].
+pub mod bounds {
+    pub const MAX_DOMAIN_LEN: usize = 256;
+    pub const MAX_DESCRIPTORS: usize = 64;
+    pub const MAX_ENTRIES: usize = 32;
+    pub const MAX_KEY_LEN: usize = 256;
+    pub const MAX_VALUE_LEN: usize = 4096;
+}
+
+/// A limit the request brings itself instead of the configured ones (Envoy's descriptor
+/// `limit` field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+}
+
+/// One descriptor's entries, in order: `(key, value)`.
+pub type Entries<'a> = SmallVec<[(&'a str, &'a str); 2]>;
+
+/// One descriptor of a query.
+#[derive(Clone, Debug)]
+pub struct Descriptor<'a> {
+    pub entries: Entries<'a>,
+    /// Hits to count (0 reports without consuming).
+    pub cost: u64,
+    pub limit: Option<LimitOverride>,
+}
+
+/// What a front end asks: may these descriptors pass in `domain`?
+#[derive(Clone, Debug)]
+pub struct Query<'a> {
+    pub domain: &'a str,
+    pub descriptors: SmallVec<[Descriptor<'a>; 4]>,
+    /// The caller's bound on waiting for capacity: never longer than a limit's `max_wait`
+    /// allows; `None` keeps the configured bound, `Some(ZERO)` never waits.
+    pub max_wait: Option<Duration>,
+}
+
+impl<'a> Query<'a> {
+    pub fn new(domain: &'a str) -> Query<'a> {
+        Query {
+            domain,
+            descriptors: SmallVec::new(),
+            max_wait: None,
+        }
+    }
+
+    /// Adds a descriptor counting `cost` hits.
+    pub fn descriptor(
+        &mut self,
+        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
+        cost: u64,
+    ) -> &mut Descriptor<'a> {
+        self.descriptors.push(Descriptor {
+            entries: entries.into_iter().collect(),
+            cost,
+            limit: None,
+        });
+        let last = self.descriptors.len() - 1;
+        &mut self.descriptors[last]
+    }
+}
+
+/// The limit a descriptor was decided by, and where its counter stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limited {
+    /// The limit's `name`, if it has one.
+    pub name: Option<Arc<str>>,
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// Hits still admissible right now.
+    pub remaining: u32,
+    /// Until the limit has fully recovered (the window ends, the bucket is full).
+    pub reset_after: Duration,
+    /// Over the limit (and not in shadow mode): the request must not pass.
+    pub over: bool,
+    /// The limit is in shadow mode: counted and reported, never enforced.
+    pub shadow: bool,
+    /// When over: how long until the same request would pass (`None`: never can).
+    pub retry_after: Option<Duration>,
+}
+
+/// What was decided for one descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// No limit applies (unknown domain, no match, allow-list entry, replaced limits).
+    NoLimit,
+    /// An `unlimited` limit matched.
+    Unlimited,
+    /// Decided by a limit: with several on the descriptor, the one closest to exhaustion.
+    Limited(Limited),
+}
+
+impl Status {
+    pub fn is_over(&self) -> bool {
+        matches!(self, Status::Limited(limited) if limited.over)
+    }
+
+    pub fn limited(&self) -> Option<&Limited> {
+        match self {
+            Status::Limited(limited) => Some(limited),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to a query: one status per descriptor, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub statuses: SmallVec<[Status; 4]>,
+}
+
+impl Verdict {
+    /// Whether any descriptor is over its limit: the request must not pass.
+    pub fn is_over(&self) -> bool {
+        self.statuses.iter().any(Status::is_over)
+    }
+
+    /// How long until the whole request would pass: the longest wait of its descriptors
+    /// that are over and can pass at all (`None` when none is over, or none can pass).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.statuses
+            .iter()
+            .filter_map(Status::limited)
+            .filter(|limited| limited.over)
+            .filter_map(|limited| limited.retry_after)
+            .max()
+    }
+
+    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up)
+    /// of the tightest descriptor, for every front end that answers with headers.
+    pub fn rate_limit_headers(&self) -> Option<[(&'static str, String); 3]> {
+        let tightest = self.tightest()?;
+        let reset = u64::try_from(tightest.reset_after.as_nanos())
+            .unwrap_or(u64::MAX)
+            .div_ceil(crate::algorithm::NANOS_PER_SEC);
+        Some([
+            ("RateLimit-Limit", tightest.requests_per_unit.to_string()),
+            ("RateLimit-Remaining", tightest.remaining.to_string()),
+            ("RateLimit-Reset", reset.to_string()),
+        ])
+    }
+
+    /// The limit to advertise in `RateLimit-*` headers: the one with the fewest hits left.
+    pub fn tightest(&self) -> Option<&Limited> {
+        self.statuses
+            .iter()
+            .filter_map(Status::limited)
+            .reduce(|best, next| {
+                if next.remaining < best.remaining {
+                    next
+                } else {
+                    best
+                }
+            })
+    }
+}
+
+/// Switches of the limiter.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LimiterOptions {
+    /// Front ends add `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` to
+    /// their answers.
+    pub response_headers: bool,
+}
+
+/// Decides queries against the live limits.
+#[derive(Debug)]
+pub struct Limiter {
+    limits: Arc<ArcSwap<Limits>>,
+    store: Arc<dyn Store>,
+    options: LimiterOptions,
+    metrics: Arc<Metrics>,
+    /// Per-limit counters of the latest limits snapshot seen (rebuilt once per reload).
+    table: ArcSwap<LimitTable>,
+    /// Store failures since the last warning, and when (Unix seconds) it was logged: at
+    /// most one warning a second, so an overload does not also flood the logs.
+    failures: AtomicU64,
+    warned_at: AtomicU64,
+}
+
+/// What one descriptor turned into.
+enum Plan<'a> {
+    NoLimit,
+    Unlimited,
+    /// These limits are checked; their decisions start at `first` in the store's answer.
+    Checked {
+        limits: SmallVec<[&'a Limit; 2]>,
+        /// The configured entry, or `None` for a request-supplied limit.
+        node: Option<&'a Node>,
+        shadow: bool,
+        first: usize,
+    },
+}
+
+impl Limiter {
+    pub fn new(
+        limits: Arc<ArcSwap<Limits>>,
+        store: Arc<dyn Store>,
+        options: LimiterOptions,
+        metrics: Arc<Metrics>,
+    ) -> Limiter {
+        let table = metrics.limit_table(limits.load_full());
+        Limiter {
+            limits,
+            store,
+            options,
+            metrics,
+            table: ArcSwap::from_pointee(table),
+            failures: AtomicU64::new(0),
+            warned_at: AtomicU64::new(0),
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn limits(&self) -> &Arc<ArcSwap<Limits>> {
+        &self.limits
+    }
+
+    pub fn options(&self) -> LimiterOptions {
+        self.options
+    }
+
+    /// Decides one query and records its outcome and latency.
+    pub async fn decide(&self, query: &Query<'_>) -> Result<Verdict, Error> {
+        let started = std::time::Instant::now();
+        let result = self.decide_unrecorded(query).await;
+        let outcome = match &result {
+            Ok(verdict) if verdict.is_over() => Outcome::OverLimit,
+            Ok(_) => Outcome::Ok,
+            Err(Error::Invalid { .. }) => Outcome::InvalidArgument,
+            Err(Error::Store(error)) => {
+                self.warn_throttled(error);
+                Outcome::Unavailable
+            }
+        };
+        self.metrics.record_request(outcome, started.elapsed());
+        result
+    }
+
+    /// Counts a request a front end refused before it became a query (so the request
+    /// metrics see every call), and hands the error back.
+    pub fn refuse(&self, error: Error) -> Error {
+        self.metrics
+            .record_request(Outcome::InvalidArgument, Duration::ZERO);
+        error
+    }
+
+    /// The per-limit counters for `snapshot`, building them on the first request after a
+    /// reload (racing requests may both build; the result is the same).
+    fn table_for(&self, snapshot: &Arc<Limits>) -> Arc<LimitTable> {
+        let table = self.table.load_full();
+        if table.is_for(snapshot) {
+            return table;
+        }
+        let fresh = Arc::new(self.metrics.limit_table(Arc::clone(snapshot)));
+        self.table.store(Arc::clone(&fresh));
+        fresh
+    }
+
+    async fn decide_unrecorded(&self, query: &Query<'_>) -> Result<Verdict, Error> {
+        validate(query)?;
+        let snapshot = self.limits.load_full();
+        let Some(domain) = snapshot.domain(query.domain) else {
+            return Ok(Verdict {
+                statuses: query.descriptors.iter().map(|_| Status::NoLimit).collect(),
+            });
+        };
+        // Request-supplied limits live as long as this call; `Plan` borrows them.
+        let overrides: SmallVec<[Option<Limit>; 4]> = query
+            .descriptors
+            .iter()
+            .map(|descriptor| descriptor.limit.map(override_limit))
+            .collect();
+        let nodes: SmallVec<[Option<&Node>; 4]> = query
+            .descriptors
+            .iter()
+            .zip(&overrides)
+            .map(|(descriptor, overridden)| match overridden {
+                Some(_) => None,
+                None => domain.lookup(descriptor.entries.iter().copied()),
+            })
+            .collect();
+        let replaced = replaced_names(&nodes);
+        let can_wait = self.store.capabilities().wait;
+        let mut plans: SmallVec<[Plan<'_>; 4]> = SmallVec::new();
+        let mut checks = Checks::new();
+        let mut counters_so_far = 0;
+        for ((descriptor, overridden), node) in query.descriptors.iter().zip(&overrides).zip(&nodes)
+        {
+            let (limits, shadow): (SmallVec<[&Limit; 2]>, bool) = match (overridden, node) {
+                (Some(limit), _) => (SmallVec::from_elem(limit, 1), false),
+                (None, Some(node)) => (
+                    node.limits
+                        .iter()
+                        .filter(|limit| !is_replaced(limit, &replaced))
+                        .collect(),
+                    node.shadow_mode,
+                ),
+                (None, None) => (SmallVec::new(), false),
+            };
+            if limits.is_empty() {
+                plans.push(Plan::NoLimit);
+                continue;
+            }
+            if limits.iter().any(|limit| limit.rate.is_none()) {
+                plans.push(Plan::Unlimited);
+                continue;
+            }
+            let mut key = KeyBuilder::new(query.domain);
+            for (name, value) in &descriptor.entries {
+                key.entry(name, value);
+            }
+            let counters = limits
+                .iter()
+                .filter_map(|limit| limit.rate)
+                .map(|rate| Counter {
+                    key: key.key(&rate),
+                    rate,
+                })
+                .collect();
+            let wait = if shadow || !can_wait {
+                None
+            } else {
+                wait_policy(&limits, query.max_wait)
+            };
+            let first = counters_so_far;
+            counters_so_far += limits.len();
+            plans.push(Plan::Checked {
+                limits,
+                node: *node,
+                shadow,
+                first,
+            });
+            checks.push(Check {
+                counters,
+                cost: descriptor.cost,
+                wait,
+            });
+        }
+        let decisions = if checks.is_empty() {
+            Default::default()
+        } else {
+            match self.store.check(checks) {
+                Checked::Ready(result) => result?,
+                Checked::Pending(future) => future.await?,
+            }
+        };
+        self.count(query, &plans, &decisions, &self.table_for(&snapshot));
+        Ok(respond(&plans, &decisions))
+    }
+
+    /// Counts every checked limit's hits in its metrics.
+    fn count(
+        &self,
+        query: &Query<'_>,
+        plans: &[Plan<'_>],
+        decisions: &[Decision],
+        table: &LimitTable,
+    ) {
+        let ratio = self.metrics.near_limit_ratio();
+        for (plan, descriptor) in plans.iter().zip(&query.descriptors) {
+            let Plan::Checked {
+                limits,
+                node,
+                shadow,
+                first,
+            } = plan
+            else {
+                continue;
+            };
+            let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+            let admitted = ours.iter().all(|decision| decision.allowed);
+            for (limit, decision) in limits.iter().zip(ours) {
+                let Some(rate) = limit.rate else { continue };
+                let owned;
+                let counters = match node {
+                    Some(node) if node.detailed_metric => {
+                        owned = self.metrics.detailed_counters(
+                            query.domain,
+                            &descriptor.entries,
+                            limit,
+                        );
+                        &owned
+                    }
+                    Some(_) => match table.get(query.domain, limit) {
+                        Some(counters) => counters,
+                        None => continue,
+                    },
+                    None => {
+                        owned = self
+                            .metrics
+                            .override_counters(query.domain, rate.unit.as_str());
+                        &owned
+                    }
+                };
+                let cost = descriptor.cost;
+                record(counters, &rate, decision, cost, admitted, *shadow, ratio);
+            }
+        }
+    }
+
+    fn warn_throttled(&self, error: &StoreError) {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        let last = self.warned_at.load(Ordering::Relaxed);
+        if now > last
+            && self
+                .warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.failures.fetch_sub(failures, Ordering::Relaxed);
+            tracing::warn!(%error, kind = error.kind().as_str(), failures, "rate limit checks failed (answered unavailable)");
+        }
+    }
+}
+
+fn respond(plans: &[Plan<'_>], decisions: &[Decision]) -> Verdict {
+    let statuses = plans
+        .iter()
+        .map(|plan| match plan {
+            Plan::NoLimit => Status::NoLimit,
+            Plan::Unlimited => Status::Unlimited,
+            Plan::Checked {
+                limits,
+                shadow,
+                first,
+                ..
+            } => {
+                let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+                let Some((limit, decision)) = closest_to_exhaustion(limits, ours) else {
+                    return Status::NoLimit;
+                };
+                let Some(rate) = limit.rate else {
+                    return Status::NoLimit;
+                };
+                let over = !decision.allowed && !shadow;
+                // Every denying limit must have room again: the longest wait, if any can.
+                let retry_after = if over {
+                    ours.iter()
+                        .filter(|decision| !decision.allowed)
+                        .map(|decision| decision.retry_after)
+                        .reduce(|a, b| a.zip(b).map(|(a, b)| a.max(b)))
+                        .flatten()
+                        .map(Duration::from_nanos)
+                } else {
+                    None
+                };
+                Status::Limited(Limited {
+                    name: limit.name.clone(),
+                    requests_per_unit: rate.requests_per_unit,
+                    unit: rate.unit,
+                    remaining: decision.remaining,
+                    reset_after: Duration::from_nanos(decision.reset_after),
+                    over,
+                    shadow: *shadow,
+                    retry_after,
+                })
+            }
+        })
+        .collect();
+    Verdict { statuses }
+}
+
+/// Counts one limit's share of one descriptor check.
+fn record(
+    counters: &LimitCounters,
+    rate: &Rate,
+    decision: &Decision,
+    cost: u64,
+    admitted: bool,
+    shadow: bool,
+    near_limit_ratio: f64,
+) {
+    counters.total_hits.inc_by(cost);
+    if admitted {
+        counters.within_limit.inc_by(cost);
+        // Written as used >= ratio * capacity: exact for round ratios like 0.8 * 5.
+        let capacity = rate.capacity() as f64;
+        if capacity - f64::from(decision.remaining) >= near_limit_ratio * capacity {
+            counters.near_limit.inc_by(cost);
+        }
+    } else if !decision.allowed {
+        if shadow {
+            counters.shadow_mode.inc_by(cost);
+        } else {
+            counters.over_limit.inc_by(cost);
+        }
+    }
+}
+
+/// Checks the query against [`bounds`]; the error names the field as the query's own
+/// structure does (`descriptors[1].entries[0].key`).
+fn validate(query: &Query<'_>) -> Result<(), Error> {
+    use bounds::*;
+    let too_long = |len: usize, max: usize| format!("{len} bytes, at most {max} allowed");
+    let too_many = |len: usize, max: usize| format!("{len} given, at most {max} allowed");
+    if query.domain.is_empty() {
+        return Err(Error::invalid("domain", "must not be empty"));
+    }
+    if query.domain.len() > MAX_DOMAIN_LEN {
+        let problem = too_long(query.domain.len(), MAX_DOMAIN_LEN);
+        return Err(Error::invalid("domain", problem));
+    }
+    if query.descriptors.is_empty() {
+        return Err(Error::invalid("descriptors", "must not be empty"));
+    }
+    if query.descriptors.len() > MAX_DESCRIPTORS {
+        let problem = too_many(query.descriptors.len(), MAX_DESCRIPTORS);
+        return Err(Error::invalid("descriptors", problem));
+    }
+    for (index, descriptor) in query.descriptors.iter().enumerate() {
+        let field = |name: &str| format!("descriptors[{index}].{name}");
+        if descriptor.entries.is_empty() {
+            return Err(Error::invalid(field("entries"), "must not be empty"));
+        }
+        if descriptor.entries.len() > MAX_ENTRIES {
+            let problem = too_many(descriptor.entries.len(), MAX_ENTRIES);
+            return Err(Error::invalid(field("entries"), problem));
+        }
+        for (position, (key, value)) in descriptor.entries.iter().enumerate() {
+            let entry_field = |name: &str| field(&format!("entries[{position}].{name}"));
+            if key.is_empty() {
+                return Err(Error::invalid(entry_field("key"), "must not be empty"));
+            }
+            if key.len() > MAX_KEY_LEN {
+                let problem = too_long(key.len(), MAX_KEY_LEN);
+                return Err(Error::invalid(entry_field("key"), problem));
+            }
+            if value.len() > MAX_VALUE_LEN {
+                let problem = too_long(value.len(), MAX_VALUE_LEN);
+                return Err(Error::invalid(entry_field("value"), problem));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The limit a request-supplied override stands for.
+fn override_limit(limit: LimitOverride) -> Limit {
+    Limit {
+        index: usize::MAX,
+        name: None,
+        rate: Some(Rate::fixed(limit.requests_per_unit, limit.unit)),
+        max_wait: None,
+        max_queue: 0,
+        replaces: Box::default(),
+    }
+}
+
+/// The names that matched limits ask to replace.
+fn replaced_names<'a>(nodes: &[Option<&'a Node>]) -> SmallVec<[&'a str; 4]> {
+    nodes
+        .iter()
+        .flatten()
+        .flat_map(|node| node.limits.iter())
+        .flat_map(|limit| limit.replaces.iter())
+        .map(|name| &**name)
+        .collect()
+}
+
+fn is_replaced(limit: &Limit, replaced: &[&str]) -> bool {
+    !replaced.is_empty()
+        && limit
+            .name
+            .as_deref()
+            .is_some_and(|name| replaced.contains(&name))
+}
+
+/// The strictest wait policy among the limits that opt in, narrowed to `cap` if given.
+fn wait_policy(limits: &[&Limit], cap: Option<Duration>) -> Option<WaitPolicy> {
+    let policy = limits
+        .iter()
+        .filter_map(|limit| {
+            limit.max_wait.map(|max_wait| WaitPolicy {
+                max_wait,
+                max_queue: limit.max_queue,
+            })
+        })
+        .reduce(|a, b| WaitPolicy {
+            max_wait: a.max_wait.min(b.max_wait),
+            max_queue: a.max_queue.min(b.max_queue),
+        });
+    match (policy, cap) {
+        (Some(_), Some(cap)) if cap.is_zero() => None,
+        (Some(policy), Some(cap)) => Some(WaitPolicy {
+            max_wait: policy.max_wait.min(cap),
+            ..policy
+        }),
+        (policy, _) => policy,
+    }
+}
+
+/// The limit to report for a descriptor: a denying one (the longest to wait) if any, else
+/// the one with the fewest hits left (ties: the one that resets last).
+fn closest_to_exhaustion<'a>(
+    limits: &[&'a Limit],
+    decisions: &'a [Decision],
+) -> Option<(&'a Limit, &'a Decision)> {
+    limits
+        .iter()
+        .copied()
+        .zip(decisions)
+        .min_by_key(|(_, decision)| {
+            (
+                decision.allowed,
+                decision.remaining,
+                std::cmp::Reverse(decision.retry_after.unwrap_or(u64::MAX)),
+                std::cmp::Reverse(decision.reset_after),
+            )
+        })
+}
+
+impl Limiter {
+    /// A limiter over `limits` on one node's in-memory `engine`, with its own metrics
+    /// registry and no reloader (embedding, tests, benchmarks).
+    pub fn standalone(
+        limits: Limits,
+        engine: crate::engine::Engine,
+        options: LimiterOptions,
+        metrics: crate::metrics::MetricsOptions,
+    ) -> Limiter {
+        let cluster = crate::cluster::Cluster::single(engine);
+        let mut registry = Metrics::registry();
+        cluster.engine().register_metrics(&mut registry);
+        let metrics = Arc::new(Metrics::new(metrics, registry));
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(limits)),
+            Arc::new(cluster),
+            options,
+            metrics,
+        )
+    }
+}
+
+#[cfg(test)]
+impl Limiter {
+    /// A limiter over the limits in `yaml`, with a small two-shard engine whose clock reads
+    /// `start` (Unix nanoseconds) and its own metrics registry (with reload figures at
+    /// version `abc`).
+    pub(crate) fn for_tests(
+        yaml: &str,
+        start: u64,
+        options: LimiterOptions,
+        metrics: crate::metrics::MetricsOptions,
+    ) -> Limiter {
+        let limits = Limits::parse_str("test.yaml", yaml).expect("valid test limits");
+        let engine = crate::engine::Engine::spawn(
+            crate::engine::EngineConfig {
+                shards: 2,
+                max_keys: 1000,
+                max_waiters: 10,
+            },
+            crate::clock::Clock::starting_at(start),
+        );
+        let cluster = crate::cluster::Cluster::single(engine);
+        let mut registry = Metrics::registry();
+        cluster.engine().register_metrics(&mut registry);
+        let reload = Arc::new(crate::reload::ReloadStats::with_version(0xabc));
+        reload.register_metrics(&mut registry);
+        let metrics = Arc::new(Metrics::new(metrics, registry));
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(limits)),
+            Arc::new(cluster),
+            options,
+            metrics,
+        )
+    }
+}

@@ -1,0 +1,57 @@
+//! The reloader's metrics, read at scrape time.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+
+use super::ReloadStats;
+use crate::metrics::encode_gauge;
+
+/// Reads the reloader's figures at scrape time.
+#[derive(Debug)]
+pub(super) struct ReloadCollector {
+    pub stats: Arc<ReloadStats>,
+}
+
+impl Collector for ReloadCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = &self.stats;
+        let mut loads = encoder.encode_descriptor(
+            "config_loads",
+            "Limits loads by result (the start-up load counts as a success)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, value) in [
+            ("success", stats.successes.load(Ordering::Relaxed)),
+            ("failure", stats.failures.load(Ordering::Relaxed)),
+        ] {
+            let labels = [("result", result)];
+            loads
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+        }
+        let last = encoder.encode_descriptor(
+            "config_last_success_timestamp_seconds",
+            "Unix time of the last successful limits load",
+            None,
+            MetricType::Gauge,
+        )?;
+        encode_gauge(
+            last,
+            stats.last_success_unix_seconds.load(Ordering::Relaxed),
+        )?;
+        let mut info = encoder.encode_descriptor(
+            "config_info",
+            "The live limits' version (content hash); always 1",
+            None,
+            MetricType::Gauge,
+        )?;
+        let version = format!("{:016x}", stats.version.load(Ordering::Relaxed));
+        let labels = [("version", version.as_str())];
+        encode_gauge(info.encode_family(&labels)?, 1)
+    }
+}
