@@ -6,6 +6,9 @@
 //! high-water mark since the last [`Counting::reset_peak`] (hash tables briefly hold both
 //! the old and the new table while they grow).
 //!
+//! [`Counting::allocations`] counts calls that obtained memory (alloc, alloc_zeroed, and
+//! reallocs that grow), for allocations-per-request figures.
+//!
 //! Counting uses relaxed atomics: exact once the threads that allocate have quiesced,
 //! which is when the benchmark reads it.
 
@@ -15,6 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub struct Counting {
     live: AtomicUsize,
     peak: AtomicUsize,
+    allocations: AtomicUsize,
 }
 
 impl Counting {
@@ -22,6 +26,7 @@ impl Counting {
         Counting {
             live: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            allocations: AtomicUsize::new(0),
         }
     }
 
@@ -41,7 +46,13 @@ impl Counting {
         self.peak.store(self.live(), Ordering::Relaxed);
     }
 
+    /// Calls that obtained memory so far (alloc, alloc_zeroed, and reallocs that grow).
+    pub fn allocations(&self) -> usize {
+        self.allocations.load(Ordering::Relaxed)
+    }
+
     fn grew(&self, bytes: usize) {
+        self.allocations.fetch_add(1, Ordering::Relaxed);
         let now = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
         self.peak.fetch_max(now, Ordering::Relaxed);
     }
