@@ -1,6 +1,12 @@
 //! Pieces the gRPC and cluster benchmarks share: a no-op RLS server for the same-run
-//! baseline, request framing, runtimes, and the CPU, load and statistics readings.
+//! baseline, request framing, runtimes, and the CPU, load and statistics readings; and the
+//! project's own closed-loop gRPC load generator ([`client`], with the requests it sends in
+//! [`workload`] and its latency [`histogram`]).
 #![allow(dead_code)]
+
+pub mod client;
+pub mod histogram;
+pub mod workload;
 
 use std::net::SocketAddr;
 use std::path::Path;
