@@ -285,19 +285,20 @@ impl Limiter {
 
     /// The per-limit counters for `snapshot`, building them on the first request after a
     /// reload (racing requests may both build; the result is the same).
-    fn table_for(&self, snapshot: &Arc<Limits>) -> Arc<LimitTable> {
-        let table = self.table.load_full();
+    fn table_for(&self, snapshot: &Arc<Limits>) -> arc_swap::Guard<Arc<LimitTable>> {
+        let table = self.table.load();
         if table.is_for(snapshot) {
             return table;
         }
         let fresh = Arc::new(self.metrics.limit_table(Arc::clone(snapshot)));
         self.table.store(Arc::clone(&fresh));
-        fresh
+        arc_swap::Guard::from_inner(fresh)
     }
 
     async fn decide_unrecorded(&self, query: &Query<'_>) -> Result<Verdict, Error> {
         validate(query)?;
-        let snapshot = self.limits.load_full();
+        // A guard, not a clone: no shared reference count to bounce between cores.
+        let snapshot = self.limits.load();
         let Some(domain) = snapshot.domain(query.domain) else {
             return Ok(Verdict {
                 statuses: query.descriptors.iter().map(|_| Status::NoLimit).collect(),
