@@ -26,20 +26,10 @@ use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::limiter::{Limiter, LimiterOptions, Query};
 use ratekeeper::limits::Limits;
 use ratekeeper::metrics::MetricsOptions;
-use ratekeeper::server::{Server, ServerOptions};
 use tokio::runtime::Runtime;
 
 #[global_allocator]
 static ALLOC: Counting = Counting::new();
-
-const LIMITS: &str = "\
-domain: bench
-descriptors:
-  - key: api_key
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000000000
-";
 
 /// Requests measured per workload and layer (after a warm-up of the same size).
 const REQUESTS: usize = 20_000;
@@ -113,7 +103,8 @@ fn per_call(runtime: &Runtime, mut call: impl AsyncFnMut(usize)) -> f64 {
 
 fn limiter(runtime: &Runtime) -> Limiter {
     let _entered = runtime.enter();
-    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
+    let limits =
+        Limits::parse_str("bench.yaml", loadgen::API_KEY_LIMITS).expect("the bench limits parse");
     let engine = Engine::spawn(
         EngineConfig {
             shards: 2,
@@ -127,19 +118,6 @@ fn limiter(runtime: &Runtime) -> Limiter {
         LimiterOptions::default(),
         MetricsOptions::default(),
     )
-}
-
-fn start_ratekeeper(runtime: &Runtime) -> SocketAddr {
-    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
-    let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut options = ServerOptions::new(localhost, localhost);
-    options.engine.shards = 2;
-    let server = runtime
-        .block_on(Server::bind(&options, limits, 0))
-        .expect("bind ratekeeper");
-    let addr = server.grpc_addr();
-    runtime.spawn(async move { server.run(std::future::pending()).await });
-    addr
 }
 
 fn grpc_per_call(runtime: &Runtime, addr: SocketAddr, workload: &Workload) -> f64 {
@@ -160,8 +138,9 @@ fn main() {
         .build()
         .expect("a runtime");
     let limiter = limiter(&runtime);
-    let ratekeeper = start_ratekeeper(&runtime);
     let (_stop, stop) = tokio::sync::watch::channel(false);
+    let ratekeeper =
+        loadgen::start_ratekeeper(&runtime, loadgen::API_KEY_LIMITS, Some(2), stop.clone());
     let noop = loadgen::start_noop(&runtime, stop);
     println!("allocations per request (cargo bench --bench alloc), {REQUESTS} requests each");
     println!(

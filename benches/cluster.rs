@@ -64,16 +64,6 @@ const DOMAIN: &str = "bench";
 /// How long the nodes get to agree on the membership.
 const FORM_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// `api_key`: far above any rate reachable here, so every answer is OK.
-const LIMITS: &str = "\
-domain: bench
-descriptors:
-  - key: api_key
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000000000
-";
-
 /// One cluster node, serving on its own runtime.
 struct Node {
     name: &'static str,
@@ -167,7 +157,7 @@ fn start_node(
     stop: watch::Receiver<bool>,
 ) -> Node {
     let runtime = runtime(&format!("{name}-rt"), workers);
-    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
+    let limits = Limits::parse_str("bench.yaml", API_KEY_LIMITS).expect("the bench limits parse");
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
     let cluster = ClusterOptions {
         peers: peers.iter().map(ToString::to_string).collect(),

@@ -37,11 +37,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use ratekeeper::engine::EngineConfig;
-use ratekeeper::limiter::LimiterOptions;
-use ratekeeper::limits::Limits;
-use ratekeeper::server::{Server, ServerOptions};
-use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -145,24 +140,6 @@ fn bodies(dir: &Path) -> Vec<Body> {
             }
         })
         .collect()
-}
-
-fn start_ratekeeper(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
-    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
-    let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
-    let options = ServerOptions {
-        engine: EngineConfig::default(),
-        limiter: LimiterOptions::default(),
-        ..ServerOptions::new(localhost, localhost)
-    };
-    let server = runtime
-        .block_on(Server::bind(&options, limits, 0))
-        .expect("bind ratekeeper");
-    let addr = server.grpc_addr();
-    runtime.spawn(async move {
-        server.run(stopped(stop)).await.expect("ratekeeper runs");
-    });
-    addr
 }
 
 /// Sends each body's request with a real gRPC client and checks the decoded answer.
@@ -373,7 +350,7 @@ fn main() {
     let noop_runtime = runtime("noop-rt", 2);
     let ratekeeper_runtime = runtime("ratekeeper-rt", 2);
     let noop = start_noop(&noop_runtime, stop_rx.clone());
-    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, stop_rx);
+    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, LIMITS, None, stop_rx);
     let addr = |target| match target {
         Target::Noop => noop,
         Target::Ratekeeper => ratekeeper,

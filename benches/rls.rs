@@ -37,24 +37,9 @@ use std::time::Duration;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use ratekeeper::engine::EngineConfig;
-use ratekeeper::limiter::LimiterOptions;
-use ratekeeper::limits::Limits;
-use ratekeeper::server::{Server, ServerOptions};
-use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 const API_KEY_LIMIT: u32 = 1_000_000_000;
-
-/// Far above any rate reachable here, so every answer is OK.
-const LIMITS: &str = "\
-domain: bench
-descriptors:
-  - key: api_key
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000000000
-";
 
 struct Scenario {
     name: &'static str,
@@ -150,24 +135,6 @@ impl Settings {
             ..Config::new(addr, workload)
         }
     }
-}
-
-fn start_ratekeeper(runtime: &Runtime, stop: watch::Receiver<bool>) -> SocketAddr {
-    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
-    let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
-    let options = ServerOptions {
-        engine: EngineConfig::default(),
-        limiter: LimiterOptions::default(),
-        ..ServerOptions::new(localhost, localhost)
-    };
-    let server = runtime
-        .block_on(Server::bind(&options, limits, 0))
-        .expect("bind ratekeeper");
-    let addr = server.grpc_addr();
-    runtime.spawn(async move {
-        server.run(stopped(stop)).await.expect("ratekeeper runs");
-    });
-    addr
 }
 
 /// Sends one request of each workload with a real gRPC client and checks the decoded answer:
@@ -451,7 +418,7 @@ fn main() {
     let noop_runtime = runtime("noop-rt", 2);
     let ratekeeper_runtime = runtime("ratekeeper-rt", 2);
     let noop = start_noop(&noop_runtime, stop_rx.clone());
-    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, stop_rx);
+    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, API_KEY_LIMITS, None, stop_rx);
     let addr = |target| match target {
         Target::Noop => noop,
         Target::Ratekeeper => ratekeeper,

@@ -661,9 +661,23 @@ impl Limiter {
         options: LimiterOptions,
         metrics: crate::metrics::MetricsOptions,
     ) -> Limiter {
+        Limiter::on_engine(limits, engine, options, metrics, None)
+    }
+
+    /// [`Limiter::standalone`], with the reload figures of `reload` in the registry.
+    fn on_engine(
+        limits: Limits,
+        engine: crate::engine::Engine,
+        options: LimiterOptions,
+        metrics: crate::metrics::MetricsOptions,
+        reload: Option<Arc<crate::reload::ReloadStats>>,
+    ) -> Limiter {
         let cluster = crate::cluster::Cluster::single(engine);
         let mut registry = Metrics::registry();
         cluster.engine().register_metrics(&mut registry);
+        if let Some(reload) = reload {
+            reload.register_metrics(&mut registry);
+        }
         let metrics = Arc::new(Metrics::new(metrics, registry));
         Limiter::new(
             Arc::new(ArcSwap::from_pointee(limits)),
@@ -694,17 +708,7 @@ impl Limiter {
             },
             crate::clock::Clock::starting_at(start),
         );
-        let cluster = crate::cluster::Cluster::single(engine);
-        let mut registry = Metrics::registry();
-        cluster.engine().register_metrics(&mut registry);
         let reload = Arc::new(crate::reload::ReloadStats::with_version(0xabc));
-        reload.register_metrics(&mut registry);
-        let metrics = Arc::new(Metrics::new(metrics, registry));
-        Limiter::new(
-            Arc::new(ArcSwap::from_pointee(limits)),
-            Arc::new(cluster),
-            options,
-            metrics,
-        )
+        Limiter::on_engine(limits, engine, options, metrics, Some(reload))
     }
 }

@@ -192,3 +192,38 @@ pub fn parse_h2load(output: &Output, log: &Path, requests: u64) -> (f64, Vec<u64
     latencies.sort_unstable();
     (requests_per_second, latencies)
 }
+
+/// One `api_key` limit far above any rate reachable here, so every answer is OK.
+pub const API_KEY_LIMITS: &str = "\
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+";
+
+/// Starts the real ratekeeper server (default settings, `shards` shards if given) with the
+/// limits in `yaml` on `runtime`, both listeners on `127.0.0.1:0`; returns the gRPC address.
+pub fn start_ratekeeper(
+    runtime: &Runtime,
+    yaml: &str,
+    shards: Option<usize>,
+    stop: watch::Receiver<bool>,
+) -> SocketAddr {
+    let limits =
+        ratekeeper::limits::Limits::parse_str("bench.yaml", yaml).expect("the bench limits parse");
+    let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut options = ratekeeper::server::ServerOptions::new(localhost, localhost);
+    if let Some(shards) = shards {
+        options.engine.shards = shards;
+    }
+    let server = runtime
+        .block_on(ratekeeper::server::Server::bind(&options, limits, 0))
+        .expect("bind ratekeeper");
+    let addr = server.grpc_addr();
+    runtime.spawn(async move {
+        server.run(stopped(stop)).await.expect("ratekeeper runs");
+    });
+    addr
+}
