@@ -1,4 +1,5 @@
-//! Engine throughput through the actor path, plus micro-benchmarks of the pure parts.
+//! Engine throughput (`Engine::check`: shards stepped by the caller), plus micro-benchmarks
+//! of the pure parts.
 //!
 //! `engine/*` drive [`Engine::check`] on a multi-thread tokio runtime with the default
 //! engine config (one shard per core), from many concurrent caller tasks, the way the gRPC

@@ -1,8 +1,8 @@
 //! Rate-limit algorithms as pure functions over `(rate, state, now, cost) -> decision`.
 //!
 //! Nothing here reads a clock or does IO: `now` is nanoseconds since the Unix epoch, passed
-//! in by the shard actor. Windows are aligned to the epoch, as the reference service does
-//! (so a `week` starts on a Thursday, a `month` is 30 days and a `year` 365 days).
+//! in by the engine (read under the shard's lock). Windows are aligned to the epoch, as the
+//! reference service does (so a `week` starts on a Thursday, a `month` is 30 days and a `year` 365 days).
 //!
 //! Invariants:
 //! - A denied request consumes nothing (a rejected call never eats quota that a later,

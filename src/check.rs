@@ -1,6 +1,6 @@
 //! The check vocabulary every layer below the limiter speaks: what to decide ([`Check`]: the
 //! counters of one request descriptor, a cost, an optional wait), what came out
-//! ([`Decision`], re-exported from [`algorithm`]), and a counter's stored state ([`Slot`],
+//! ([`Decision`], re-exported from [`crate::algorithm`]), and a counter's stored state ([`Slot`],
 //! what handoff moves between nodes).
 //!
 //! The limiter builds checks, a [`Store`](crate::store::Store) decides them: the in-memory

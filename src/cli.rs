@@ -52,7 +52,7 @@ pub struct ServeArgs {
     pub grpc_addr: SocketAddr,
     #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
-    /// Shard actors [default: the number of cores].
+    /// Shards that own the counters [default: the number of cores].
     #[arg(long, env = "RATEKEEPER_SHARDS", value_parser = clap::value_parser!(u16).range(1..))]
     pub shards: Option<u16>,
     /// Live keys kept at most, across all shards.

@@ -1,4 +1,4 @@
-//! Wall-clock time for the shard actors, read through tokio's clock.
+//! Wall-clock time for the shards, read through tokio's clock.
 //!
 //! Algorithms need Unix time (windows align to the epoch) but tests need to control it.
 //! A [`Clock`] pins a Unix timestamp to a `tokio::time::Instant` once and measures from

@@ -1,10 +1,12 @@
 //! ratekeeper: an Envoy rate limit service (RLS v3) sidecar.
 //!
-//! The path of one request: [`rls`] validates it and matches each descriptor against the
-//! compiled [`limits`]; [`key`] turns each matched limit into a key; [`engine`] routes keys by
-//! FNV-1a hash to [`shard`] actors, which own all counters and decide with the pure
-//! [`algorithm`]s. [`reload`] keeps the limits current, [`metrics`] counts, [`server`] wires
-//! the listeners ([`admin`] is the HTTP side). See ARCHITECTURE.md.
+//! The path of one request: a front end ([`rls`] for Envoy, [`admin`] for HTTP) turns it
+//! into a [`limiter::Query`]; the [`limiter`] matches each descriptor against the compiled
+//! [`limits`], [`key`] turns each matched limit into a key, and the [`store`] decides the
+//! resulting [`check`]s: in memory, [`cluster`] routes keys to their owner node and
+//! [`engine`] to the [`shard`] that owns them, which decides with the pure [`algorithm`]s.
+//! [`error`] says how every failure is answered. [`reload`] keeps the limits current,
+//! [`metrics`] counts, [`server`] wires the listeners. See ARCHITECTURE.md.
 
 pub mod admin;
 pub mod algorithm;
