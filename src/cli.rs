@@ -61,6 +61,9 @@ pub struct ServeArgs {
     /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset headers to responses.
     #[arg(long, env = "RATEKEEPER_RESPONSE_HEADERS")]
     pub response_headers: bool,
+    /// Treat every limit as shadow mode: count and report, never reject.
+    #[arg(long, env = "RATEKEEPER_SHADOW_MODE")]
+    pub shadow_mode: bool,
     /// Also re-read the limits this often (e.g. `30s`), for filesystems without change events.
     #[arg(long, env = "RATEKEEPER_RELOAD_INTERVAL", value_parser = duration)]
     pub reload_interval: Option<Duration>,
@@ -153,6 +156,7 @@ impl ServeArgs {
             engine,
             limiter: LimiterOptions {
                 response_headers: self.response_headers,
+                shadow_mode: self.shadow_mode,
             },
             metrics: MetricsOptions {
                 near_limit_ratio: self.near_limit_ratio,

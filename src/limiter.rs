@@ -102,7 +102,8 @@ pub struct Limited {
     pub name: Option<Arc<str>>,
     pub requests_per_unit: u32,
     pub unit: Unit,
-    /// Hits still admissible right now.
+    /// Hits still admissible right now; 0 when over the limit (like the reference service,
+    /// even if a smaller request would still fit).
     pub remaining: u32,
     /// Until the limit has fully recovered (the window ends, the bucket is full).
     pub reset_after: Duration,
@@ -196,6 +197,9 @@ pub struct LimiterOptions {
     /// Front ends add `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` to
     /// their answers.
     pub response_headers: bool,
+    /// Every limit acts as if it had `shadow_mode: true`: counted and reported, never
+    /// enforced (the reference service's global `SHADOW_MODE`).
+    pub shadow_mode: bool,
 }
 
 /// Decides queries against the live limits.
@@ -327,13 +331,13 @@ impl Limiter {
         for ((descriptor, overridden), node) in query.descriptors.iter().zip(&overrides).zip(&nodes)
         {
             let (limits, shadow): (SmallVec<[&Limit; 2]>, bool) = match (overridden, node) {
-                (Some(limit), _) => (SmallVec::from_elem(limit, 1), false),
+                (Some(limit), _) => (SmallVec::from_elem(limit, 1), self.options.shadow_mode),
                 (None, Some(node)) => (
                     node.limits
                         .iter()
                         .filter(|limit| !is_replaced(limit, &replaced))
                         .collect(),
-                    node.shadow_mode,
+                    node.shadow_mode || self.options.shadow_mode,
                 ),
                 (None, None) => (SmallVec::new(), false),
             };
@@ -491,7 +495,7 @@ fn respond(plans: &[Plan<'_>], decisions: &[Decision]) -> Verdict {
                     name: limit.name.clone(),
                     requests_per_unit: rate.requests_per_unit,
                     unit: rate.unit,
-                    remaining: decision.remaining,
+                    remaining: if over { 0 } else { decision.remaining },
                     reset_after: Duration::from_nanos(decision.reset_after),
                     over,
                     shadow: *shadow,

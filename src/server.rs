@@ -33,6 +33,10 @@ use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
 use crate::rls::{MAX_MESSAGE_BYTES, RlsService};
 
+/// The gRPC health service names answered besides the RLS service's full name: the whole
+/// server (`""`) and the reference service's `ratelimit`.
+const HEALTH_NAMES: [&str; 2] = ["", "ratelimit"];
+
 /// Everything `serve` needs besides the limits.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -220,9 +224,12 @@ impl Server {
         reporter
             .set_serving::<RateLimitServiceServer<RlsService>>()
             .await;
-        reporter
-            .set_service_status("", tonic_health::ServingStatus::Serving)
-            .await;
+        // The reference service also answers its own name; probes written for it ask that.
+        for name in HEALTH_NAMES {
+            reporter
+                .set_service_status(name, tonic_health::ServingStatus::Serving)
+                .await;
+        }
         let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
@@ -261,9 +268,11 @@ impl Server {
             reporter
                 .set_not_serving::<RateLimitServiceServer<RlsService>>()
                 .await;
-            reporter
-                .set_service_status("", tonic_health::ServingStatus::NotServing)
-                .await;
+            for name in HEALTH_NAMES {
+                reporter
+                    .set_service_status(name, tonic_health::ServingStatus::NotServing)
+                    .await;
+            }
             // Peers stop sending us keys before we drain and hand ours over.
             let _ = tokio::time::timeout(grace, leaving.leave()).await;
             let _ = stop_tx.send(true);

@@ -34,7 +34,10 @@ async fn start(response_headers: bool) -> Running {
             shards: 2,
             ..EngineConfig::default()
         },
-        limiter: LimiterOptions { response_headers },
+        limiter: LimiterOptions {
+            response_headers,
+            ..LimiterOptions::default()
+        },
         ..ServerOptions::new(
             "127.0.0.1:0".parse().expect("addr"),
             "127.0.0.1:0".parse().expect("addr"),
@@ -173,7 +176,12 @@ async fn the_grpc_health_service_reports_serving() {
         .await
         .expect("connects");
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // "ratelimit" is the name the reference service answers to (probes written for it).
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let status = health
             .check(HealthCheckRequest {
                 service: service.to_owned(),

@@ -110,8 +110,8 @@ fn hits_count_and_zero_hits_consume_nothing() {
     let (response, body) = post(http, "/rate/api/per_user/carol?hits=2");
     assert_eq!(
         (response.status, &body["remaining"]),
-        (429, &json!(1)),
-        "two do not fit in one; nothing is taken"
+        (429, &json!(0)),
+        "two do not fit in one: over the limit, 0 remaining (like the reference); nothing is taken"
     );
     let (response, body) = post(http, "/rate/api/per_user/carol");
     assert_eq!((response.status, &body["remaining"]), (200, &json!(0)));

@@ -43,7 +43,10 @@ fn limiter(response_headers: bool) -> Limiter {
     Limiter::for_tests(
         LIMITS,
         START,
-        LimiterOptions { response_headers },
+        LimiterOptions {
+            response_headers,
+            ..LimiterOptions::default()
+        },
         crate::metrics::MetricsOptions::default(),
     )
 }
@@ -265,6 +268,72 @@ async fn hits_addend_request_level_and_per_descriptor() {
     let mut too_many = request(vec![descriptor(&[("api_key", "erin")])]);
     too_many.hits_addend = 4;
     assert_eq!(codes(&ask(&limiter, &too_many).await), [Code::OverLimit]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_over_limit_descriptor_reports_nothing_remaining_like_the_reference() {
+    let limiter = limiter(true);
+    let mut two = request(vec![descriptor(&[("api_key", "fay")])]);
+    two.hits_addend = 2;
+    assert_eq!(ask(&limiter, &two).await.statuses[0].limit_remaining, 1);
+    let mut three = two.clone();
+    three.hits_addend = 3;
+    let over = ask(&limiter, &three).await;
+    assert_eq!(codes(&over), [Code::OverLimit]);
+    assert_eq!(
+        over.statuses[0].limit_remaining, 0,
+        "1 hit is left, but a 429 must not say so"
+    );
+    let remaining = over
+        .response_headers_to_add
+        .iter()
+        .find(|header| header.key == "RateLimit-Remaining")
+        .map(|header| header.value.as_str());
+    assert_eq!(remaining, Some("0"));
+    // Nothing was consumed: the hit that is left is still there.
+    let mut one = two.clone();
+    one.hits_addend = 1;
+    let last = ask(&limiter, &one).await;
+    assert_eq!(
+        (codes(&last)[0], last.statuses[0].limit_remaining),
+        (Code::Ok, 0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn global_shadow_mode_counts_every_limit_but_rejects_nothing() {
+    let limiter = Limiter::for_tests(
+        LIMITS,
+        START,
+        LimiterOptions {
+            shadow_mode: true,
+            ..LimiterOptions::default()
+        },
+        crate::metrics::MetricsOptions::default(),
+    );
+    let mut own = descriptor(&[("api_key", "gus")]);
+    own.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 2,
+    });
+    let both = request(vec![descriptor(&[("api_key", "hal")]), own]);
+    for _ in 0..5 {
+        let response = ask(&limiter, &both).await;
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        assert_eq!(codes(&response), [Code::Ok, Code::Ok]);
+    }
+    let response = ask(&limiter, &both).await;
+    assert_eq!(
+        response.statuses[0].limit_remaining, 0,
+        "counted as usual: 3 per minute, 6 hits"
+    );
+    let text = limiter.metrics().encode();
+    assert!(
+        text.contains(
+            r#"ratekeeper_limit_shadow_mode_total{domain="edge",limit="per_key",unit="minute"} 3"#
+        ),
+        "{text}"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -23,7 +23,10 @@ fn limiter(response_headers: bool) -> Arc<Limiter> {
     Arc::new(Limiter::for_tests(
         LIMITS,
         START,
-        LimiterOptions { response_headers },
+        LimiterOptions {
+            response_headers,
+            ..LimiterOptions::default()
+        },
         crate::metrics::MetricsOptions::default(),
     ))
 }
