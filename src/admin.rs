@@ -113,7 +113,8 @@ async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response 
             } else {
                 StatusCode::OK
             };
-            let headers = state.limiter.options().response_headers;
+            let options = state.limiter.options();
+            let headers = options.response_headers.then_some(&options.header_names);
             (status, axum::Json(json::response(&verdict, headers))).into_response()
         }
         Err(failed) => error_response(&failed),

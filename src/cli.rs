@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
-use crate::limiter::LimiterOptions;
+use crate::limiter::{HeaderNames, LimiterOptions};
 use crate::limits::parse_duration;
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
@@ -61,6 +61,15 @@ pub struct ServeArgs {
     /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset headers to responses.
     #[arg(long, env = "RATEKEEPER_RESPONSE_HEADERS")]
     pub response_headers: bool,
+    /// Name of the header carrying the limit (with --response-headers, and on HTTP answers).
+    #[arg(long, env = "RATEKEEPER_HEADER_LIMIT", value_parser = header_name, default_value = "RateLimit-Limit")]
+    pub header_limit: String,
+    /// Name of the header carrying the hits remaining.
+    #[arg(long, env = "RATEKEEPER_HEADER_REMAINING", value_parser = header_name, default_value = "RateLimit-Remaining")]
+    pub header_remaining: String,
+    /// Name of the header carrying the seconds until the limit resets.
+    #[arg(long, env = "RATEKEEPER_HEADER_RESET", value_parser = header_name, default_value = "RateLimit-Reset")]
+    pub header_reset: String,
     /// Treat every limit as shadow mode: count and report, never reject.
     #[arg(long, env = "RATEKEEPER_SHADOW_MODE")]
     pub shadow_mode: bool,
@@ -157,6 +166,11 @@ impl ServeArgs {
             limiter: LimiterOptions {
                 response_headers: self.response_headers,
                 shadow_mode: self.shadow_mode,
+                header_names: HeaderNames {
+                    limit: self.header_limit.as_str().into(),
+                    remaining: self.header_remaining.as_str().into(),
+                    reset: self.header_reset.as_str().into(),
+                },
             },
             metrics: MetricsOptions {
                 near_limit_ratio: self.near_limit_ratio,
@@ -172,6 +186,10 @@ impl ServeArgs {
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
     }
+}
+
+fn header_name(text: &str) -> Result<String, String> {
+    HeaderNames::check(text).map(|()| text.to_owned())
 }
 
 fn duration(text: &str) -> Result<Duration, String> {

@@ -164,15 +164,15 @@ impl Verdict {
 
     /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up)
     /// of the tightest descriptor, for every front end that answers with headers.
-    pub fn rate_limit_headers(&self) -> Option<[(&'static str, String); 3]> {
+    pub fn rate_limit_headers<'n>(&self, names: &'n HeaderNames) -> Option<[(&'n str, String); 3]> {
         let tightest = self.tightest()?;
         let reset = u64::try_from(tightest.reset_after.as_nanos())
             .unwrap_or(u64::MAX)
             .div_ceil(crate::algorithm::NANOS_PER_SEC);
         Some([
-            ("RateLimit-Limit", tightest.requests_per_unit.to_string()),
-            ("RateLimit-Remaining", tightest.remaining.to_string()),
-            ("RateLimit-Reset", reset.to_string()),
+            (&*names.limit, tightest.requests_per_unit.to_string()),
+            (&*names.remaining, tightest.remaining.to_string()),
+            (&*names.reset, reset.to_string()),
         ])
     }
 
@@ -191,8 +191,40 @@ impl Verdict {
     }
 }
 
+/// The names of the three rate limit headers (the reference service's `LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: Arc<str>,
+    pub remaining: Arc<str>,
+    pub reset: Arc<str>,
+}
+
+impl Default for HeaderNames {
+    fn default() -> HeaderNames {
+        HeaderNames {
+            limit: Arc::from("RateLimit-Limit"),
+            remaining: Arc::from("RateLimit-Remaining"),
+            reset: Arc::from("RateLimit-Reset"),
+        }
+    }
+}
+
+impl HeaderNames {
+    /// Checks that `name` can be an HTTP header name (an RFC 9110 token), for the flags.
+    pub fn check(name: &str) -> Result<(), String> {
+        let token = |byte: u8| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte);
+        if name.is_empty() || name.len() > 128 || !name.bytes().all(token) {
+            return Err(format!(
+                "{name:?} is not a header name (1 to 128 letters, digits or !#$%&'*+-.^_`|~)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Switches of the limiter.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LimiterOptions {
     /// Front ends add `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` to
     /// their answers.
@@ -200,6 +232,8 @@ pub struct LimiterOptions {
     /// Every limit acts as if it had `shadow_mode: true`: counted and reported, never
     /// enforced (the reference service's global `SHADOW_MODE`).
     pub shadow_mode: bool,
+    /// The names of the `RateLimit-*` headers, on every front end.
+    pub header_names: HeaderNames,
 }
 
 /// Decides queries against the live limits.
@@ -258,8 +292,8 @@ impl Limiter {
         &self.limits
     }
 
-    pub fn options(&self) -> LimiterOptions {
-        self.options
+    pub fn options(&self) -> &LimiterOptions {
+        &self.options
     }
 
     /// Decides one query and records its outcome and latency.

@@ -18,7 +18,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 
 use crate::algorithm::Unit;
 use crate::error::Error;
-use crate::limiter::{LimitOverride, Limited, Limiter, Query, Status, Verdict};
+use crate::limiter::{HeaderNames, LimitOverride, Limited, Limiter, Query, Status, Verdict};
 
 /// The largest encoded `RateLimitRequest` accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -30,7 +30,9 @@ pub async fn should_rate_limit(
 ) -> Result<RateLimitResponse, Error> {
     let query = query(request).map_err(|error| limiter.refuse(error))?;
     let verdict = limiter.decide(&query).await?;
-    Ok(response(&verdict, limiter.options().response_headers))
+    let options = limiter.options();
+    let headers = options.response_headers.then_some(&options.header_names);
+    Ok(response(&verdict, headers))
 }
 
 /// The query a request asks; the error names the proto field at fault.
@@ -70,8 +72,9 @@ pub fn query(request: &RateLimitRequest) -> Result<Query<'_>, Error> {
     Ok(query)
 }
 
-/// The response Envoy gets for `verdict`.
-pub fn response(verdict: &Verdict, with_headers: bool) -> RateLimitResponse {
+/// The response Envoy gets for `verdict`, with the rate limit headers under `headers`' names
+/// if given.
+pub fn response(verdict: &Verdict, headers: Option<&HeaderNames>) -> RateLimitResponse {
     let statuses = verdict.statuses.iter().map(descriptor_status).collect();
     let overall = if verdict.is_over() {
         Code::OverLimit
@@ -83,7 +86,7 @@ pub fn response(verdict: &Verdict, with_headers: bool) -> RateLimitResponse {
         statuses,
         ..Default::default()
     };
-    if with_headers && let Some(headers) = verdict.rate_limit_headers() {
+    if let Some(headers) = headers.and_then(|names| verdict.rate_limit_headers(names)) {
         response.response_headers_to_add = headers
             .into_iter()
             .map(|(key, value)| HeaderValue {

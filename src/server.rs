@@ -168,7 +168,12 @@ impl Server {
             None => None,
         };
         let store = Arc::new(cluster.clone());
-        let limiter = Arc::new(Limiter::new(limits, store, options.limiter, metrics));
+        let limiter = Arc::new(Limiter::new(
+            limits,
+            store,
+            options.limiter.clone(),
+            metrics,
+        ));
         Ok(Server {
             grpc,
             http,

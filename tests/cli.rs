@@ -81,3 +81,23 @@ fn serve_refuses_to_start_with_invalid_limits() {
     assert!(stderr.contains("broken.yaml"), "{stderr}");
     assert!(output.stdout.is_empty(), "never announced serving");
 }
+
+#[test]
+fn serve_refuses_a_header_name_that_is_not_a_token() {
+    let output = ratekeeper(&[
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+        "--header-limit",
+        "Rate Limit",
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--header-limit") && stderr.contains("\"Rate Limit\" is not a header name"),
+        "names the flag and the problem: {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "never announced serving");
+}

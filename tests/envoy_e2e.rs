@@ -345,6 +345,49 @@ fn envoy_passes_ratekeeper_response_headers_on_allowed_and_denied_responses() {
     assert_no_service_headers(&anonymous, "no x-api-key");
 }
 
+/// Custom header names (the reference's `LIMIT_*_HEADER` settings) reach the client
+/// through Envoy, in place of the `RateLimit-*` ones.
+#[test]
+fn custom_rate_limit_header_names_reach_the_client_through_envoy() {
+    let mut stack = Stack::start(
+        Some(LIMITS),
+        &[
+            "--response-headers",
+            "--header-limit",
+            "X-Quota-Limit",
+            "--header-remaining",
+            "X-Quota-Remaining",
+            "--header-reset",
+            "X-Quota-Reset",
+        ],
+    );
+    for hit in 1..=3u64 {
+        let context = format!("k1 request {hit}");
+        let response = stack.get(Some("k1"));
+        assert_status(&response, 200, &context);
+        assert_eq!(
+            response.header("x-quota-limit"),
+            Some("3"),
+            "{context}: {response:#?}"
+        );
+        let remaining = (3 - hit).to_string();
+        assert_eq!(
+            response.header("x-quota-remaining"),
+            Some(remaining.as_str()),
+            "{context}: {response:#?}"
+        );
+        assert!(
+            response.header("x-quota-reset").is_some(),
+            "{context}: {response:#?}"
+        );
+        assert_no_service_headers(&response, &context);
+    }
+    let denied = stack.get(Some("k1"));
+    assert_status(&denied, 429, "k1 request 4");
+    assert_eq!(denied.header("x-quota-remaining"), Some("0"), "{denied:#?}");
+    assert_no_service_headers(&denied, "k1 request 4");
+}
+
 #[test]
 fn envoy_never_limits_requests_without_the_header() {
     let mut stack = Stack::start(Some(LIMITS), &["--response-headers"]);

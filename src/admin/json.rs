@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::algorithm::Unit;
-use crate::limiter::{LimitOverride, Limited, Query, Status, Verdict};
+use crate::limiter::{HeaderNames, LimitOverride, Limited, Query, Status, Verdict};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -123,14 +123,14 @@ fn limited_status(limited: &Limited) -> Value {
     })
 }
 
-/// The JSON body answering a request; `with_headers` adds `responseHeadersToAdd` like the
-/// gRPC response carries them.
-pub(super) fn response(verdict: &Verdict, with_headers: bool) -> Value {
+/// The JSON body answering a request; `headers` adds `responseHeadersToAdd` under those
+/// names, like the gRPC response carries them.
+pub(super) fn response(verdict: &Verdict, headers: Option<&HeaderNames>) -> Value {
     let mut out = json!({
         "overallCode": if verdict.is_over() { "OVER_LIMIT" } else { "OK" },
         "statuses": verdict.statuses.iter().map(status).collect::<Vec<_>>(),
     });
-    if with_headers && let Some(headers) = verdict.rate_limit_headers() {
+    if let Some(headers) = headers.and_then(|names| verdict.rate_limit_headers(names)) {
         out["responseHeadersToAdd"] = headers
             .iter()
             .map(|(key, value)| json!({"key": key, "value": value}))

@@ -301,6 +301,43 @@ async fn an_over_limit_descriptor_reports_nothing_remaining_like_the_reference()
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_rate_limit_headers_take_the_configured_names() {
+    let limiter = Limiter::for_tests(
+        LIMITS,
+        START,
+        LimiterOptions {
+            response_headers: true,
+            header_names: crate::limiter::HeaderNames {
+                limit: "X-Limit".into(),
+                remaining: "X-Left".into(),
+                reset: "X-Reset".into(),
+            },
+            ..LimiterOptions::default()
+        },
+        crate::metrics::MetricsOptions::default(),
+    );
+    let response = ask(&limiter, &request(vec![descriptor(&[("api_key", "ivy")])])).await;
+    let headers: Vec<(&str, &str)> = response
+        .response_headers_to_add
+        .iter()
+        .map(|header| (header.key.as_str(), header.value.as_str()))
+        .collect();
+    assert_eq!(
+        headers,
+        [("X-Limit", "3"), ("X-Left", "2"), ("X-Reset", "50")]
+    );
+}
+
+#[test]
+fn header_names_must_be_tokens() {
+    use crate::limiter::HeaderNames;
+    assert_eq!(HeaderNames::check("X-Quota_Remaining.v2"), Ok(()));
+    for bad in ["", "Rate Limit", "x:y", "é", &"x".repeat(129)] {
+        assert!(HeaderNames::check(bad).is_err(), "{bad:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn global_shadow_mode_counts_every_limit_but_rejects_nothing() {
     let limiter = Limiter::for_tests(
         LIMITS,
@@ -456,7 +493,7 @@ async fn the_verdict_says_exactly_when_a_denied_request_would_pass() {
         .decide(&query(&free).expect("valid"))
         .await
         .expect("valid");
-    assert_eq!(codes(&response(&denied, false)), [Code::OverLimit]);
+    assert_eq!(codes(&response(&denied, None)), [Code::OverLimit]);
     // 2 per second, and the clock sits exactly on a second: the next window opens in 1 s.
     assert_eq!(
         denied.retry_after(),
