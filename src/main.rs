@@ -26,8 +26,11 @@ fn main() -> ExitCode {
 }
 
 fn validate(path: &std::path::Path) -> ExitCode {
-    match Limits::load(path) {
-        Ok(limits) => {
+    match Limits::load_with_sources(path) {
+        Ok((limits, sources)) => {
+            for source in &sources {
+                println!("read {}", source.name);
+            }
             let domains: Vec<&str> = limits.domains().map(|domain| domain.name()).collect();
             println!(
                 "{}: ok, {} domains ({}), {} limits",

@@ -313,9 +313,7 @@ pub fn watch(
     };
     let mut notify =
         RecommendedWatcher::new(handler, notify::Config::default()).map_err(notify_error)?;
-    notify
-        .watch(&dir, RecursiveMode::NonRecursive)
-        .map_err(notify_error)?;
+    notify.watch(&dir, mode_for(&path)).map_err(notify_error)?;
     // Errors are logged and counted inside; the old limits stay and events will retry.
     let _ = reload_serialized(&path, &live, &stats, None);
     let shared = Arc::new(Shared {
@@ -345,6 +343,16 @@ pub fn watch(
         shared,
         task,
     })
+}
+
+/// A limits directory is read recursively, so it is watched recursively; a single file's
+/// parent is watched alone (it may hold anything).
+fn mode_for(path: &Path) -> RecursiveMode {
+    if path.is_dir() {
+        RecursiveMode::Recursive
+    } else {
+        RecursiveMode::NonRecursive
+    }
 }
 
 /// The directory to watch for `path`: itself, or a file's parent; absolute, as notify
@@ -466,7 +474,7 @@ impl Reloader {
         // watches the old directory under our path. Either way start afresh. These calls
         // wait only for notify's thread to add or remove one inotify watch.
         let _ = notify.unwatch(&self.dir);
-        match notify.watch(&self.dir, RecursiveMode::NonRecursive) {
+        match notify.watch(&self.dir, mode_for(&self.path)) {
             Ok(()) => {
                 self.lost.store(false, Ordering::SeqCst);
                 tracing::info!(dir = %self.dir.display(), "watching the limits directory again");

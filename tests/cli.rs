@@ -30,6 +30,40 @@ fn validate_accepts_the_repository_example_limits() {
 }
 
 #[test]
+fn validate_lists_every_file_it_read_including_sub_directories() {
+    let root = std::env::temp_dir().join(format!("ratekeeper-cli-{}-tree", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("teams")).expect("temp dir");
+    let limits = |domain: &str| {
+        format!(
+            "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        )
+    };
+    std::fs::write(root.join("edge.yaml"), limits("edge")).expect("writes");
+    std::fs::write(root.join("teams/internal.conf"), limits("internal")).expect("writes");
+    let output = ratekeeper(&["validate", root.to_str().expect("utf-8 path")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    let read: Vec<&str> = stdout
+        .lines()
+        .filter_map(|line| line.strip_prefix("read "))
+        .collect();
+    assert_eq!(
+        read,
+        [
+            root.join("edge.yaml").display().to_string(),
+            root.join("teams/internal.conf").display().to_string()
+        ],
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok, 2 domains (edge, internal)"),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
 fn validate_reports_every_error_with_file_and_place() {
     let path = temp_file(
         "bad.yaml",

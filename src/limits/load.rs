@@ -1,11 +1,15 @@
-//! Reading limits files from disk: one file, or every `*.yaml` / `*.yml` file directly in
-//! a directory.
+//! Reading limits files from disk: one file, or every file under a directory, recursively,
+//! whatever its name ends with, as the reference service loads its runtime directory.
 //!
 //! Invariants:
 //! - The only IO of the `limits` module lives here, and it only reads.
-//! - A directory is read flat (not recursively), in file-name order, following symlinks and
-//!   skipping names that start with `.`: a Kubernetes ConfigMap mount (`name.yaml ->
-//!   ..data/name.yaml`, `..data -> ..2024_...`) loads exactly its visible files.
+//! - A directory is read recursively, in path order, following symlinks and skipping names
+//!   (of files and directories) that start with `.`: a Kubernetes ConfigMap mount
+//!   (`name.yaml -> ..data/name.yaml`, `..data -> ..2024_...`) loads exactly its visible
+//!   files, once. No file is skipped silently: every file read is a source (so one that is
+//!   not a limits file fails the load, naming it), and `validate` lists them.
+//! - The walk is bounded: at most [`MAX_DEPTH`] directories deep and [`MAX_FILES`] files, and
+//!   a directory reached twice (a symlink loop) is read once.
 //! - No file is read past [`MAX_FILE_BYTES`] (plus one byte to notice it is larger), even
 //!   if it grows between the size check and the read.
 //! - Every unreadable file is reported, each error naming its path.
@@ -17,6 +21,11 @@ use std::path::{Path, PathBuf};
 use super::Source;
 use super::error::ConfigError;
 use super::schema::MAX_FILE_BYTES;
+
+/// Directories below the limits directory, at most.
+pub const MAX_DEPTH: usize = 16;
+/// Files under the limits directory, at most.
+pub const MAX_FILES: usize = 1000;
 
 /// The sources at `path`, and the problems reading them.
 pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
@@ -44,7 +53,7 @@ pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
         return (sources, errors);
     }
 
-    let files = match yaml_files(path) {
+    let files = match config_files(path) {
         Ok(files) => files,
         Err(error) => {
             errors.push(error);
@@ -54,7 +63,7 @@ pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
     if files.is_empty() {
         tracing::warn!(
             directory = %path.display(),
-            "no *.yaml or *.yml files in the limits directory; no limits are configured"
+            "no files in the limits directory; no limits are configured"
         );
     }
     for file in files {
@@ -66,28 +75,53 @@ pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
     (sources, errors)
 }
 
-/// The YAML files directly in `directory`, sorted by name.
-fn yaml_files(directory: &Path) -> Result<Vec<PathBuf>, ConfigError> {
-    let entries = fs::read_dir(directory)
-        .map_err(|error| io_error(directory, "cannot list directory", &error))?;
+/// Every visible file under `directory`, recursively, sorted by path.
+fn config_files(directory: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     let mut files = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|error| io_error(directory, "cannot list directory", &error))?;
-        let name = entry.file_name();
-        let bytes = name.as_encoded_bytes();
-        let yaml = bytes.ends_with(b".yaml") || bytes.ends_with(b".yml");
-        if bytes.starts_with(b".") || !yaml {
+    let mut seen = std::collections::HashSet::new();
+    let mut pending = vec![(directory.to_owned(), 0usize)];
+    while let Some((dir, depth)) = pending.pop() {
+        // A directory reached again through a symlink is read once.
+        if !seen.insert(fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone())) {
             continue;
         }
-        let path = entry.path();
-        // `fs::metadata` follows symlinks. Directories, sockets and pipes are skipped; a
-        // dangling symlink is kept so that reading it reports the error.
-        match fs::metadata(&path) {
-            Ok(metadata) if !metadata.is_file() => {}
-            _ => files.push(path),
+        let entries =
+            fs::read_dir(&dir).map_err(|error| io_error(&dir, "cannot list directory", &error))?;
+        for entry in entries {
+            let entry = entry.map_err(|error| io_error(&dir, "cannot list directory", &error))?;
+            if entry.file_name().as_encoded_bytes().starts_with(b".") {
+                continue;
+            }
+            let path = entry.path();
+            // `fs::metadata` follows symlinks; a dangling symlink is kept as a file so that
+            // reading it reports the error. Sockets and pipes are not limits files.
+            match fs::metadata(&path) {
+                Ok(metadata) if metadata.is_dir() => {
+                    if depth + 1 > MAX_DEPTH {
+                        return Err(ConfigError::whole_file(
+                            path.display().to_string(),
+                            format!("more than {MAX_DEPTH} directories deep"),
+                        ));
+                    }
+                    pending.push((path, depth + 1));
+                }
+                Ok(metadata) if !metadata.is_file() => {
+                    return Err(ConfigError::whole_file(
+                        path.display().to_string(),
+                        "not a regular file or a directory",
+                    ));
+                }
+                _ => files.push(path),
+            }
+            if files.len() > MAX_FILES {
+                return Err(ConfigError::whole_file(
+                    directory.display().to_string(),
+                    format!("more than {MAX_FILES} files"),
+                ));
+            }
         }
     }
-    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    files.sort();
     Ok(files)
 }
 

@@ -230,6 +230,36 @@ async fn adding_and_deleting_a_file_in_the_directory_is_reloaded() {
 }
 
 #[tokio::test]
+async fn a_file_in_a_sub_directory_is_watched_and_reloaded() {
+    let dir = TempDir::new("nested");
+    write(&dir.join("edge.yaml"), &limits_yaml("edge", 10));
+    fs::create_dir(dir.join("teams")).expect("create teams/");
+    write(
+        &dir.join("teams/internal.conf"),
+        &limits_yaml("internal", 5),
+    );
+    let running = start(dir.path(), quick());
+    assert_eq!(live_rate(&running.live, "internal"), Some(5));
+
+    write(
+        &dir.join("teams/internal.conf"),
+        &limits_yaml("internal", 7),
+    );
+    eventually("the nested file's change applied", || {
+        live_rate(&running.live, "internal") == Some(7)
+    })
+    .await;
+    // A directory created after the watch started is watched too.
+    fs::create_dir(dir.join("later")).expect("create later/");
+    write(&dir.join("later/extra.yaml"), &limits_yaml("extra", 3));
+    eventually("a file in a new sub-directory loaded", || {
+        live_rate(&running.live, "extra") == Some(3)
+    })
+    .await;
+    assert_eq!(live_rate(&running.live, "edge"), Some(10));
+}
+
+#[tokio::test]
 async fn a_kubernetes_configmap_update_is_reloaded() {
     let dir = TempDir::new("configmap");
     let first = "2026_11_21_10_00_00.000000001";

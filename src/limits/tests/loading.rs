@@ -41,18 +41,53 @@ fn a_single_file() {
 }
 
 #[test]
-fn a_directory_loads_its_visible_yaml_files_only() {
+fn a_directory_loads_every_visible_file_recursively_like_the_reference() {
     let dir = TempDir::new("multi");
     dir.write("b.yml", &domain_file("bravo"));
     dir.write("a.yaml", &domain_file("alpha"));
-    // None of these are read: they would fail the load if they were.
+    dir.write("ratelimit.conf", &domain_file("charlie"));
+    dir.write("nested/deeper/d", &domain_file("delta"));
+    fs::create_dir_all(dir.path().join("empty.yaml")).expect("create empty.yaml/");
+    // Hidden names are never read: these would fail the load if they were.
     dir.write(".hidden.yaml", "not: [valid");
-    dir.write("notes.txt", "not: [valid");
-    dir.write("README", "not: [valid");
-    dir.write("nested/c.yaml", "not: [valid");
-    fs::create_dir_all(dir.path().join("dir.yaml")).expect("create dir.yaml/");
+    dir.write(".git/config", "not: [valid");
+    let (limits, sources) = Limits::load_with_sources(dir.path()).expect("loads");
+    assert_eq!(names(&limits), ["alpha", "bravo", "charlie", "delta"]);
+    let read: Vec<String> = sources
+        .iter()
+        .map(|source| {
+            let path = Path::new(&source.name);
+            let relative = path.strip_prefix(dir.path()).expect("under the directory");
+            relative.display().to_string()
+        })
+        .collect();
+    assert_eq!(
+        read,
+        ["a.yaml", "b.yml", "nested/deeper/d", "ratelimit.conf"],
+        "every file read, in path order"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_limits_fails_the_load_naming_it() {
+    let dir = TempDir::new("stray");
+    dir.write("a.yaml", &domain_file("alpha"));
+    let notes = dir.write("docs/notes.txt", "these are notes, not limits");
+    let errors = load_errors(dir.path());
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert!(
+        errors[0].starts_with(&notes.display().to_string()),
+        "names the file: {errors:?}"
+    );
+}
+
+#[test]
+fn a_symlink_loop_is_read_once() {
+    let dir = TempDir::new("loop");
+    dir.write("sub/a.yaml", &domain_file("alpha"));
+    symlink("..", dir.path().join("sub/up")).expect("link sub/up -> ..");
     let limits = load(dir.path());
-    assert_eq!(names(&limits), ["alpha", "bravo"]);
+    assert_eq!(names(&limits), ["alpha"]);
 }
 
 #[test]
@@ -76,7 +111,7 @@ fn a_kubernetes_configmap_mount() {
 #[test]
 fn an_empty_directory_has_no_limits() {
     let dir = TempDir::new("empty");
-    dir.write("notes.txt", "nothing");
+    dir.write(".notes.txt", "nothing");
     let limits = load(dir.path());
     assert_eq!(names(&limits), Vec::<&str>::new());
     assert_eq!(limits.limit_count(), 0);
