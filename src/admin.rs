@@ -21,29 +21,57 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use arc_swap::ArcSwap;
+
 use crate::error::Error;
 use crate::limiter::Limiter;
+use crate::limits::Limits;
 use crate::rls::MAX_MESSAGE_BYTES;
 
 mod json;
 mod nginx;
 mod rate;
 
-/// Whether the process is serving (false once shutdown began).
+/// Whether the process is ready for traffic: serving (false once shutdown began) and, when
+/// that is required, holding limits with at least one domain.
 #[derive(Debug)]
 pub struct Health {
     serving: AtomicBool,
+    /// Ready only once these limits have a domain (`--healthy-only-with-config`).
+    requires: Option<Arc<ArcSwap<Limits>>>,
 }
 
 impl Health {
     pub fn new() -> Health {
         Health {
             serving: AtomicBool::new(true),
+            requires: None,
+        }
+    }
+
+    /// Ready only while `limits` hold at least one domain (the reference service's
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    pub fn once_limits_loaded(limits: Arc<ArcSwap<Limits>>) -> Health {
+        Health {
+            requires: Some(limits),
+            ..Health::new()
         }
     }
 
     pub fn is_serving(&self) -> bool {
         self.serving.load(Ordering::Acquire)
+    }
+
+    /// Whether limits are there, if they are required.
+    pub fn has_limits(&self) -> bool {
+        self.requires
+            .as_ref()
+            .is_none_or(|limits| limits.load().domains().next().is_some())
+    }
+
+    /// Serving, with limits if they are required.
+    pub fn is_ready(&self) -> bool {
+        self.is_serving() && self.has_limits()
     }
 
     pub fn stop_serving(&self) {
@@ -79,10 +107,12 @@ pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {
-    if state.health.is_serving() {
-        (StatusCode::OK, "OK")
-    } else {
+    if !state.health.is_serving() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting down")
+    } else if !state.health.has_limits() {
+        (StatusCode::SERVICE_UNAVAILABLE, "no limits loaded yet")
+    } else {
+        (StatusCode::OK, "OK")
     }
 }
 

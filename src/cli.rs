@@ -70,6 +70,14 @@ pub struct ServeArgs {
     /// Name of the header carrying the seconds until the limit resets.
     #[arg(long, env = "RATEKEEPER_HEADER_RESET", value_parser = header_name, default_value = "RateLimit-Reset")]
     pub header_reset: String,
+    /// Start even when the limits do not load (invalid, or no file yet), with no limits,
+    /// and pick up the first valid files when they appear.
+    #[arg(long, env = "RATEKEEPER_START_WITHOUT_CONFIG")]
+    pub start_without_config: bool,
+    /// Report unhealthy (/healthcheck 503, gRPC health NOT_SERVING) until limits with at
+    /// least one domain are loaded.
+    #[arg(long, env = "RATEKEEPER_HEALTHY_ONLY_WITH_CONFIG")]
+    pub healthy_only_with_config: bool,
     /// Treat every limit as shadow mode: count and report, never reject.
     #[arg(long, env = "RATEKEEPER_SHADOW_MODE")]
     pub shadow_mode: bool,
@@ -182,6 +190,7 @@ impl ServeArgs {
                 ..ReloadOptions::default()
             },
             shutdown_grace: self.shutdown_grace,
+            healthy_only_with_config: self.healthy_only_with_config,
             cluster: self.cluster_options(),
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }

@@ -49,7 +49,7 @@ fn validate(path: &std::path::Path) -> ExitCode {
 }
 
 fn serve(args: Box<ServeArgs>) -> ExitCode {
-    let (limits, version) = match reload::load(&args.config) {
+    let (limits, version) = match reload::load_at_start(&args.config, args.start_without_config) {
         Ok(loaded) => loaded,
         Err(errors) => {
             eprintln!("invalid limits, not starting:\n{errors}");

@@ -139,6 +139,27 @@ pub fn load(path: &Path) -> Result<(Limits, u64), ConfigErrors> {
     Ok((limits, version_of(&sources)))
 }
 
+/// [`load`] at start-up. With `start_without_config`, limits that do not load (invalid, or
+/// no file yet) are logged and replaced by no limits at all, version 0, so the process can
+/// start and the watch installs the first good files (the reference service's
+/// `FORCE_START_WITHOUT_INITIAL_CONFIG`).
+pub fn load_at_start(
+    path: &Path,
+    start_without_config: bool,
+) -> Result<(Limits, u64), ConfigErrors> {
+    match load(path) {
+        Err(errors) if start_without_config => {
+            tracing::warn!(
+                path = %path.display(),
+                %errors,
+                "starting without limits (--start-without-config); waiting for valid files"
+            );
+            Ok((Limits::from_sources(&[])?, 0))
+        }
+        loaded => loaded,
+    }
+}
+
 /// Reloads once: read all files -> parse -> validate -> compile -> swap.
 ///
 /// `Ok(false)` when the files hash to the live version (nothing is swapped or counted).

@@ -37,6 +37,56 @@ use crate::rls::{MAX_MESSAGE_BYTES, RlsService};
 /// server (`""`) and the reference service's `ratelimit`.
 const HEALTH_NAMES: [&str; 2] = ["", "ratelimit"];
 
+/// How often gRPC health is brought in line with [`Health`].
+const HEALTH_SYNC: Duration = Duration::from_millis(100);
+
+/// Sets every gRPC health name this server answers to serving or not.
+async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+    if serving {
+        reporter
+            .set_serving::<RateLimitServiceServer<RlsService>>()
+            .await;
+    } else {
+        reporter
+            .set_not_serving::<RateLimitServiceServer<RlsService>>()
+            .await;
+    }
+    let status = match serving {
+        true => tonic_health::ServingStatus::Serving,
+        false => tonic_health::ServingStatus::NotServing,
+    };
+    // The reference service also answers its own name; probes written for it ask that.
+    for name in HEALTH_NAMES {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
+/// Stops a background task when the server's `run` returns, however it returns.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Keeps gRPC health equal to `health.is_ready()` (which turns true once limits load, when
+/// that is required, and false for good at shutdown).
+async fn sync_health(
+    health: Arc<Health>,
+    reporter: tonic_health::server::HealthReporter,
+    mut ready: bool,
+) {
+    loop {
+        tokio::time::sleep(HEALTH_SYNC).await;
+        let now = health.is_ready();
+        if now != ready {
+            set_health(&reporter, now).await;
+            ready = now;
+        }
+    }
+}
+
 /// Everything `serve` needs besides the limits.
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
@@ -50,6 +100,8 @@ pub struct ServerOptions {
     pub reload: ReloadOptions,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// Report unhealthy until limits with at least one domain are loaded.
+    pub healthy_only_with_config: bool,
     /// Cluster mode: the peer listener's address and the cluster's settings. An empty
     /// `advertise` means the bound peer address.
     pub cluster: Option<(SocketAddr, ClusterOptions)>,
@@ -67,6 +119,7 @@ impl ServerOptions {
             watch: None,
             reload: ReloadOptions::default(),
             shutdown_grace: Duration::from_secs(15),
+            healthy_only_with_config: false,
             cluster: None,
         }
     }
@@ -174,6 +227,10 @@ impl Server {
             options.limiter.clone(),
             metrics,
         ));
+        let health = Arc::new(match options.healthy_only_with_config {
+            true => Health::once_limits_loaded(Arc::clone(limiter.limits())),
+            false => Health::new(),
+        });
         Ok(Server {
             grpc,
             http,
@@ -182,7 +239,7 @@ impl Server {
             http_addr,
             limiter,
             cluster,
-            health: Arc::new(Health::new()),
+            health,
             reload_stats,
             shutdown_grace: options.shutdown_grace,
             _watcher: watcher,
@@ -226,15 +283,18 @@ impl Server {
             RateLimitServiceServer::from_arc(Arc::new(RlsService::new(Arc::clone(&self.limiter))))
                 .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        reporter
-            .set_serving::<RateLimitServiceServer<RlsService>>()
-            .await;
-        // The reference service also answers its own name; probes written for it ask that.
-        for name in HEALTH_NAMES {
-            reporter
-                .set_service_status(name, tonic_health::ServingStatus::Serving)
-                .await;
-        }
+        // gRPC health follows `Health` (serving, and limits loaded when that is required),
+        // set before the first call and then checked every HEALTH_SYNC.
+        let ready = self.health.is_ready();
+        set_health(&reporter, ready).await;
+        let _health_sync = AbortOnDrop(
+            tokio::spawn(sync_health(
+                Arc::clone(&self.health),
+                reporter.clone(),
+                ready,
+            ))
+            .abort_handle(),
+        );
         let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
@@ -270,14 +330,7 @@ impl Server {
             shutdown.await;
             tracing::info!(grace = ?grace, "shutting down: not ready, draining in-flight requests");
             health.stop_serving();
-            reporter
-                .set_not_serving::<RateLimitServiceServer<RlsService>>()
-                .await;
-            for name in HEALTH_NAMES {
-                reporter
-                    .set_service_status(name, tonic_health::ServingStatus::NotServing)
-                    .await;
-            }
+            set_health(&reporter, false).await;
             // Peers stop sending us keys before we drain and hand ours over.
             let _ = tokio::time::timeout(grace, leaving.leave()).await;
             let _ = stop_tx.send(true);

@@ -410,3 +410,99 @@ async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
     let exit = exited.expect("exits after draining");
     assert!(exit.success(), "exit status {exit:?}: {}", server.stderr());
 }
+
+/// The gRPC health status of `service`, as a `ServingStatus` number.
+async fn grpc_health(addr: SocketAddr, service: &str) -> i32 {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connects");
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .expect("answers")
+        .into_inner()
+        .status
+}
+
+/// The reference's FORCE_START_WITHOUT_INITIAL_CONFIG and
+/// HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: a pod whose ConfigMap is not valid yet starts,
+/// stays out of the load balancer, and joins once valid limits appear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_without_valid_limits_and_is_healthy_only_once_they_load() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let dir = TempDir::new("no-config");
+    write_config(
+        dir.path(),
+        "edge.yaml",
+        "domain: edge\ndescriptors: [{key: a\n",
+    );
+    let server = Ratekeeper::start_unready(
+        dir.path(),
+        &["--start-without-config", "--healthy-only-with-config"],
+    );
+    let health = http_get(server.http_addr(), "/healthcheck", &[]).expect("answers");
+    assert_eq!(
+        (health.status, health.body.trim()),
+        (503, "no limits loaded yet")
+    );
+    for service in [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
+        assert_eq!(
+            grpc_health(server.grpc_addr(), service).await,
+            ServingStatus::NotServing as i32,
+            "{service:?}"
+        );
+    }
+    let mut client = client(server.grpc_addr()).await;
+    assert_eq!(
+        configured(&mut client, "edge", "probe").await,
+        0,
+        "answers meanwhile, with no limits"
+    );
+
+    replace(dir.path(), "edge.yaml", &limits("edge", 4));
+    until_configured(&mut client, "edge", 4).await;
+    let healthy = eventually(WAIT, || {
+        http_get(server.http_addr(), "/healthcheck", &[]).is_ok_and(|r| r.status == 200)
+    });
+    assert!(healthy, "healthy once limits loaded");
+    let grpc = server.grpc_addr();
+    let serving = eventually_async(WAIT, || async move {
+        grpc_health(grpc, "ratelimit").await == ServingStatus::Serving as i32
+    })
+    .await;
+    assert!(serving, "gRPC health follows");
+}
+
+#[test]
+fn without_the_flag_invalid_limits_still_refuse_to_start() {
+    let dir = TempDir::new("no-config-strict");
+    write_config(
+        dir.path(),
+        "edge.yaml",
+        "domain: edge\ndescriptors: [{key: a\n",
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args([
+            "serve",
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ])
+        .arg("--config")
+        .arg(dir.path())
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty(), "never announced serving");
+}

@@ -26,6 +26,22 @@ impl Ratekeeper {
     /// Starts `ratekeeper serve --config <config> <extra_args>` on `127.0.0.1:0` and waits
     /// until `/healthcheck` answers 200 (see [`ratekeeper_command`] for the environment).
     pub fn start(config: &Path, extra_args: &[&str]) -> Ratekeeper {
+        let mut ratekeeper = Ratekeeper::start_unready(config, extra_args);
+        let http_addr = ratekeeper.http_addr;
+        let healthy = eventually(START_TIMEOUT, || {
+            http_get(http_addr, "/healthcheck", &[]).is_ok_and(|response| response.status == 200)
+        });
+        if !healthy {
+            ratekeeper
+                .process
+                .fail("did not answer GET /healthcheck with 200");
+        }
+        ratekeeper
+    }
+
+    /// [`Ratekeeper::start`] without waiting for `/healthcheck` (for a process that is meant
+    /// to be unhealthy at first): returns once it printed its serving line.
+    pub fn start_unready(config: &Path, extra_args: &[&str]) -> Ratekeeper {
         let mut command = ratekeeper_command();
         command
             .arg("serve")
@@ -38,12 +54,6 @@ impl Ratekeeper {
         let Some((grpc_addr, http_addr, peer_addr)) = parse_serving_line(&line) else {
             process.fail(&format!("printed {line:?} instead of the serving line"));
         };
-        let healthy = eventually(START_TIMEOUT, || {
-            http_get(http_addr, "/healthcheck", &[]).is_ok_and(|response| response.status == 200)
-        });
-        if !healthy {
-            process.fail("did not answer GET /healthcheck with 200");
-        }
         Ratekeeper {
             process,
             grpc_addr,
