@@ -58,21 +58,6 @@ descriptors:
       requests_per_unit: 1
 ";
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Target {
-    Noop,
-    Ratekeeper,
-}
-
-impl Target {
-    fn name(self) -> &'static str {
-        match self {
-            Target::Noop => "no-op",
-            Target::Ratekeeper => "ratekeeper",
-        }
-    }
-}
-
 /// One request body and what ratekeeper must answer to it.
 struct Body {
     name: &'static str,

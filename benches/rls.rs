@@ -74,21 +74,6 @@ const SCENARIOS: [Scenario; 3] = [
     },
 ];
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Target {
-    Noop,
-    Ratekeeper,
-}
-
-impl Target {
-    fn name(self) -> &'static str {
-        match self {
-            Target::Noop => "no-op",
-            Target::Ratekeeper => "ratekeeper",
-        }
-    }
-}
-
 struct Settings {
     rounds: u64,
     seconds: f64,
@@ -349,40 +334,32 @@ fn bench_workload(
             ratekeeper.p99_us,
             ratekeeper.p99_us / noop.p99_us,
         ];
-        println!(
-            "| {} | {:.0} | {:.0} | {:.3} | {} | {} | {:.3} |",
-            round + 1,
-            row[0],
-            row[1],
-            row[2],
-            us(row[3]),
-            us(row[4]),
-            row[5]
-        );
+        println!("{}", ratio_row(&(round + 1).to_string(), &row, false));
         for (column, value) in columns.iter_mut().zip(row) {
             column.push(value);
         }
     }
     let medians = columns.map(|mut column| median(&mut column));
-    println!(
-        "| median | {:.0} | {:.0} | **{:.3}** | {} | {} | **{:.3}** |",
-        medians[0],
-        medians[1],
-        medians[2],
-        us(medians[3]),
-        us(medians[4]),
-        medians[5]
-    );
+    println!("{}", ratio_row("median", &medians, true));
     format!(
-        "| {} | {} | {:.0} | {:.0} | {:.3} | {} | {} | {:.3} |",
+        "| {} {}",
         scenario.name,
-        scenario.about,
-        medians[0],
-        medians[1],
-        medians[2],
-        us(medians[3]),
-        us(medians[4]),
-        medians[5]
+        ratio_row(scenario.about, &medians, false)
+    )
+}
+
+/// `| label | no-op req/s | ratekeeper req/s | ratio | no-op p99 | ratekeeper p99 | ratio |`,
+/// the ratios in bold when `bold`.
+fn ratio_row(label: &str, values: &[f64; 6], bold: bool) -> String {
+    let mark = if bold { "**" } else { "" };
+    format!(
+        "| {label} | {:.0} | {:.0} | {mark}{:.3}{mark} | {} | {} | {mark}{:.3}{mark} |",
+        values[0],
+        values[1],
+        values[2],
+        us(values[3]),
+        us(values[4]),
+        values[5]
     )
 }
 

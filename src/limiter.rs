@@ -29,7 +29,7 @@ use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
 use crate::limits::{Limit, Limits, Node};
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
-use crate::store::{Checked, Store};
+use crate::store::Store;
 
 /// Bounds on one query; larger input is rejected with [`Error::Invalid`].
 pub mod bounds {
@@ -417,12 +417,11 @@ impl Limiter {
         let decisions = if checks.is_empty() {
             Default::default()
         } else {
-            match self.store.check(checks) {
-                Checked::Ready(result) => result?,
-                Checked::Pending(future) => future.await?,
-            }
+            self.store.check(checks).wait().await?
         };
-        self.count(query, &plans, &decisions, &self.table_for(&snapshot));
+        let table = self.table_for(&snapshot);
+        // One lookup of the domain per request; each limit is then an index.
+        self.count(query, &plans, &decisions, table.domain(query.domain));
         Ok(respond(&plans, &decisions))
     }
 
@@ -432,7 +431,7 @@ impl Limiter {
         query: &Query<'_>,
         plans: &[Plan<'_>],
         decisions: &[Decision],
-        table: &LimitTable,
+        table: &[LimitCounters],
     ) {
         let ratio = self.metrics.near_limit_ratio();
         for (plan, descriptor) in plans.iter().zip(&query.descriptors) {
@@ -459,7 +458,7 @@ impl Limiter {
                         );
                         &owned
                     }
-                    Some(_) => match table.get(query.domain, limit) {
+                    Some(_) => match table.get(limit.index) {
                         Some(counters) => counters,
                         None => continue,
                     },

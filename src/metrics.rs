@@ -333,9 +333,9 @@ impl LimitTable {
         Arc::ptr_eq(&self.limits, limits)
     }
 
-    /// The counters of `limit` in `domain`, if the table has them.
-    pub fn get(&self, domain: &str, limit: &Limit) -> Option<&LimitCounters> {
-        self.domains.get(domain)?.get(limit.index)
+    /// The counters of `domain`'s limits, by [`Limit::index`] (empty for an unknown domain).
+    pub fn domain(&self, domain: &str) -> &[LimitCounters] {
+        self.domains.get(domain).map_or(&[], Vec::as_slice)
     }
 }
 

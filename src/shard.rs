@@ -134,10 +134,6 @@ impl Shard {
         }
     }
 
-    pub fn stats(&self) -> &Arc<ShardStats> {
-        &self.counters.stats
-    }
-
     pub fn live_keys(&self) -> usize {
         self.counters.keys.len()
     }

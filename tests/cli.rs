@@ -9,6 +9,19 @@ fn ratekeeper(args: &[&str]) -> std::process::Output {
         .expect("runs the binary")
 }
 
+/// `ratekeeper serve` on port 0 with `args` after the addresses.
+fn serve(args: &[&str]) -> std::process::Output {
+    let mut all = vec![
+        "serve",
+        "--grpc-addr",
+        "127.0.0.1:0",
+        "--http-addr",
+        "127.0.0.1:0",
+    ];
+    all.extend_from_slice(args);
+    ratekeeper(&all)
+}
+
 fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("ratekeeper-cli-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -101,15 +114,7 @@ fn serve_refuses_to_start_with_invalid_limits() {
         "broken.yaml",
         "domain: edge\ndescriptors: [{key: a, rate_limit: {unit: second}}, {key: a, rate_limit: {unit: second}}]\n",
     );
-    let output = ratekeeper(&[
-        "serve",
-        "--config",
-        path.to_str().expect("utf-8 path"),
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-    ]);
+    let output = serve(&["--config", path.to_str().expect("utf-8 path")]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("broken.yaml"), "{stderr}");
@@ -118,15 +123,7 @@ fn serve_refuses_to_start_with_invalid_limits() {
 
 #[test]
 fn serve_refuses_a_header_name_that_is_not_a_token() {
-    let output = ratekeeper(&[
-        "serve",
-        "--grpc-addr",
-        "127.0.0.1:0",
-        "--http-addr",
-        "127.0.0.1:0",
-        "--header-limit",
-        "Rate Limit",
-    ]);
+    let output = serve(&["--header-limit", "Rate Limit"]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

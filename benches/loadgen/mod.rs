@@ -25,6 +25,22 @@ use tokio::runtime::Runtime;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
 
+/// Which server a run measures: the no-op baseline or the real one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Target {
+    Noop,
+    Ratekeeper,
+}
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Noop => "no-op",
+            Target::Ratekeeper => "ratekeeper",
+        }
+    }
+}
+
 /// The do-nothing baseline: OK for every request, without looking at it.
 pub struct Noop;
 

@@ -40,13 +40,17 @@ descriptors:
 const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
 
 fn limiter(response_headers: bool) -> Limiter {
+    limiter_with(LimiterOptions {
+        response_headers,
+        ..LimiterOptions::default()
+    })
+}
+
+fn limiter_with(options: LimiterOptions) -> Limiter {
     Limiter::for_tests(
         LIMITS,
         START,
-        LimiterOptions {
-            response_headers,
-            ..LimiterOptions::default()
-        },
+        options,
         crate::metrics::MetricsOptions::default(),
     )
 }
@@ -302,20 +306,15 @@ async fn an_over_limit_descriptor_reports_nothing_remaining_like_the_reference()
 
 #[tokio::test(start_paused = true)]
 async fn the_rate_limit_headers_take_the_configured_names() {
-    let limiter = Limiter::for_tests(
-        LIMITS,
-        START,
-        LimiterOptions {
-            response_headers: true,
-            header_names: crate::limiter::HeaderNames {
-                limit: "X-Limit".into(),
-                remaining: "X-Left".into(),
-                reset: "X-Reset".into(),
-            },
-            ..LimiterOptions::default()
+    let limiter = limiter_with(LimiterOptions {
+        response_headers: true,
+        header_names: crate::limiter::HeaderNames {
+            limit: "X-Limit".into(),
+            remaining: "X-Left".into(),
+            reset: "X-Reset".into(),
         },
-        crate::metrics::MetricsOptions::default(),
-    );
+        ..LimiterOptions::default()
+    });
     let response = ask(&limiter, &request(vec![descriptor(&[("api_key", "ivy")])])).await;
     let headers: Vec<(&str, &str)> = response
         .response_headers_to_add
@@ -339,15 +338,10 @@ fn header_names_must_be_tokens() {
 
 #[tokio::test(start_paused = true)]
 async fn global_shadow_mode_counts_every_limit_but_rejects_nothing() {
-    let limiter = Limiter::for_tests(
-        LIMITS,
-        START,
-        LimiterOptions {
-            shadow_mode: true,
-            ..LimiterOptions::default()
-        },
-        crate::metrics::MetricsOptions::default(),
-    );
+    let limiter = limiter_with(LimiterOptions {
+        shadow_mode: true,
+        ..LimiterOptions::default()
+    });
     let mut own = descriptor(&[("api_key", "gus")]);
     own.limit = Some(RateLimitOverride {
         requests_per_unit: 1,
