@@ -43,16 +43,9 @@ const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 const CONNECTIONS: u32 = 8;
 const STREAMS_PER_CONNECTION: u32 = 32;
 
-/// `api_key`: far above any rate reachable here, so the hot path answers OK.
-/// `tenant`: one per day, so after the first request every answer is OVER_LIMIT.
-const LIMITS: &str = "\
-domain: bench
-descriptors:
-  - key: api_key
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000000000
-  - key: tenant
+/// Added to [`API_KEY_LIMITS`] (whose `api_key` limit keeps the hot path answering OK):
+/// `tenant`, one per day, so after the first request every answer is OVER_LIMIT.
+const TENANT_LIMIT: &str = "  - key: tenant
     rate_limit:
       unit: day
       requests_per_unit: 1
@@ -335,7 +328,8 @@ fn main() {
     let noop_runtime = runtime("noop-rt", 2);
     let ratekeeper_runtime = runtime("ratekeeper-rt", 2);
     let noop = start_noop(&noop_runtime, stop_rx.clone());
-    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, LIMITS, None, stop_rx);
+    let limits = format!("{API_KEY_LIMITS}{TENANT_LIMIT}");
+    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, &limits, None, stop_rx);
     let addr = |target| match target {
         Target::Noop => noop,
         Target::Ratekeeper => ratekeeper,
