@@ -209,8 +209,19 @@ impl Rate {
         }
     }
 
+    /// How long an emptied bucket takes to refill (`token_bucket`, `gcra`); zero for windows.
+    pub fn refill_time(&self) -> std::time::Duration {
+        match self.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => std::time::Duration::ZERO,
+            Algorithm::TokenBucket | Algorithm::Gcra => std::time::Duration::from_nanos(
+                self.emission_interval()
+                    .saturating_mul(u64::from(self.burst)),
+            ),
+        }
+    }
+
     /// Nanoseconds per token for the bucket algorithms (at least 1).
-    fn emission_interval(&self) -> u64 {
+    pub fn emission_interval(&self) -> u64 {
         (self.unit.nanos() / u64::from(self.requests_per_unit.max(1))).max(1)
     }
 }
@@ -238,6 +249,17 @@ pub struct Decision {
     /// When denied: nanoseconds until this same cost would be admitted, or `None` if it
     /// never can (the cost exceeds the limit's capacity). `Some(0)` when allowed.
     pub retry_after: Option<u64>,
+}
+
+impl State {
+    /// A sliding window's state: `current` hits in window `window` (the index of the unit
+    /// since the epoch), after `previous` hits in the window before.
+    pub fn sliding(window: u64, previous: u32, current: u32) -> State {
+        State {
+            a: sliding_pack(window, previous),
+            b: current,
+        }
+    }
 }
 
 /// The state of a key seen for the first time at `now`.

@@ -18,7 +18,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 
 pub use crate::algorithm::Decision;
-use crate::algorithm::Rate;
+use crate::algorithm::{self, Rate, State};
 use crate::key::KeyId;
 
 /// One limit of a descriptor: the counter's key and its rate.
@@ -55,6 +55,68 @@ impl Check {
         self.counters.first().map_or(0, |counter| counter.key.route)
     }
 }
+
+impl Check {
+    /// Decides this check on its counters' states as of `now` (`states[i]` is
+    /// `counters[i]`'s; a key seen for the first time is [`algorithm::init`]'s). It is the one
+    /// way every store decides a check, so their answers agree. Pushes one decision per
+    /// counter onto `out`.
+    ///
+    /// When every counter admits, `states` become the consumed states and it returns `None`.
+    /// Otherwise nothing is consumed (`states` stay), the decisions report each counter as
+    /// it stands without this request, and it returns the denying counter with the longest
+    /// wait (a wait of "never" is the longest) and that wait.
+    pub fn decide(
+        &self,
+        states: &mut [State],
+        now: u64,
+        out: &mut Decisions,
+    ) -> Option<(usize, Option<u64>)> {
+        let start = out.len();
+        let mut denied: Option<(usize, Option<u64>)> = None;
+        let mut consumed: States = SmallVec::with_capacity(states.len());
+        for (index, (counter, state)) in self.counters.iter().zip(states.iter()).enumerate() {
+            let mut state = *state;
+            let decision = algorithm::decide(&counter.rate, &mut state, now, self.cost);
+            consumed.push(state);
+            if !decision.allowed {
+                denied = match (denied, decision.retry_after) {
+                    (None, retry) => Some((index, retry)),
+                    (Some((_, Some(old))), Some(new)) if new > old => Some((index, Some(new))),
+                    (Some((_, Some(_))), None) => Some((index, None)),
+                    (kept, _) => kept,
+                };
+            }
+            out.push(decision);
+        }
+        let Some((index, retry_after)) = denied else {
+            for (state, consumed) in states.iter_mut().zip(consumed) {
+                *state = consumed;
+            }
+            return None;
+        };
+        out.truncate(start);
+        for (counter, state) in self.counters.iter().zip(states.iter()) {
+            out.push(peek(&counter.rate, *state, now, self.cost));
+        }
+        if let Some(decision) = out.get_mut(start + index) {
+            decision.allowed = false;
+            decision.retry_after = retry_after;
+        }
+        denied
+    }
+}
+
+/// A counter as it stands at `now`, without consuming: admitted when `cost` would fit.
+pub fn peek(rate: &Rate, mut state: State, now: u64, cost: u64) -> Decision {
+    let mut decision = algorithm::decide(rate, &mut state, now, 0);
+    // With cost 0 nothing is ever denied, unless the limit denies everything.
+    decision.allowed = decision.allowed && cost <= u64::from(decision.remaining);
+    decision
+}
+
+/// The states of one check's counters, in order.
+pub type States = SmallVec<[State; 4]>;
 
 /// The checks of one request, in request order.
 pub type Checks = SmallVec<[Check; 4]>;

@@ -14,6 +14,8 @@ use crate::limits::parse_duration;
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
 use crate::server::ServerOptions;
+use crate::store::Capabilities;
+use crate::store::redis::{self, FailurePolicy, RedisOptions, Target};
 
 /// Envoy rate limit service sidecar.
 #[derive(Parser)]
@@ -40,7 +42,39 @@ pub enum Command {
     /// Serve Envoy's RateLimitService over gRPC, plus the HTTP endpoints.
     Serve(Box<ServeArgs>),
     /// Load and check a limits file or directory exactly as `serve` would.
-    Validate { path: PathBuf },
+    Validate {
+        path: PathBuf,
+        /// Check the limits against what this store can count (`--store` of `serve`).
+        #[arg(long, env = "RATEKEEPER_STORE", value_parser = store, default_value = "memory")]
+        store: StoreArg,
+    },
+}
+
+/// `--store`: where counters live.
+#[derive(Clone, Debug)]
+pub enum StoreArg {
+    /// In this process's memory (with `--peers`: spread over the cluster).
+    Memory,
+    Redis(Box<Target>),
+}
+
+impl StoreArg {
+    /// What limits the store can count.
+    pub fn capabilities(&self) -> Capabilities {
+        match self {
+            StoreArg::Memory => Capabilities::MEMORY,
+            StoreArg::Redis(_) => redis::CAPABILITIES,
+        }
+    }
+}
+
+/// `--store-failure` values.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum FailureArg {
+    /// Admit requests while Redis cannot answer (fail open).
+    Allow,
+    /// Refuse them (over limit, retry after the cooldown).
+    Deny,
 }
 
 #[derive(Args)]
@@ -119,6 +153,27 @@ pub struct ServeArgs {
     /// Most per-limit metric series (label sets).
     #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
     pub metrics_max_series: usize,
+    /// Where counters live: `memory` (this process; with --peers, the cluster), or Redis:
+    /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, `rediss://...` (TLS),
+    /// `redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]/MASTER[/DB]`,
+    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]`.
+    #[arg(long, env = "RATEKEEPER_STORE", value_parser = store, default_value = "memory")]
+    pub store: StoreArg,
+    /// Deadline of one Redis call, connecting included.
+    #[arg(long, env = "RATEKEEPER_STORE_TIMEOUT", value_parser = duration, default_value = "100ms")]
+    pub store_timeout: Duration,
+    /// What to answer while Redis cannot: allow (fail open) or deny.
+    #[arg(long, env = "RATEKEEPER_STORE_FAILURE", value_enum, default_value_t = FailureArg::Allow)]
+    pub store_failure: FailureArg,
+    /// How long the Redis circuit breaker stays open before one call probes again.
+    #[arg(long, env = "RATEKEEPER_STORE_COOLDOWN", value_parser = duration, default_value = "1s")]
+    pub store_cooldown: Duration,
+    /// Connections to one Redis server; concurrent requests are pipelined on them.
+    #[arg(long, env = "RATEKEEPER_STORE_POOL", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub store_pool: u16,
+    /// Over-limit descriptors remembered to spare Redis calls (0: off).
+    #[arg(long, env = "RATEKEEPER_STORE_BLOCKED_KEYS", default_value_t = 100_000)]
+    pub store_blocked_keys: usize,
 }
 
 /// `--peer-fallback` values.
@@ -170,6 +225,20 @@ impl ServeArgs {
             engine.shards = usize::from(shards);
         }
         ServerOptions {
+            store: match &self.store {
+                StoreArg::Memory => None,
+                StoreArg::Redis(target) => Some(RedisOptions {
+                    timeout: self.store_timeout,
+                    pool: usize::from(self.store_pool),
+                    failure: match self.store_failure {
+                        FailureArg::Allow => FailurePolicy::Allow,
+                        FailureArg::Deny => FailurePolicy::Deny,
+                    },
+                    cooldown: self.store_cooldown,
+                    blocked_keys: self.store_blocked_keys,
+                    ..RedisOptions::new(Target::clone(target))
+                }),
+            },
             engine,
             limiter: LimiterOptions {
                 response_headers: self.response_headers,
@@ -187,6 +256,7 @@ impl ServeArgs {
             watch: Some(self.config.clone()),
             reload: ReloadOptions {
                 recheck_every: self.reload_interval,
+                store: self.store.capabilities(),
                 ..ReloadOptions::default()
             },
             shutdown_grace: self.shutdown_grace,
@@ -194,6 +264,13 @@ impl ServeArgs {
             cluster: self.cluster_options(),
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
+    }
+}
+
+fn store(text: &str) -> Result<StoreArg, String> {
+    match text {
+        "memory" => Ok(StoreArg::Memory),
+        _ => Target::parse(text).map(|target| StoreArg::Redis(Box::new(target))),
     }
 }
 

@@ -3,7 +3,10 @@
 //! Algorithms need Unix time (windows align to the epoch) but tests need to control it.
 //! A [`Clock`] pins a Unix timestamp to a `tokio::time::Instant` once and measures from
 //! there, so `#[tokio::test(start_paused = true)]` plus `tokio::time::advance` moves it.
+//! Tests that wait on real IO (a Redis server) cannot pause tokio's time, which would jump
+//! to the next deadline while the IO is pending; they use [`Clock::manual`] instead.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -12,6 +15,8 @@ use tokio::time::Instant;
 pub struct Clock {
     base_unix: u64,
     base: Instant,
+    /// Set: the clock reads this, and only moves when it is stored to.
+    manual: Option<&'static AtomicU64>,
 }
 
 impl Clock {
@@ -28,12 +33,25 @@ impl Clock {
         Clock {
             base_unix: unix_nanos,
             base: Instant::now(),
+            manual: None,
+        }
+    }
+
+    /// A clock that reads `time` (Unix nanoseconds) and moves only when it is stored to
+    /// (tests that wait on real IO). Waiting (`max_wait`) is measured from when it was made.
+    pub fn manual(time: &'static AtomicU64) -> Clock {
+        Clock {
+            manual: Some(time),
+            ..Clock::starting_at(time.load(Ordering::SeqCst))
         }
     }
 
     /// Nanoseconds since the Unix epoch.
     pub fn now(&self) -> u64 {
-        self.unix_at(Instant::now())
+        match self.manual {
+            Some(time) => time.load(Ordering::SeqCst),
+            None => self.unix_at(Instant::now()),
+        }
     }
 
     /// What this clock reads at `instant` (lets a caller read the time once and reuse it).

@@ -416,7 +416,7 @@ impl Cluster {
 /// owners.
 impl Store for Cluster {
     fn capabilities(&self) -> Capabilities {
-        Capabilities { wait: true }
+        Capabilities::MEMORY
     }
 
     fn check(&self, checks: Checks) -> Checked<'_> {

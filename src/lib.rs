@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod algorithm;
+pub mod breaker;
 pub mod check;
 pub mod cli;
 pub mod clock;

@@ -28,6 +28,8 @@ use std::collections::btree_map::Entry;
 use std::fmt;
 use std::path::Path;
 
+use crate::store::Capabilities;
+
 pub use self::compile::{DEFAULT_MAX_QUEUE, MAX_QUEUE_CEILING, MAX_WAIT_CEILING};
 pub use self::error::{ConfigError, ConfigErrors, Position};
 pub use self::schema::{MAX_DEPTH, MAX_DESCRIPTORS, MAX_FILE_BYTES};
@@ -52,20 +54,32 @@ impl Limits {
     /// order, skipping names starting with `.`, following symlinks). A directory without
     /// YAML files gives empty limits.
     pub fn load(path: &Path) -> Result<Limits, ConfigErrors> {
-        Limits::load_with_sources(path).map(|(limits, _)| limits)
+        Limits::load_with_sources(path, &Capabilities::MEMORY).map(|(limits, _)| limits)
     }
 
-    /// [`Limits::load`], also returning the files exactly as read: the text that was
-    /// compiled, for hashing it into a version (see `reload`).
-    pub fn load_with_sources(path: &Path) -> Result<(Limits, Vec<Source>), ConfigErrors> {
+    /// [`Limits::load`] for a store that can do what `store` says (a limit it cannot count
+    /// is an error), also returning the files exactly as read: the text that was compiled,
+    /// for hashing it into a version (see `reload`).
+    pub fn load_with_sources(
+        path: &Path,
+        store: &Capabilities,
+    ) -> Result<(Limits, Vec<Source>), ConfigErrors> {
         let (sources, errors) = load::read(path);
-        let limits = Limits::build(&sources, errors)?;
+        let limits = Limits::build(&sources, errors, store)?;
         Ok((limits, sources))
     }
 
-    /// Parses, validates and compiles already-read files.
+    /// Parses, validates and compiles already-read files (for the in-memory store).
     pub fn from_sources(sources: &[Source]) -> Result<Limits, ConfigErrors> {
-        Limits::build(sources, Vec::new())
+        Limits::from_sources_for(sources, &Capabilities::MEMORY)
+    }
+
+    /// [`Limits::from_sources`] for a store that can do what `store` says.
+    pub fn from_sources_for(
+        sources: &[Source],
+        store: &Capabilities,
+    ) -> Result<Limits, ConfigErrors> {
+        Limits::build(sources, Vec::new(), store)
     }
 
     /// One file's worth of YAML, named `name` in errors.
@@ -76,7 +90,11 @@ impl Limits {
         }])
     }
 
-    fn build(sources: &[Source], mut errors: Vec<ConfigError>) -> Result<Limits, ConfigErrors> {
+    fn build(
+        sources: &[Source],
+        mut errors: Vec<ConfigError>,
+        store: &Capabilities,
+    ) -> Result<Limits, ConfigErrors> {
         let bounds = schema::Bounds::new();
         let mut limits = Limits::default();
         let mut files: BTreeMap<Box<str>, &str> = BTreeMap::new();
@@ -91,7 +109,7 @@ impl Limits {
                     continue;
                 }
             };
-            let Some(compiled) = compile::compile(&source.name, raw, &mut errors) else {
+            let Some(compiled) = compile::compile(&source.name, raw, &mut errors, store) else {
                 continue;
             };
             let domain = compiled.domain;

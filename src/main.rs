@@ -9,6 +9,7 @@ use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
 use ratekeeper::limits::Limits;
 use ratekeeper::reload;
 use ratekeeper::server::Server;
+use ratekeeper::store::Capabilities;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -20,13 +21,13 @@ fn main() -> ExitCode {
         LogFormat::Json => logs.json().init(),
     }
     match cli.command {
-        Command::Validate { path } => validate(&path),
+        Command::Validate { path, store } => validate(&path, &store.capabilities()),
         Command::Serve(args) => serve(args),
     }
 }
 
-fn validate(path: &std::path::Path) -> ExitCode {
-    match Limits::load_with_sources(path) {
+fn validate(path: &std::path::Path, store: &Capabilities) -> ExitCode {
+    match Limits::load_with_sources(path, store) {
         Ok((limits, sources)) => {
             for source in &sources {
                 println!("read {}", source.name);
@@ -49,13 +50,15 @@ fn validate(path: &std::path::Path) -> ExitCode {
 }
 
 fn serve(args: Box<ServeArgs>) -> ExitCode {
-    let (limits, version) = match reload::load_at_start(&args.config, args.start_without_config) {
-        Ok(loaded) => loaded,
-        Err(errors) => {
-            eprintln!("invalid limits, not starting:\n{errors}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let store = args.store.capabilities();
+    let (limits, version) =
+        match reload::load_at_start(&args.config, args.start_without_config, &store) {
+            Ok(loaded) => loaded,
+            Err(errors) => {
+                eprintln!("invalid limits, not starting:\n{errors}");
+                return ExitCode::FAILURE;
+            }
+        };
     let options = args.server_options();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

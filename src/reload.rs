@@ -37,6 +37,7 @@ mod metrics;
 
 use crate::key::fnv1a64;
 use crate::limits::{ConfigErrors, Domain, Limits, Source};
+use crate::store::Capabilities;
 
 /// FNV-1a 64's offset basis: the version of no files at all.
 const FNV64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -57,6 +58,8 @@ pub struct ReloadOptions {
     /// Re-read this often even without events, for filesystems that send none (off by
     /// default; zero also means off).
     pub recheck_every: Option<Duration>,
+    /// What the counter store can count: limits it cannot are a reload error.
+    pub store: Capabilities,
 }
 
 impl Default for ReloadOptions {
@@ -64,6 +67,7 @@ impl Default for ReloadOptions {
         ReloadOptions {
             debounce: Duration::from_millis(200),
             recheck_every: None,
+            store: Capabilities::MEMORY,
         }
     }
 }
@@ -134,8 +138,8 @@ fn hash_field(hash: u64, bytes: &[u8]) -> u64 {
 
 /// Reads, parses, validates and compiles `path` exactly as [`Limits::load`] does; returns
 /// the limits and the [`version_of`] the files compiled.
-pub fn load(path: &Path) -> Result<(Limits, u64), ConfigErrors> {
-    let (limits, sources) = Limits::load_with_sources(path)?;
+pub fn load(path: &Path, store: &Capabilities) -> Result<(Limits, u64), ConfigErrors> {
+    let (limits, sources) = Limits::load_with_sources(path, store)?;
     Ok((limits, version_of(&sources)))
 }
 
@@ -146,8 +150,9 @@ pub fn load(path: &Path) -> Result<(Limits, u64), ConfigErrors> {
 pub fn load_at_start(
     path: &Path,
     start_without_config: bool,
+    store: &Capabilities,
 ) -> Result<(Limits, u64), ConfigErrors> {
-    match load(path) {
+    match load(path, store) {
         Err(errors) if start_without_config => {
             tracing::warn!(
                 path = %path.display(),
@@ -171,8 +176,9 @@ pub fn reload_now(
     path: &Path,
     live: &ArcSwap<Limits>,
     stats: &ReloadStats,
+    store: &Capabilities,
 ) -> Result<bool, ConfigErrors> {
-    reload_serialized(path, live, stats, None)
+    reload_serialized(path, live, stats, store, None)
 }
 
 /// [`reload_now`], doing nothing once `stopped` is set.
@@ -180,6 +186,7 @@ fn reload_serialized(
     path: &Path,
     live: &ArcSwap<Limits>,
     stats: &ReloadStats,
+    store: &Capabilities,
     stopped: Option<&AtomicBool>,
 ) -> Result<bool, ConfigErrors> {
     let _serial = stats.serialize();
@@ -187,7 +194,7 @@ fn reload_serialized(
         return Ok(false);
     }
     stats.checks.fetch_add(1, Ordering::Relaxed);
-    let (limits, version) = match load(path) {
+    let (limits, version) = match load(path, store) {
         Ok(loaded) => loaded,
         Err(errors) => {
             stats.failures.fetch_add(1, Ordering::Relaxed);
@@ -336,7 +343,7 @@ pub fn watch(
         RecommendedWatcher::new(handler, notify::Config::default()).map_err(notify_error)?;
     notify.watch(&dir, mode_for(&path)).map_err(notify_error)?;
     // Errors are logged and counted inside; the old limits stay and events will retry.
-    let _ = reload_serialized(&path, &live, &stats, None);
+    let _ = reload_serialized(&path, &live, &stats, &options.store, None);
     let shared = Arc::new(Shared {
         stopped: AtomicBool::new(false),
         notify: Mutex::new(Some(notify)),
@@ -474,11 +481,12 @@ impl Reloader {
         let live = Arc::clone(&self.live);
         let stats = Arc::clone(&self.stats);
         let shared = Arc::clone(&self.shared);
+        let store = self.options.store;
         // Reading and compiling is blocking file IO plus CPU (up to a few MiB), so it runs on
         // the blocking pool rather than stalling a runtime worker that serves requests. This
         // task awaits it, so its reloads never overlap. Errors are logged and counted inside.
         let reload = tokio::task::spawn_blocking(move || {
-            reload_serialized(&path, &live, &stats, Some(&shared.stopped))
+            reload_serialized(&path, &live, &stats, &store, Some(&shared.stopped))
         });
         if let Err(error) = reload.await {
             tracing::error!(%error, "limits reload did not finish");

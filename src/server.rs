@@ -32,6 +32,8 @@ use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
 use crate::rls::{MAX_MESSAGE_BYTES, RlsService};
+use crate::store::Store;
+use crate::store::redis::{RedisOptions, RedisStore};
 
 /// The gRPC health service names answered besides the RLS service's full name: the whole
 /// server (`""`) and the reference service's `ratelimit`.
@@ -105,6 +107,8 @@ pub struct ServerOptions {
     /// Cluster mode: the peer listener's address and the cluster's settings. An empty
     /// `advertise` means the bound peer address.
     pub cluster: Option<(SocketAddr, ClusterOptions)>,
+    /// Counters in Redis instead of this process's engine (`None`: in memory).
+    pub store: Option<RedisOptions>,
 }
 
 impl ServerOptions {
@@ -121,6 +125,7 @@ impl ServerOptions {
             shutdown_grace: Duration::from_secs(15),
             healthy_only_with_config: false,
             cluster: None,
+            store: None,
         }
     }
 }
@@ -136,6 +141,12 @@ pub enum ServeError {
     Watch(#[from] reload::ReloadError),
     #[error("--advertise is needed when the peer listener binds {0} (others cannot reach that)")]
     Advertise(SocketAddr),
+    #[error(
+        "--store {0} cannot be combined with cluster mode (--peers, --peer-dns): every node already shares the counters in Redis"
+    )]
+    StoreWithPeers(String),
+    #[error("cannot use the redis store: {0}")]
+    Store(redis::RedisError),
     #[error("peer listener failed: {0}")]
     Peer(tonic::transport::Error),
     #[error("grpc listener failed: {0}")]
@@ -209,6 +220,19 @@ impl Server {
         cluster.engine().register_metrics(&mut registry);
         cluster.register_metrics(&mut registry);
         reload_stats.register_metrics(&mut registry);
+        let store: Arc<dyn Store> = match &options.store {
+            None => Arc::new(cluster.clone()),
+            Some(redis) => {
+                if options.cluster.is_some() {
+                    return Err(ServeError::StoreWithPeers(redis.target.describe()));
+                }
+                let store =
+                    RedisStore::new(redis.clone(), Clock::system()).map_err(ServeError::Store)?;
+                store.register_metrics(&mut registry);
+                tracing::info!(store = %store.describe(), failure = redis.failure.as_str(), "counters live in redis");
+                Arc::new(store)
+            }
+        };
         let metrics = Arc::new(Metrics::new(options.metrics, registry));
         let limits = Arc::new(ArcSwap::from_pointee(limits));
         let watcher = match &options.watch {
@@ -220,7 +244,6 @@ impl Server {
             )?),
             None => None,
         };
-        let store = Arc::new(cluster.clone());
         let limiter = Arc::new(Limiter::new(
             limits,
             store,

@@ -26,7 +26,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::algorithm::{self, NANOS_PER_SEC, State};
-use crate::check::{Check, Counter, Decisions, Slot};
+use crate::check::{self, Check, Counter, Decisions, Slot, States};
 use crate::error::StoreError;
 use crate::histogram::AtomicHistogram;
 use crate::key::{KeyHasher, KeyId};
@@ -378,13 +378,11 @@ impl Counters {
             }
             return Ok(Outcome::Admitted);
         }
-        let start = out.len();
-        let mut admitted = true;
-        let mut denied: Option<(KeyId, Option<u64>)> = None;
-        let mut states: [State; 4] = [State::default(); 4];
         let mut new_keys = 0usize;
-        for (index, counter) in check.counters.iter().enumerate() {
-            let mut state = match self.keys.get(&counter.key) {
+        let mut states: States = check
+            .counters
+            .iter()
+            .map(|counter| match self.keys.get(&counter.key) {
                 Some(slot) => State {
                     a: slot.a,
                     b: slot.b,
@@ -393,38 +391,13 @@ impl Counters {
                     new_keys += 1;
                     algorithm::init(&counter.rate, now)
                 }
-            };
-            let decision = algorithm::decide(&counter.rate, &mut state, now, check.cost);
-            if let Some(saved) = states.get_mut(index) {
-                *saved = state;
-            }
-            if !decision.allowed {
-                admitted = false;
-                let longest = match (denied, decision.retry_after) {
-                    (None, retry) => Some((counter.key, retry)),
-                    (Some((_, Some(old))), Some(new)) if new > old => {
-                        Some((counter.key, Some(new)))
-                    }
-                    (Some((_, Some(_))), None) => Some((counter.key, None)),
-                    (kept, _) => kept,
-                };
-                denied = longest;
-            }
-            out.push(decision);
-        }
-        if let Some((key, retry_after)) = denied {
-            // Nothing is consumed: report the others as they stand without this request.
-            out.truncate(start);
-            self.peek(check, now, out);
-            for (decision, counter) in out[start..].iter_mut().zip(&check.counters) {
-                if counter.key == key {
-                    decision.allowed = false;
-                    decision.retry_after = retry_after;
-                }
-            }
+            })
+            .collect();
+        if let Some((index, retry_after)) = check.decide(&mut states, now, out) {
+            // `decide` answers the index of one of the check's counters.
+            let key = check.counters[index].key;
             return Ok(Outcome::Denied { key, retry_after });
         }
-        debug_assert!(admitted);
         if check.cost == 0 {
             return Ok(Outcome::Admitted);
         }
@@ -435,16 +408,7 @@ impl Counters {
                 max_keys: self.max_keys,
             });
         }
-        for (index, counter) in check.counters.iter().enumerate() {
-            let state = match states.get(index) {
-                Some(state) => *state,
-                // More than four limits on one descriptor: decide again, now consuming.
-                None => {
-                    let mut state = self.state_of(counter, now);
-                    algorithm::decide(&counter.rate, &mut state, now, check.cost);
-                    state
-                }
-            };
+        for (counter, state) in check.counters.iter().zip(states) {
             let expires = unix_secs(now.saturating_add(algorithm::idle_expiry(&counter.rate)));
             self.keys.insert(
                 counter.key,
@@ -524,11 +488,12 @@ impl Counters {
     /// Pushes what each counter of `check` would say with nothing consumed.
     fn peek(&self, check: &Check, now: u64, out: &mut Decisions) {
         for counter in &check.counters {
-            let mut state = self.state_of(counter, now);
-            let mut decision = algorithm::decide(&counter.rate, &mut state, now, 0);
-            // With cost 0 nothing is ever denied, unless the limit denies everything.
-            decision.allowed = decision.allowed && check.cost <= u64::from(decision.remaining);
-            out.push(decision);
+            out.push(check::peek(
+                &counter.rate,
+                self.state_of(counter, now),
+                now,
+                check.cost,
+            ));
         }
     }
 

@@ -17,6 +17,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use crate::check::{Checks, Decisions};
 use crate::error::StoreError;
@@ -39,11 +40,30 @@ impl Checked<'_> {
 
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Send + 'a>>;
 
-/// What a store can do beyond counting.
+/// What a store can do beyond counting, and the limits it can count exactly. Limits files
+/// are validated against the selected store's capabilities, so a limit the store cannot
+/// honour is refused at load, naming the file and the place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capabilities {
+    /// How config errors name the store (`--store redis`).
+    pub name: &'static str,
     /// It can hold a check back in a FIFO queue until capacity frees up (`max_wait`).
     pub wait: bool,
+    /// The most `requests_per_unit` a `sliding_window` limit may have (`None`: any).
+    pub max_sliding_per_unit: Option<u32>,
+    /// The longest a `token_bucket` or `gcra` limit may take to refill from empty
+    /// (`unit / requests_per_unit * burst`; `None`: any).
+    pub max_refill: Option<Duration>,
+}
+
+impl Capabilities {
+    /// The in-memory engine, alone or clustered: everything.
+    pub const MEMORY: Capabilities = Capabilities {
+        name: "--store memory",
+        wait: true,
+        max_sliding_per_unit: None,
+        max_refill: None,
+    };
 }
 
 /// Counts and decides checks.
@@ -54,3 +74,5 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// nothing; the counters of one check consume all or nothing.
     fn check(&self, checks: Checks) -> Checked<'_>;
 }
+
+pub mod redis;

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Rate, Unit};
+use crate::store::Capabilities;
 
 use super::error::{ConfigError, join, name};
 use super::glob::Glob;
@@ -39,6 +40,7 @@ pub(crate) fn compile(
     file: &str,
     raw: Option<RawFile>,
     errors: &mut Vec<ConfigError>,
+    store: &Capabilities,
 ) -> Option<Compiled> {
     let raw = raw.unwrap_or_default();
     let domain = match raw.domain {
@@ -60,6 +62,7 @@ pub(crate) fn compile(
     let mut compiler = Compiler {
         file,
         errors,
+        store,
         order: 0,
         limit_count: 0,
     };
@@ -76,6 +79,8 @@ pub(crate) fn compile(
 struct Compiler<'a> {
     file: &'a str,
     errors: &'a mut Vec<ConfigError>,
+    /// What the selected store can count.
+    store: &'a Capabilities,
     order: usize,
     limit_count: usize,
 }
@@ -310,6 +315,7 @@ impl Compiler<'_> {
             }
         }
 
+        self.check_store(rate.as_ref(), max_wait, place);
         if self.errors.len() > errors_before {
             return None;
         }
@@ -322,6 +328,48 @@ impl Compiler<'_> {
             max_queue,
             replaces: replaces.into_boxed_slice(),
         })
+    }
+
+    /// Refuses what the selected store cannot count exactly.
+    fn check_store(&mut self, rate: Option<&Rate>, max_wait: Option<Duration>, place: &str) {
+        let store = *self.store;
+        if max_wait.is_some() && !store.wait {
+            self.error(
+                format!("{place}.max_wait"),
+                format!(
+                    "max_wait is not available with {} (it cannot hold requests in a queue): remove it or use --store memory",
+                    store.name
+                ),
+            );
+        }
+        let Some(rate) = rate else { return };
+        if let Some(most) = store.max_sliding_per_unit
+            && rate.algorithm == Algorithm::SlidingWindow
+            && rate.requests_per_unit > most
+        {
+            self.error(
+                format!("{place}.requests_per_unit"),
+                format!(
+                    "a sliding_window limit can count at most {most} per unit with {}, got {}",
+                    store.name, rate.requests_per_unit
+                ),
+            );
+        }
+        if let Some(most) = store.max_refill
+            && rate.algorithm.uses_burst()
+            && rate.refill_time() > most
+        {
+            self.error(
+                format!("{place}.burst"),
+                format!(
+                    "a {} limit may take at most {} to refill with {}; this one takes {} (lower burst or use a shorter unit)",
+                    rate.algorithm,
+                    format_duration(most),
+                    store.name,
+                    format_duration(rate.refill_time())
+                ),
+            );
+        }
     }
 
     /// The counting rule of a limit that is not unlimited.

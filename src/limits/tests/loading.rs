@@ -51,7 +51,8 @@ fn a_directory_loads_every_visible_file_recursively_like_the_reference() {
     // Hidden names are never read: these would fail the load if they were.
     dir.write(".hidden.yaml", "not: [valid");
     dir.write(".git/config", "not: [valid");
-    let (limits, sources) = Limits::load_with_sources(dir.path()).expect("loads");
+    let (limits, sources) =
+        Limits::load_with_sources(dir.path(), &crate::store::Capabilities::MEMORY).expect("loads");
     assert_eq!(names(&limits), ["alpha", "bravo", "charlie", "delta"]);
     let read: Vec<String> = sources
         .iter()

@@ -1,0 +1,461 @@
+//! The Redis store (`--store redis://...`): counters in Redis, shared by every ratekeeper
+//! process that points at it, surviving restarts of all of them.
+//!
+//! How a request is decided:
+//! 1. Checks whose descriptor is known to be over its limit (the blocked cache, below) are
+//!    answered here, with no Redis call.
+//! 2. The others go to Redis in one script call per request (one per check on a Redis
+//!    Cluster, where a check's keys share one hash slot: `rk:{ROUTE}:ID`). The script
+//!    (`redis.lua`) reads the counters, decides each check all-or-nothing, writes the
+//!    consumed state with a TTL (so Redis holds only live keys) and answers the state it
+//!    read.
+//! 3. From that state this module derives every decision with the same Rust code as the
+//!    in-memory store ([`Check::decide`]), so the answers (remaining, reset, retry after)
+//!    are the in-memory store's to the nanosecond. The script and Rust must agree on
+//!    "admitted"; a disagreement is counted and logged (and would be a bug).
+//!
+//! The blocked cache: after a check whose counter has no room left for even one hit, the
+//! counters' states are kept here until that counter could admit again. Until then the
+//! check is decided on those states locally: nothing can be consumed on a counter with no
+//! room (by this process or another), so the local answer is exact. A flood against a
+//! blocked key costs no Redis call. Bounded (`blocked_keys`); expired entries go first.
+//!
+//! Failure: every call has a deadline; consecutive failures open a circuit breaker
+//! ([`crate::breaker`]); while Redis cannot answer, checks are decided by the failure
+//! policy (`allow` by default, like Envoy's fail-open; or `deny`), counted in metrics, with
+//! one log line per breaker change. Never a hang, never a panic.
+//!
+//! Not offered: `max_wait` (Redis cannot hold a request in a queue); limits the script
+//! cannot count exactly in doubles (see [`CAPABILITIES`]). Both are refused at load.
+
+mod blocked;
+mod connection;
+mod metrics;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use smallvec::SmallVec;
+
+use self::blocked::BlockedCache;
+use self::connection::Backend;
+pub use self::connection::{Target, redact};
+use self::metrics::RedisStats;
+use crate::algorithm::{self, Algorithm, NANOS_PER_SEC, Rate, State};
+use crate::breaker::Breaker;
+use crate::check::{Check, Checks, Decision, Decisions, States};
+use crate::clock::Clock;
+use crate::key::KeyId;
+use crate::store::{Capabilities, Checked, Store};
+
+/// What the Redis store can count exactly: no `max_wait`; sliding windows up to 2^53 / 10^9
+/// per unit and buckets that refill within 2^53 ns (104 days), so the script's double
+/// arithmetic stays exact.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    name: "--store redis",
+    wait: false,
+    max_sliding_per_unit: Some(9_007_199),
+    max_refill: Some(Duration::from_nanos(1 << 53)),
+};
+
+const SCRIPT: &str = include_str!("redis.lua");
+
+/// Numbers the script answers per counter: present, then five stored numbers.
+const PER_COUNTER: usize = 6;
+
+/// Consecutive failed calls that open the breaker.
+const BREAKER_FAILURES: u32 = 3;
+
+/// What to answer while Redis cannot: `--store-failure`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailurePolicy {
+    /// Admit (fail open), like Envoy's default `failure_mode_deny: false`.
+    Allow,
+    /// Refuse: over the limit, retry after the breaker's cooldown.
+    Deny,
+}
+
+impl FailurePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+        }
+    }
+}
+
+/// The Redis store's settings.
+#[derive(Clone, Debug)]
+pub struct RedisOptions {
+    pub target: Target,
+    /// Deadline of one call (connecting included).
+    pub timeout: Duration,
+    /// Connections to one server (Sentinel too); requests are pipelined on them.
+    pub pool: usize,
+    pub failure: FailurePolicy,
+    /// How long the breaker stays open before one call probes Redis again.
+    pub cooldown: Duration,
+    /// Most descriptors kept in the blocked cache.
+    pub blocked_keys: usize,
+}
+
+impl RedisOptions {
+    pub fn new(target: Target) -> RedisOptions {
+        RedisOptions {
+            target,
+            timeout: Duration::from_millis(100),
+            pool: 4,
+            failure: FailurePolicy::Allow,
+            cooldown: Duration::from_secs(1),
+            blocked_keys: 100_000,
+        }
+    }
+}
+
+/// The Redis store; cheap to clone.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    script: redis::Script,
+    clock: Clock,
+    options: RedisOptions,
+    breaker: Breaker,
+    blocked: BlockedCache,
+    stats: RedisStats,
+    /// When (seconds since `started`) a disagreement was last logged.
+    warned_at: AtomicU64,
+    started: Instant,
+}
+
+impl std::fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("target", &self.inner.options.target.describe())
+            .field("breaker_open", &self.inner.breaker.is_open())
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// A store for `options.target` reading time from `clock`. Connects on first use, so
+    /// it starts even while Redis is down.
+    pub fn new(options: RedisOptions, clock: Clock) -> Result<RedisStore, redis::RedisError> {
+        let backend = Backend::new(&options.target, options.pool, options.timeout)?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                backend,
+                script: redis::Script::new(SCRIPT),
+                clock,
+                breaker: Breaker::new(BREAKER_FAILURES, options.cooldown),
+                blocked: BlockedCache::new(options.blocked_keys),
+                stats: RedisStats::default(),
+                warned_at: AtomicU64::new(0),
+                started: Instant::now(),
+                options,
+            }),
+        })
+    }
+
+    /// Adds the store's figures (calls, errors, breaker, blocked cache) to `registry`.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        metrics::register(Arc::clone(&self.inner), registry);
+    }
+
+    pub fn describe(&self) -> String {
+        self.inner.options.target.describe()
+    }
+}
+
+impl Store for RedisStore {
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+
+    fn check(&self, checks: Checks) -> Checked<'_> {
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        let answers: SmallVec<[Option<Decisions>; 4]> = checks
+            .iter()
+            .map(|check| inner.blocked.answer(check, now))
+            .collect();
+        let cached = answers.iter().filter(|answer| answer.is_some()).count();
+        inner
+            .stats
+            .blocked_hits
+            .fetch_add(cached as u64, Ordering::Relaxed);
+        if cached == checks.len() {
+            return Checked::Ready(Ok(answers.into_iter().flatten().flatten().collect()));
+        }
+        let remote: Checks = checks
+            .into_iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(check, _)| check)
+            .collect();
+        Checked::Pending(Box::pin(async move {
+            let mut decided = inner.decide(&remote, now).await.into_iter();
+            let mut out = Decisions::new();
+            let mut remote = remote.iter();
+            for answer in answers {
+                match answer {
+                    Some(local) => out.extend(local),
+                    None => {
+                        let count = remote.next().map_or(0, |check| check.counters.len());
+                        out.extend(decided.by_ref().take(count));
+                    }
+                }
+            }
+            Ok(out)
+        }))
+    }
+}
+
+impl Inner {
+    /// Decides `checks` in Redis, or by the failure policy when Redis cannot answer.
+    async fn decide(&self, checks: &Checks, now: u64) -> Decisions {
+        if self.breaker.refuses() {
+            return self.by_policy(checks);
+        }
+        let mut probe = Probe {
+            breaker: &self.breaker,
+            reported: false,
+        };
+        let started = Instant::now();
+        let result = tokio::time::timeout(self.options.timeout, self.call(checks, now)).await;
+        self.stats.latency.observe(started.elapsed());
+        let failure = match result {
+            Ok(Ok(replies)) => match self.read(checks, now, &replies) {
+                Some(decisions) => {
+                    probe.reported = true;
+                    self.stats.calls.fetch_add(1, Ordering::Relaxed);
+                    if self.breaker.succeeded() {
+                        tracing::info!(store = %self.options.target.describe(), "redis answers again: circuit closed");
+                    }
+                    return decisions;
+                }
+                None => "a reply of the wrong shape".to_owned(),
+            },
+            Ok(Err(error)) => {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+                error.to_string()
+            }
+            Err(_) => {
+                self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                format!("no answer within {:?}", self.options.timeout)
+            }
+        };
+        probe.reported = true;
+        self.backend.failed().await;
+        if self.breaker.failed() {
+            self.stats.breaker_opened.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                store = %self.options.target.describe(),
+                error = %failure,
+                policy = self.options.failure.as_str(),
+                cooldown = ?self.options.cooldown,
+                "redis is failing: circuit open, checks are decided by --store-failure until a probe succeeds"
+            );
+        }
+        self.by_policy(checks)
+    }
+
+    /// One script call for all checks, or one per check on a Redis Cluster (a check's keys
+    /// share a hash slot; different checks may not), sent together.
+    async fn call(&self, checks: &Checks, now: u64) -> redis::RedisResult<Vec<i64>> {
+        let mut connection = self.backend.connection().await?;
+        if !self.options.target.is_cluster() {
+            let invocation = self.invocation(checks.iter(), now);
+            return connection.invoke(&invocation).await;
+        }
+        let calls = checks.iter().map(|check| {
+            let mut connection = connection.clone();
+            let invocation = self.invocation(std::iter::once(check), now);
+            async move { connection.invoke(&invocation).await }
+        });
+        let replies = futures_util::future::try_join_all(calls).await?;
+        Ok(replies.into_iter().flatten().collect())
+    }
+
+    fn invocation<'c>(
+        &self,
+        checks: impl Iterator<Item = &'c Check>,
+        now: u64,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.arg(now / NANOS_PER_SEC).arg(now % NANOS_PER_SEC);
+        for check in checks {
+            invocation.arg(check.cost).arg(check.counters.len());
+            for counter in &check.counters {
+                let rate = &counter.rate;
+                invocation
+                    .key(redis_key(&counter.key))
+                    .arg(algorithm_code(rate.algorithm))
+                    .arg(rate.requests_per_unit)
+                    .arg(rate.unit.seconds())
+                    .arg(rate.burst)
+                    .arg(rate.emission_interval());
+            }
+        }
+        invocation
+    }
+
+    /// Derives the decisions from the states the script read; `None` if the reply does not
+    /// have the expected shape.
+    fn read(&self, checks: &Checks, now: u64, replies: &[i64]) -> Option<Decisions> {
+        let mut out = Decisions::new();
+        let mut at = 0;
+        for check in checks {
+            let admitted = *replies.get(at)? == 1;
+            let block = replies.get(at + 1..at + 1 + check.counters.len() * PER_COUNTER)?;
+            at += 1 + check.counters.len() * PER_COUNTER;
+            let stored: SmallVec<[Option<Stored>; 4]> =
+                block.chunks_exact(PER_COUNTER).map(Stored::read).collect();
+            // The script decides at the latest of our clock and the keys' times.
+            let at_time = stored
+                .iter()
+                .flatten()
+                .map(|stored| stored.time)
+                .fold(now, u64::max);
+            let mut states: States = check
+                .counters
+                .iter()
+                .zip(&stored)
+                .map(|(counter, stored)| match stored {
+                    Some(stored) => stored.state(&counter.rate),
+                    None => algorithm::init(&counter.rate, at_time),
+                })
+                .collect();
+            let denied = check.decide(&mut states, at_time, &mut out);
+            if denied.is_none() != admitted {
+                self.disagreed(admitted);
+            }
+            self.blocked.remember(check, &states, at_time, &self.stats);
+        }
+        Some(out)
+    }
+
+    fn disagreed(&self, admitted: bool) {
+        self.stats.disagreements.fetch_add(1, Ordering::Relaxed);
+        let now = self.started.elapsed().as_secs() + 1;
+        if self.warned_at.swap(now, Ordering::Relaxed) != now {
+            tracing::error!(
+                admitted,
+                "the redis script and ratekeeper disagree on a check (a bug: please report it)"
+            );
+        }
+    }
+
+    /// Decisions by `--store-failure` for every counter of `checks`.
+    fn by_policy(&self, checks: &Checks) -> Decisions {
+        self.stats
+            .policy_decisions
+            .fetch_add(checks.len() as u64, Ordering::Relaxed);
+        let cooldown = u64::try_from(self.options.cooldown.as_nanos()).unwrap_or(u64::MAX);
+        checks
+            .iter()
+            .flat_map(|check| check.counters.iter())
+            .map(|counter| match self.options.failure {
+                FailurePolicy::Allow => Decision {
+                    allowed: true,
+                    remaining: u32::try_from(counter.rate.capacity()).unwrap_or(u32::MAX),
+                    reset_after: 0,
+                    retry_after: Some(0),
+                },
+                FailurePolicy::Deny => Decision {
+                    allowed: false,
+                    remaining: 0,
+                    reset_after: cooldown,
+                    retry_after: Some(cooldown),
+                },
+            })
+            .collect()
+    }
+}
+
+/// Gives a breaker probe back if its call never reported (the caller went away).
+struct Probe<'a> {
+    breaker: &'a Breaker,
+    reported: bool,
+}
+
+impl Drop for Probe<'_> {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.breaker.abandon();
+        }
+    }
+}
+
+/// `rk:{ROUTE}:ID`: the route in braces is the Redis Cluster hash tag, so all counters of
+/// one descriptor share a slot. 54 bytes.
+fn redis_key(key: &KeyId) -> String {
+    format!(
+        "rk:{{{:016x}}}:{:016x}{:016x}",
+        key.route, key.id[0], key.id[1]
+    )
+}
+
+fn algorithm_code(algorithm: Algorithm) -> u8 {
+    match algorithm {
+        Algorithm::FixedWindow => 0,
+        Algorithm::SlidingWindow => 1,
+        Algorithm::TokenBucket => 2,
+        Algorithm::Gcra => 3,
+    }
+}
+
+/// A key's content as the script read it: its time and the algorithm's numbers.
+#[derive(Clone, Copy, Debug)]
+struct Stored {
+    /// Unix nanoseconds it was last written at.
+    time: u64,
+    numbers: [u64; 3],
+}
+
+impl Stored {
+    /// One counter's part of the reply: present, seconds, nanoseconds, three numbers.
+    fn read(part: &[i64]) -> Option<Stored> {
+        let number = |index: usize| {
+            part.get(index)
+                .map_or(0, |n| u64::try_from(*n).unwrap_or(0))
+        };
+        (number(0) == 1).then(|| Stored {
+            time: nanos(number(1), number(2)),
+            numbers: [number(3), number(4), number(5)],
+        })
+    }
+
+    /// The in-memory [`State`] for the same counter.
+    fn state(&self, rate: &Rate) -> State {
+        let [x, y, z] = self.numbers;
+        let small = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let window = self.time / rate.unit.nanos();
+        match rate.algorithm {
+            Algorithm::FixedWindow => State {
+                a: window,
+                b: small(x),
+            },
+            Algorithm::SlidingWindow => State::sliding(window, small(x), small(y)),
+            Algorithm::TokenBucket => State {
+                a: nanos(y, z),
+                b: small(x),
+            },
+            Algorithm::Gcra => State {
+                a: nanos(x, y),
+                b: 0,
+            },
+        }
+    }
+}
+
+fn nanos(seconds: u64, nanos: u64) -> u64 {
+    seconds.saturating_mul(NANOS_PER_SEC).saturating_add(nanos)
+}
+
+#[cfg(test)]
+mod tests;

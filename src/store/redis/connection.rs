@@ -1,0 +1,380 @@
+//! Where the Redis store's commands go: the `--store` address ([`Target`]) and the
+//! connections to it ([`Backend`]).
+//!
+//! - One server (`redis://`, `rediss://`): a small pool of multiplexed connections, used
+//!   round robin; concurrent requests are pipelined on them. Each reconnects on its own.
+//! - A Sentinel-managed master (`redis-sentinel://`): the same pool, to the master the
+//!   sentinels name; after a failure the pool is dropped and the next call asks the
+//!   sentinels again, so a failover is followed.
+//! - A Redis Cluster (`redis-cluster://`): one cluster connection, which routes each
+//!   command by its key's hash slot and follows `MOVED`/`ASK` and resharding.
+//!
+//! Connections are made lazily, on the first call: ratekeeper starts even when Redis is
+//! down (the store's failure policy answers meanwhile). Passwords never reach a log line.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
+use tokio::sync::Mutex;
+
+/// A `--store` Redis address, parsed.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, or `rediss://` for TLS.
+    Server(ConnectionInfo),
+    /// `redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]/MASTER[/DB]`: the
+    /// credentials and database are the master's; sentinels are asked without them.
+    Sentinel {
+        sentinels: Vec<ConnectionInfo>,
+        master: String,
+        node: ConnectionInfo,
+    },
+    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`: any reachable nodes;
+    /// the others are discovered.
+    Cluster(Vec<ConnectionInfo>),
+}
+
+impl Target {
+    /// Parses a `--store` value that starts with a Redis scheme.
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let (scheme, rest) = text
+            .split_once("://")
+            .ok_or_else(|| format!("{:?} is not a URL like redis://HOST:PORT", redact(text)))?;
+        match scheme {
+            "redis" | "rediss" => text
+                .into_connection_info()
+                .map(Target::Server)
+                .map_err(|error| format!("{}: {error}", redact(text))),
+            "redis-sentinel" => {
+                let (credentials, hosts, path) = split(rest);
+                let mut parts = path.split('/').filter(|part| !part.is_empty());
+                let master = parts
+                    .next()
+                    .ok_or_else(|| {
+                        format!(
+                            "{}: the master's name is missing (redis-sentinel://HOST:PORT/MASTER)",
+                            redact(text)
+                        )
+                    })?
+                    .to_owned();
+                let db = parts.next().unwrap_or("0");
+                let sentinels = nodes(&hosts, "", "")?;
+                let node = format!("redis://{credentials}localhost/{db}")
+                    .into_connection_info()
+                    .map_err(|error| format!("{}: {error}", redact(text)))?;
+                Ok(Target::Sentinel {
+                    sentinels,
+                    master,
+                    node,
+                })
+            }
+            "redis-cluster" => {
+                let (credentials, hosts, path) = split(rest);
+                if !path.trim_matches('/').is_empty() {
+                    return Err(format!(
+                        "{}: a Redis Cluster has only database 0; remove {path:?}",
+                        redact(text)
+                    ));
+                }
+                nodes(&hosts, &credentials, "").map(Target::Cluster)
+            }
+            other => Err(format!(
+                "unknown store scheme {other:?} (expected memory, redis://, rediss://, redis-sentinel:// or redis-cluster://)"
+            )),
+        }
+    }
+
+    /// The address for logs: hosts, no credentials.
+    pub fn describe(&self) -> String {
+        let hosts = |infos: &[ConnectionInfo]| {
+            infos
+                .iter()
+                .map(|info| host(info.addr()))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self {
+            Target::Server(info) => format!(
+                "redis {} db {}",
+                host(info.addr()),
+                info.redis_settings().db()
+            ),
+            Target::Sentinel {
+                sentinels, master, ..
+            } => format!("redis master {master:?} via sentinels {}", hosts(sentinels)),
+            Target::Cluster(nodes) => format!("redis cluster {}", hosts(nodes)),
+        }
+    }
+
+    /// Whether each request's checks must go one hash slot per command.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Target::Cluster(_))
+    }
+}
+
+fn host(addr: &ConnectionAddr) -> String {
+    match addr {
+        ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+            format!("{host}:{port}")
+        }
+        other => other.to_string(),
+    }
+}
+
+/// `USER:PASSWORD@HOST:PORT,HOST:PORT/PATH` into `("USER:PASSWORD@", "HOST:PORT,...", "/PATH")`.
+fn split(rest: &str) -> (String, String, String) {
+    let (authority, path) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, ""),
+    };
+    let (credentials, hosts) = match authority.rfind('@') {
+        Some(at) => (&authority[..=at], &authority[at + 1..]),
+        None => ("", authority),
+    };
+    (credentials.to_owned(), hosts.to_owned(), path.to_owned())
+}
+
+fn nodes(hosts: &str, credentials: &str, path: &str) -> Result<Vec<ConnectionInfo>, String> {
+    let infos: Result<Vec<_>, String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| {
+            format!("redis://{credentials}{host}{path}")
+                .into_connection_info()
+                .map_err(|error| format!("{host:?}: {error}"))
+        })
+        .collect();
+    match infos {
+        Ok(infos) if infos.is_empty() => Err("no HOST:PORT given".to_owned()),
+        result => result,
+    }
+}
+
+/// `text` with any password replaced by `***`.
+pub fn redact(text: &str) -> String {
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return text.to_owned();
+    };
+    let end = rest.find('/').unwrap_or(rest.len());
+    match rest[..end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***{}", &rest[at..])
+        }
+        None => text.to_owned(),
+    }
+}
+
+/// The connections to a [`Target`].
+pub enum Backend {
+    Server {
+        source: Source,
+        pool: ArcSwapOption<Vec<ConnectionManager>>,
+        /// One caller builds the pool; the others wait for it.
+        building: Mutex<()>,
+        next: AtomicUsize,
+        size: usize,
+        timeout: Duration,
+    },
+    Cluster {
+        client: ClusterClient,
+        connection: Mutex<Option<ClusterConnection>>,
+    },
+}
+
+/// Where a server pool's master comes from.
+pub enum Source {
+    Direct(redis::Client),
+    Sentinel(Mutex<SentinelClient>),
+}
+
+/// A connection to send one command on.
+#[derive(Clone)]
+pub enum Connection {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Backend {
+    /// The connections for `target` (made on first use), `pool` of them to one server,
+    /// each connect and response bounded by `timeout`.
+    pub fn new(target: &Target, pool: usize, timeout: Duration) -> RedisResult<Backend> {
+        let server = |source| Backend::Server {
+            source,
+            pool: ArcSwapOption::empty(),
+            building: Mutex::new(()),
+            next: AtomicUsize::new(0),
+            size: pool.max(1),
+            timeout,
+        };
+        Ok(match target {
+            Target::Server(info) => server(Source::Direct(redis::Client::open(info.clone())?)),
+            Target::Sentinel {
+                sentinels,
+                master,
+                node,
+            } => {
+                let node = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(node.redis_settings().clone());
+                server(Source::Sentinel(Mutex::new(SentinelClient::build(
+                    sentinels.clone(),
+                    master.clone(),
+                    Some(node),
+                    SentinelServerType::Master,
+                )?)))
+            }
+            Target::Cluster(nodes) => Backend::Cluster {
+                client: ClusterClient::builder(nodes.clone())
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .retries(1)
+                    .build()?,
+                connection: Mutex::new(None),
+            },
+        })
+    }
+
+    /// A connection, connecting first if there is none.
+    pub async fn connection(&self) -> RedisResult<Connection> {
+        match self {
+            Backend::Server {
+                source,
+                pool,
+                building,
+                next,
+                size,
+                timeout,
+            } => {
+                let pick = |pool: &Arc<Vec<ConnectionManager>>| {
+                    let index = next.fetch_add(1, Ordering::Relaxed) % pool.len().max(1);
+                    pool.get(index).cloned()
+                };
+                if let Some(connection) = pool.load().as_ref().and_then(pick) {
+                    return Ok(Connection::Server(connection));
+                }
+                let _building = building.lock().await;
+                if let Some(connection) = pool.load().as_ref().and_then(pick) {
+                    return Ok(Connection::Server(connection));
+                }
+                let client = match source {
+                    Source::Direct(client) => client.clone(),
+                    Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
+                };
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(*timeout))
+                    .set_response_timeout(Some(*timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_secs(1));
+                let connections = (0..*size)
+                    .map(|_| {
+                        ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
+                    })
+                    .collect::<RedisResult<Vec<_>>>()?;
+                let connections = Arc::new(connections);
+                pool.store(Some(Arc::clone(&connections)));
+                pick(&connections)
+                    .map(Connection::Server)
+                    .ok_or_else(|| (redis::ErrorKind::Client, "empty connection pool").into())
+            }
+            Backend::Cluster { client, connection } => {
+                let mut slot = connection.lock().await;
+                if let Some(connection) = slot.as_ref() {
+                    return Ok(Connection::Cluster(connection.clone()));
+                }
+                let fresh = client.get_async_connection().await?;
+                *slot = Some(fresh.clone());
+                Ok(Connection::Cluster(fresh))
+            }
+        }
+    }
+
+    /// After a failed call: connections to a Sentinel-named master are dropped (the next
+    /// call asks the sentinels which server is master now); a cluster connection that
+    /// never worked is made again. Direct connections reconnect by themselves.
+    pub async fn failed(&self) {
+        match self {
+            Backend::Server {
+                source: Source::Sentinel(_),
+                pool,
+                ..
+            } => pool.store(None),
+            Backend::Server { .. } => {}
+            Backend::Cluster { connection, .. } => {
+                // The cluster connection refreshes its slots itself; a fresh one is only
+                // needed when every node it knew went away.
+                if let Ok(mut slot) = connection.try_lock() {
+                    *slot = None;
+                }
+            }
+        }
+    }
+}
+
+impl Connection {
+    pub async fn invoke(
+        &mut self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> RedisResult<Vec<i64>> {
+        match self {
+            Connection::Server(connection) => invocation.invoke_async(connection).await,
+            Connection::Cluster(connection) => invocation.invoke_async(connection).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_scheme_and_keeps_passwords_out_of_descriptions() {
+        let server = Target::parse("redis://:secret@10.0.0.1:6380/2").expect("server");
+        assert_eq!(server.describe(), "redis 10.0.0.1:6380 db 2");
+        assert!(!server.is_cluster());
+        let tls = Target::parse("rediss://redis.example:6379").expect("tls");
+        assert_eq!(tls.describe(), "redis redis.example:6379 db 0");
+        let sentinel =
+            Target::parse("redis-sentinel://u:p@s1:26379,s2:26379/mymaster/3").expect("sentinel");
+        assert_eq!(
+            sentinel.describe(),
+            "redis master \"mymaster\" via sentinels s1:26379,s2:26379"
+        );
+        let Target::Sentinel { node, .. } = &sentinel else {
+            panic!("not a sentinel target: {sentinel:?}");
+        };
+        assert_eq!(node.redis_settings().db(), 3);
+        assert_eq!(node.redis_settings().password(), Some("p"));
+        let cluster = Target::parse("redis-cluster://a:7000,b:7001,c:7002").expect("cluster");
+        assert_eq!(cluster.describe(), "redis cluster a:7000,b:7001,c:7002");
+        assert!(cluster.is_cluster());
+    }
+
+    #[test]
+    fn refuses_bad_addresses_with_the_reason() {
+        let cases = [
+            ("redis-sentinel://s1:26379", "master's name is missing"),
+            ("redis-cluster://a:7000/1", "only database 0"),
+            ("redis-cluster://", "no HOST:PORT"),
+            ("memcached://x:1", "unknown store scheme"),
+            ("localhost:6379", "not a URL"),
+        ];
+        for (text, problem) in cases {
+            let error = Target::parse(text).expect_err(text);
+            assert!(error.contains(problem), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact("redis://:pw@h:1/0"), "redis://:***@h:1/0");
+        assert_eq!(redact("redis://user:pw@h:1"), "redis://user:***@h:1");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+}

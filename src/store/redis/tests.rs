@@ -1,0 +1,110 @@
+//! Unit tests that need no Redis server; the store against real Redis is in
+//! `tests/redis.rs`.
+
+use super::blocked::{BlockedCache, SHARDS};
+use super::metrics::RedisStats;
+use super::*;
+use crate::algorithm::Unit;
+use crate::check::Counter;
+use crate::check::States;
+use crate::key::KeyBuilder;
+
+fn check(rate: Rate, cost: u64) -> Check {
+    let key = KeyBuilder::new("d").key(&rate);
+    Check {
+        counters: [Counter { key, rate }].into_iter().collect(),
+        cost,
+        wait: None,
+    }
+}
+
+#[test]
+fn keys_keep_one_descriptor_in_one_cluster_slot() {
+    let mut builder = KeyBuilder::new("edge");
+    builder.entry("api_key", "a");
+    let minute = builder.key(&Rate::fixed(10, Unit::Minute));
+    let hour = builder.key(&Rate::fixed(100, Unit::Hour));
+    let (a, b) = (redis_key(&minute), redis_key(&hour));
+    assert_ne!(a, b);
+    let tag = |key: &str| key[key.find('{').unwrap_or(0)..=key.find('}').unwrap_or(0)].to_owned();
+    assert_eq!(tag(&a), tag(&b), "{a} {b}");
+    assert_eq!(a.len(), 54);
+}
+
+#[test]
+fn a_blocked_descriptor_is_answered_locally_until_it_has_room() {
+    let cache = BlockedCache::new(100);
+    let stats = RedisStats::default();
+    let rate = Rate::fixed(2, Unit::Second);
+    let check = check(rate, 1);
+    let start = 10 * NANOS_PER_SEC;
+    // Two hits consumed: no room left until the window ends.
+    let mut states: States = [State { a: 10, b: 2 }].into_iter().collect();
+    assert!(
+        check
+            .decide(&mut states, start, &mut Decisions::new())
+            .is_some()
+    );
+    cache.remember(&check, &states, start, &stats);
+    let local = cache.answer(&check, start + 500_000_000).expect("blocked");
+    assert!(!local[0].allowed);
+    assert_eq!(local[0].retry_after, Some(500_000_000));
+    assert_eq!(
+        cache.answer(&check, start + NANOS_PER_SEC),
+        None,
+        "the next window asks Redis"
+    );
+    assert_eq!(cache.len(), 0, "an expired entry is dropped");
+}
+
+#[test]
+fn a_descriptor_with_room_is_not_cached_and_the_cache_is_bounded() {
+    let cache = BlockedCache::new(SHARDS);
+    let stats = RedisStats::default();
+    let rate = Rate::fixed(5, Unit::Minute);
+    let open = check(rate, 1);
+    let mut states: States = [State { a: 0, b: 1 }].into_iter().collect();
+    open.decide(&mut states, 0, &mut Decisions::new());
+    cache.remember(&open, &states, 0, &stats);
+    assert_eq!(cache.len(), 0);
+    for value in 0..1000 {
+        let mut builder = KeyBuilder::new("d");
+        builder.entry("k", &value.to_string());
+        let key = builder.key(&rate);
+        let full = Check {
+            counters: [Counter { key, rate }].into_iter().collect(),
+            cost: 1,
+            wait: None,
+        };
+        let states: States = [State { a: 0, b: 5 }].into_iter().collect();
+        cache.remember(&full, &states, 0, &stats);
+    }
+    assert!(cache.len() <= SHARDS, "{} entries", cache.len());
+    assert!(stats.blocked_full.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn stored_numbers_read_back_as_the_in_memory_state() {
+    let time = 1_700_000_123 * NANOS_PER_SEC + 456;
+    let stored = Stored {
+        time,
+        numbers: [3, 1_700_000_100, 789],
+    };
+    let fixed = Rate::fixed(10, Unit::Minute);
+    assert_eq!(
+        stored.state(&fixed),
+        State {
+            a: time / Unit::Minute.nanos(),
+            b: 3
+        }
+    );
+    let bucket = Rate::new(Algorithm::TokenBucket, 10, Unit::Second, None);
+    assert_eq!(
+        stored.state(&bucket),
+        State {
+            a: 1_700_000_100 * NANOS_PER_SEC + 789,
+            b: 3
+        }
+    );
+    assert_eq!(Stored::read(&[0, 1, 2, 3, 4, 5]).map(|s| s.time), None);
+}

@@ -1,0 +1,494 @@
+//! The Redis store against real Redis (Debian's `redis-server`, installed when missing):
+//! the same answers as the in-memory store for every algorithm, one exact limit shared by
+//! two processes, a 3-master Redis Cluster (exact, then a master killed and restarted),
+//! Redis killed and restarted under load, the failure policy, and what the store refuses.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use ratekeeper::algorithm::{Algorithm, Rate, Unit};
+use ratekeeper::check::{Check, Checks, Counter};
+use ratekeeper::clock::Clock;
+use ratekeeper::cluster::Cluster;
+use ratekeeper::engine::{Engine, EngineConfig};
+use ratekeeper::key::KeyBuilder;
+use ratekeeper::store::Store;
+use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
+use support::{
+    Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_post, metric, run_ratekeeper,
+    write_config,
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+const LIMITS: &str = "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: hour
+      requests_per_unit: 10
+";
+
+fn body(value: &str) -> String {
+    format!(
+        r#"{{"domain": "edge", "descriptors": [{{"entries": [{{"key": "api_key", "value": "{value}"}}]}}]}}"#
+    )
+}
+
+/// POSTs one `/json` request for `value`: `Some(true)` admitted (200), `Some(false)` over
+/// the limit (429), `None` anything else.
+fn ask(http: SocketAddr, value: &str) -> Option<bool> {
+    let response = http_post(http, "/json", &[], &body(value)).ok()?;
+    match response.status {
+        200 => Some(true),
+        429 => Some(false),
+        _ => None,
+    }
+}
+
+/// Unix nanoseconds the manual clock of the conformance test reads.
+static TIME: AtomicU64 = AtomicU64::new(1_800_000_000_123_456_789);
+
+/// A tiny deterministic generator (xorshift64*), so a failing step can be replayed.
+struct Steps(u64);
+
+impl Steps {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % below.max(1)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_algorithm_answers_exactly_like_the_in_memory_store() {
+    let dir = TempDir::new("redis-conformance");
+    let server = RedisServer::start(dir.path(), &[]);
+    let clock = Clock::manual(&TIME);
+    let engine = Engine::spawn(
+        EngineConfig {
+            shards: 2,
+            max_keys: 100_000,
+            max_waiters: 10,
+        },
+        clock,
+    );
+    let memory = Cluster::single(engine);
+    let target = Target::parse(&server.url()).expect("a redis url");
+    let options = RedisOptions {
+        timeout: Duration::from_secs(5),
+        blocked_keys: std::env::var("BLOCKED").map_or(100_000, |v| v.parse().unwrap_or(0)),
+        ..RedisOptions::new(target)
+    };
+    let redis = RedisStore::new(options, clock).expect("a redis store");
+    let bucket = |algorithm, per_unit, unit, burst| Rate::new(algorithm, per_unit, unit, burst);
+    // One descriptor per rate, and one with three limits decided all or nothing.
+    let descriptors: Vec<Vec<Rate>> = vec![
+        vec![Rate::fixed(5, Unit::Second)],
+        vec![Rate::fixed(3, Unit::Minute)],
+        vec![Rate::fixed(0, Unit::Second)],
+        vec![bucket(Algorithm::SlidingWindow, 7, Unit::Second, None)],
+        vec![bucket(Algorithm::SlidingWindow, 4, Unit::Minute, None)],
+        vec![bucket(Algorithm::TokenBucket, 5, Unit::Second, Some(3))],
+        vec![bucket(Algorithm::TokenBucket, 10, Unit::Minute, None)],
+        vec![bucket(Algorithm::Gcra, 4, Unit::Second, Some(2))],
+        vec![bucket(Algorithm::Gcra, 3, Unit::Minute, None)],
+        vec![
+            Rate::fixed(6, Unit::Second),
+            bucket(Algorithm::SlidingWindow, 20, Unit::Minute, None),
+            bucket(Algorithm::Gcra, 3, Unit::Second, Some(2)),
+        ],
+    ];
+    let costs = [0, 1, 1, 1, 1, 2, 3, 9];
+    let mut steps = Steps(0x5eed_1234_abcd_ef01);
+    let mut denied = 0;
+    for step in 0..3000 {
+        // Mostly small steps, sometimes none, now and then a jump past a window.
+        let advance = match steps.next(20) {
+            0..=3 => 0,
+            4 => 61_000_000_000,
+            _ => steps.next(300_000_000),
+        };
+        TIME.fetch_add(advance, Ordering::SeqCst);
+        let mut checks = Checks::new();
+        for _ in 0..=steps.next(2) {
+            let rates = &descriptors[steps.next(descriptors.len() as u64) as usize];
+            let mut key = KeyBuilder::new("conformance");
+            key.entry("user", &steps.next(3).to_string());
+            checks.push(Check {
+                counters: rates
+                    .iter()
+                    .map(|rate| Counter {
+                        key: key.key(rate),
+                        rate: *rate,
+                    })
+                    .collect(),
+                cost: costs[steps.next(costs.len() as u64) as usize],
+                wait: None,
+            });
+        }
+        let expected = Store::check(&memory, checks.clone())
+            .wait()
+            .await
+            .expect("memory");
+        let got = redis.check(checks.clone()).wait().await.expect("redis");
+        assert_eq!(
+            got,
+            expected,
+            "step {step} at {} with {checks:?}",
+            TIME.load(Ordering::SeqCst)
+        );
+        denied += expected.iter().filter(|decision| !decision.allowed).count();
+    }
+    assert!(
+        denied > 300,
+        "the sequence must hit the limits often ({denied} denials)"
+    );
+    let keys = server.cli(&["dbsize"]);
+    assert!(
+        keys.trim().parse::<u64>().is_ok_and(|keys| keys > 0),
+        "counters live in redis: dbsize {keys}"
+    );
+}
+
+#[test]
+fn two_processes_sharing_one_redis_admit_one_exact_limit() {
+    let dir = TempDir::new("redis-two-processes");
+    let server = RedisServer::start(dir.path(), &[]);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let url = server.url();
+    let nodes = [
+        Ratekeeper::start(&config, &["--store", &url]),
+        Ratekeeper::start(&config, &["--store", &url]),
+    ];
+    let admitted = AtomicUsize::new(0);
+    let answered = AtomicUsize::new(0);
+    thread::scope(|scope| {
+        for node in &nodes {
+            for _ in 0..3 {
+                let http = node.http_addr();
+                let (admitted, answered) = (&admitted, &answered);
+                scope.spawn(move || {
+                    for _ in 0..20 {
+                        if let Some(ok) = ask(http, "shared") {
+                            answered.fetch_add(1, Ordering::Relaxed);
+                            admitted.fetch_add(usize::from(ok), Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        }
+    });
+    assert_eq!(
+        answered.load(Ordering::Relaxed),
+        120,
+        "every request answered"
+    );
+    assert_eq!(
+        admitted.load(Ordering::Relaxed),
+        10,
+        "one limit of 10 across both"
+    );
+    // A restart of both processes keeps the count: it lives in Redis.
+    drop(nodes);
+    let again = Ratekeeper::start(&config, &["--store", &url]);
+    assert_eq!(ask(again.http_addr(), "shared"), Some(false));
+    assert_eq!(ask(again.http_addr(), "other"), Some(true));
+    assert!(
+        metric(
+            again.http_addr(),
+            "ratekeeper_store_blocked_cache_hits_total"
+        ) >= 0.0
+    );
+}
+
+#[test]
+fn a_flood_against_a_blocked_key_costs_no_redis_call() {
+    let dir = TempDir::new("redis-blocked");
+    let server = RedisServer::start(dir.path(), &[]);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let node = Ratekeeper::start(&config, &["--store", &server.url()]);
+    let http = node.http_addr();
+    for _ in 0..10 {
+        assert_eq!(ask(http, "flood"), Some(true));
+    }
+    let calls = metric(http, "ratekeeper_store_calls_total");
+    for _ in 0..200 {
+        assert_eq!(ask(http, "flood"), Some(false));
+    }
+    assert_eq!(
+        metric(http, "ratekeeper_store_calls_total"),
+        calls,
+        "no redis call for a key known to be over its limit"
+    );
+    assert!(metric(http, "ratekeeper_store_blocked_cache_hits_total") >= 200.0);
+    let ttl = server.cli(&["--scan", "--pattern", "rk:*"]);
+    let key = ttl
+        .lines()
+        .next()
+        .expect("one counter key")
+        .trim()
+        .to_owned();
+    let ttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("a ttl");
+    assert!(
+        ttl > 0 && ttl <= 3_602_000,
+        "keys expire on their own, within the window and a margin: {ttl} ms"
+    );
+}
+
+#[test]
+fn a_redis_cluster_keeps_exact_limits_and_a_killed_master_costs_only_the_policy() {
+    let dir = TempDir::new("redis-cluster");
+    let mut cluster = RedisCluster::start(dir.path(), 3);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let node = Ratekeeper::start(
+        &config,
+        &["--store", &cluster.url(), "--store-cooldown", "200ms"],
+    );
+    let http = node.http_addr();
+    // 30 keys spread over the three masters' slots: each admits exactly its 10.
+    for key in 0..30 {
+        let value = format!("k{key}");
+        let admitted = (0..14)
+            .filter(|_| ask(http, &value).expect("answered"))
+            .count();
+        assert_eq!(admitted, 10, "key {value}");
+    }
+    let keys: usize = cluster
+        .masters
+        .iter()
+        .map(|master| master.cli(&["dbsize"]).trim().parse::<usize>().unwrap_or(0))
+        .sum();
+    assert_eq!(keys, 30, "one counter per key, spread over the masters");
+    assert!(
+        cluster
+            .masters
+            .iter()
+            .all(|master| master.cli(&["dbsize"]).trim() != "0"),
+        "every master holds some keys"
+    );
+    // A master dies: its keys are decided by the failure policy (allow); nothing errors.
+    cluster.masters[1].kill();
+    let fresh: Vec<String> = (0..30).map(|key| format!("new{key}")).collect();
+    for value in &fresh {
+        assert!(
+            ask(http, value).is_some(),
+            "answered while a master is down"
+        );
+    }
+    assert!(
+        metric(http, "ratekeeper_store_policy_decisions_total") > 0.0,
+        "{}",
+        node.stderr()
+    );
+    // It comes back (empty): limits hold again, exactly.
+    cluster.masters[1].restart();
+    cluster.wait_ok();
+    let recovered = eventually(WAIT, || {
+        let value = format!("after{}", Instant::now().elapsed().as_nanos());
+        (0..12).filter(|_| ask(http, &value) == Some(true)).count() == 10
+            && (0..30).all(|key| {
+                let value = format!("again{key}");
+                (0..11).filter(|_| ask(http, &value) == Some(true)).count() == 10
+            })
+    });
+    assert!(
+        recovered,
+        "exact limits after the master returned: {}",
+        node.stderr()
+    );
+}
+
+#[test]
+fn redis_killed_and_restarted_under_load_never_errors_and_recovers_within_the_cooldown() {
+    let dir = TempDir::new("redis-restart");
+    let mut server = RedisServer::start(dir.path(), &[]);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let node = Ratekeeper::start(
+        &config,
+        &["--store", &server.url(), "--store-cooldown", "500ms"],
+    );
+    let http = node.http_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicUsize::new(0));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let load: Vec<_> = (0..3)
+        .map(|worker| {
+            let (stop, errors, answered) = (
+                Arc::clone(&stop),
+                Arc::clone(&errors),
+                Arc::clone(&answered),
+            );
+            thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    match ask(http, &format!("w{worker}-{}", n % 50)) {
+                        Some(_) => answered.fetch_add(1, Ordering::Relaxed),
+                        None => errors.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            })
+        })
+        .collect();
+    let answered_before = |at_least: usize| {
+        let start = answered.load(Ordering::Relaxed);
+        eventually(WAIT, || {
+            answered.load(Ordering::Relaxed) >= start + at_least
+        })
+    };
+    assert!(answered_before(100));
+    server.kill();
+    assert!(
+        answered_before(100),
+        "requests are answered while redis is down"
+    );
+    assert!(metric(http, "ratekeeper_store_circuit_open") == 1.0);
+    server.restart();
+    let restarted = Instant::now();
+    let closed = eventually(WAIT, || {
+        metric(http, "ratekeeper_store_circuit_open") == 0.0
+    });
+    let recovery = restarted.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for worker in load {
+        worker.join().expect("a load thread");
+    }
+    assert!(closed, "the breaker closed again: {}", node.stderr());
+    assert!(
+        recovery < Duration::from_secs(3),
+        "recovered {recovery:?} after the restart (cooldown 500ms)"
+    );
+    assert_eq!(errors.load(Ordering::Relaxed), 0, "{}", node.stderr());
+    // Limits hold again, exactly, on the restarted (empty) server.
+    let admitted = (0..15).filter(|_| ask(http, "after") == Some(true)).count();
+    assert_eq!(admitted, 10);
+    let stderr = node.stderr();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        stderr.matches("circuit open").count(),
+        1,
+        "one log line per breaker change: {stderr}"
+    );
+}
+
+#[test]
+fn the_failure_policy_decides_while_redis_is_unreachable() {
+    let dir = TempDir::new("redis-policy");
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    // Nothing listens on the port: every call fails fast.
+    let down = format!("redis://127.0.0.1:{}", support::free_port());
+    let allow = Ratekeeper::start(&config, &["--store", &down]);
+    for _ in 0..20 {
+        assert_eq!(ask(allow.http_addr(), "k"), Some(true), "allow: fail open");
+    }
+    let deny = Ratekeeper::start(
+        &config,
+        &[
+            "--store",
+            &down,
+            "--store-failure",
+            "deny",
+            "--store-cooldown",
+            "7s",
+        ],
+    );
+    let response = http_post(deny.http_addr(), "/json", &[], &body("k")).expect("answers");
+    assert_eq!(response.status, 429, "deny: over the limit");
+    assert!(
+        response.body.contains(r#""durationUntilReset":"7s""#),
+        "reset after the cooldown: {}",
+        response.body
+    );
+    assert!(metric(deny.http_addr(), "ratekeeper_store_policy_decisions_total") >= 1.0);
+}
+
+#[test]
+fn limits_the_redis_store_cannot_count_are_refused_with_file_and_place() {
+    let dir = TempDir::new("redis-refused");
+    write_config(
+        dir.path(),
+        "limits.yaml",
+        "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+      max_wait: 50ms
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: 10000000
+      algorithm: sliding_window
+",
+    );
+    let (status, _, stderr) = run_ratekeeper(&[
+        "validate".as_ref(),
+        "--store".as_ref(),
+        "redis://127.0.0.1:6379".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("limits.yaml"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "(key api_key) > rate_limit.max_wait: max_wait is not available with --store redis"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "rate_limit.requests_per_unit: a sliding_window limit can count at most 9007199"
+        ),
+        "{stderr}"
+    );
+    let (status, _, _) = run_ratekeeper(&["validate".as_ref(), dir.path().as_os_str()]);
+    assert!(status.success(), "the in-memory store takes both");
+    let (status, _, stderr) = run_ratekeeper(&[
+        "serve".as_ref(),
+        "--config".as_ref(),
+        dir.path().as_os_str(),
+        "--store".as_ref(),
+        "redis://127.0.0.1:6379".as_ref(),
+    ]);
+    assert!(!status.success());
+    assert!(stderr.contains("max_wait is not available"), "{stderr}");
+}
+
+#[test]
+fn a_sentinel_names_the_master_the_store_uses() {
+    let dir = TempDir::new("redis-sentinel");
+    let master = RedisServer::start(dir.path(), &[]);
+    let sentinel_dir = dir.path().join("sentinel");
+    std::fs::create_dir_all(&sentinel_dir).expect("sentinel dir");
+    let sentinel_conf = sentinel_dir.join("sentinel.conf");
+    std::fs::write(
+        &sentinel_conf,
+        format!(
+            "sentinel monitor main 127.0.0.1 {} 1\nsentinel down-after-milliseconds main 1000\n",
+            master.port()
+        ),
+    )
+    .expect("write sentinel.conf");
+    let sentinel = support::Sentinel::start(&sentinel_conf);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let url = format!("redis-sentinel://127.0.0.1:{}/main", sentinel.port());
+    let node = Ratekeeper::start(&config, &["--store", &url]);
+    let admitted = (0..15)
+        .filter(|_| ask(node.http_addr(), "s") == Some(true))
+        .count();
+    assert_eq!(admitted, 10, "{}", node.stderr());
+    assert!(
+        master.cli(&["dbsize"]).trim() != "0",
+        "counters on the master"
+    );
+}

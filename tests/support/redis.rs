@@ -1,0 +1,249 @@
+//! Redis: the server binary ([`redis_server_binary`], found or installed from Debian's
+//! `redis-server` package), a [`RedisServer`] on a free port that can be killed and
+//! restarted on the same port, and a [`RedisCluster`] of masters created with
+//! `redis-cli --cluster create`.
+//!
+//! Servers keep nothing on disk (`--save ""`, no AOF) unless a test asks, and are killed on
+//! drop.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use super::http::free_port;
+use super::poll::eventually;
+use super::process::{Process, START_TIMEOUT, run_to_end};
+use super::tools::{InstallLock, apt_install, target_dir};
+
+/// `redis-server` on `PATH` (or in `/usr/bin`, `/usr/local/bin`), else Debian's
+/// `redis-server` package installed with apt-get (one test binary installs while the others
+/// wait on a lock file). Any failure panics: a Redis test never silently skips.
+pub fn redis_server_binary() -> PathBuf {
+    if let Some(found) = find("redis-server") {
+        return found;
+    }
+    let tools = target_dir().join("e2e-tools");
+    fs::create_dir_all(&tools)
+        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
+    let _lock = InstallLock::acquire(&tools.join("redis-install.lock"));
+    if let Some(found) = find("redis-server") {
+        return found;
+    }
+    apt_install("redis-server", "or put redis-server on PATH");
+    find("redis-server").unwrap_or_else(|| {
+        panic!("apt-get installed redis-server, but no redis-server binary is on PATH")
+    })
+}
+
+/// `redis-cli`, which comes with `redis-server`.
+pub fn redis_cli_binary() -> PathBuf {
+    redis_server_binary();
+    find("redis-cli").unwrap_or_else(|| panic!("redis-server is installed but redis-cli is not"))
+}
+
+fn find(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(
+            ["/usr/bin", "/usr/local/bin"]
+                .into_iter()
+                .map(PathBuf::from),
+        )
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+}
+
+/// A running `redis-server` on `127.0.0.1:port`.
+#[derive(Debug)]
+pub struct RedisServer {
+    process: Option<Process>,
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl RedisServer {
+    /// A server on a free port, its files in `dir`, with `args` added to the command line.
+    pub fn start(dir: &Path, args: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            process: None,
+            port: free_port(),
+            dir: dir.to_owned(),
+            args: args.iter().map(|arg| (*arg).to_owned()).collect(),
+        };
+        server.restart();
+        server
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server (SIGKILL): in-memory data is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+    }
+
+    /// Starts the server again on the same port (after [`RedisServer::kill`]), and waits
+    /// until it answers PING.
+    pub fn restart(&mut self) {
+        self.kill();
+        let port = self.port.to_string();
+        let mut command = Command::new(redis_server_binary());
+        command
+            .current_dir(&self.dir)
+            .args(["--port", &port, "--bind", "127.0.0.1", "--save", ""])
+            .args(["--appendonly", "no", "--protected-mode", "no"])
+            .args(["--dir"])
+            .arg(&self.dir)
+            .args(&self.args);
+        let mut process = Process::spawn(&format!("redis-server :{port}"), &mut command);
+        if !eventually(START_TIMEOUT, || ping(self.port)) {
+            process.fail("redis-server did not answer PING");
+        }
+        self.process = Some(process);
+    }
+
+    /// Runs one command with `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        redis_cli(self.port, args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether a Redis server on `port` answers PING.
+pub fn ping(port: u16) -> bool {
+    let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) else {
+        return false;
+    };
+    let Ok(mut connection) = client.get_connection_with_timeout(Duration::from_millis(500)) else {
+        return false;
+    };
+    redis::cmd("PING")
+        .query::<String>(&mut connection)
+        .is_ok_and(|pong| pong == "PONG")
+}
+
+/// `redis-cli -p PORT ARGS...`'s stdout; panics if it fails.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    let mut command = Command::new(redis_cli_binary());
+    command.args(["-p", &port.to_string()]).args(args);
+    let (status, stdout, stderr) = run_to_end("redis-cli", &mut command, START_TIMEOUT);
+    assert!(
+        status.success(),
+        "redis-cli {args:?}: {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stdout
+}
+
+/// A Redis Cluster of masters (no replicas), one directory each under `dir`.
+#[derive(Debug)]
+pub struct RedisCluster {
+    pub masters: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `count` masters with cluster mode on, joins them with
+    /// `redis-cli --cluster create` and waits until every node says `cluster_state:ok`.
+    pub fn start(dir: &Path, count: usize) -> RedisCluster {
+        let masters: Vec<RedisServer> = (0..count)
+            .map(|index| {
+                let node_dir = dir.join(format!("node{index}"));
+                fs::create_dir_all(&node_dir)
+                    .unwrap_or_else(|error| panic!("create {}: {error}", node_dir.display()));
+                RedisServer::start(
+                    &node_dir,
+                    &[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        "2000",
+                    ],
+                )
+            })
+            .collect();
+        let nodes: Vec<String> = masters
+            .iter()
+            .map(|master| format!("127.0.0.1:{}", master.port()))
+            .collect();
+        let mut args = vec!["--cluster", "create"];
+        args.extend(nodes.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        redis_cli(masters[0].port(), &args);
+        let cluster = RedisCluster { masters };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// Waits until every master says `cluster_state:ok`.
+    pub fn wait_ok(&self) {
+        for master in &self.masters {
+            let ok = eventually(START_TIMEOUT, || {
+                master
+                    .cli(&["cluster", "info"])
+                    .contains("cluster_state:ok")
+            });
+            assert!(ok, "redis cluster node {} never became ok", master.port());
+        }
+    }
+
+    /// `redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...`.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .masters
+            .iter()
+            .map(|master| format!("127.0.0.1:{}", master.port()))
+            .collect();
+        format!("redis-cluster://{}", nodes.join(","))
+    }
+}
+
+/// A running Redis Sentinel (`redis-server CONF --sentinel`) on a free port.
+#[derive(Debug)]
+pub struct Sentinel {
+    _process: Process,
+    port: u16,
+}
+
+impl Sentinel {
+    /// Starts a sentinel with `conf` (which it rewrites as it learns) and waits until it
+    /// answers PING.
+    pub fn start(conf: &Path) -> Sentinel {
+        let port = free_port();
+        let mut command = Command::new(redis_server_binary());
+        command.arg(conf).args([
+            "--sentinel",
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+        ]);
+        let mut process = Process::spawn(&format!("redis-sentinel :{port}"), &mut command);
+        if !eventually(START_TIMEOUT, || ping(port)) {
+            process.fail("redis sentinel did not answer PING");
+        }
+        Sentinel {
+            _process: process,
+            port,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
