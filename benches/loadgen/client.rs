@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 // Wall-clock latency of real sockets: tokio's Instant adds nothing here but a lookup of
 // the (never paused) test clock on every read.
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use h2::client::SendRequest;
@@ -160,6 +160,24 @@ struct Schedule {
     stop: Stop,
     /// Measured requests still to start ([`Stop::Count`]).
     remaining: AtomicU64,
+    /// Open loop: the next request's number, and the time between two requests.
+    slot: AtomicU64,
+    interval: Option<Duration>,
+    start: Instant,
+}
+
+impl Schedule {
+    /// Closed loop: now. Open loop: waits until the next request is due, and returns
+    /// when it was.
+    async fn due(&self) -> Instant {
+        let Some(interval) = self.interval else {
+            return Instant::now();
+        };
+        let slot = self.slot.fetch_add(1, Ordering::Relaxed);
+        let due = self.start + interval.saturating_mul(u32::try_from(slot).unwrap_or(u32::MAX));
+        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+        due
+    }
 }
 
 impl Schedule {
@@ -200,6 +218,9 @@ async fn drive(config: &Config) -> Result<Report, String> {
             Stop::Count(count) => count,
             Stop::After(_) => 0,
         }),
+        slot: AtomicU64::new(0),
+        interval: (config.rate > 0).then(|| Duration::from_secs_f64(1.0 / config.rate as f64)),
+        start,
     });
     let cpu_at_start = {
         let at = tokio::time::Instant::from_std(schedule.measure_from);
@@ -386,7 +407,7 @@ impl Worker {
     async fn run(mut self) -> Tally {
         let mut tally = Tally::default();
         loop {
-            let started = Instant::now();
+            let started = self.schedule.due().await;
             let Some(measured) = self.schedule.claim(started) else {
                 break;
             };

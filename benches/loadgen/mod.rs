@@ -227,15 +227,25 @@ pub fn start_ratekeeper(
     shards: Option<usize>,
     stop: watch::Receiver<bool>,
 ) -> SocketAddr {
-    let limits =
-        ratekeeper::limits::Limits::parse_str("bench.yaml", yaml).expect("the bench limits parse");
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
     let mut options = ratekeeper::server::ServerOptions::new(localhost, localhost);
     if let Some(shards) = shards {
         options.engine.shards = shards;
     }
+    start_ratekeeper_with(runtime, yaml, &options, stop)
+}
+
+/// [`start_ratekeeper`] with `options` (listening on their addresses).
+pub fn start_ratekeeper_with(
+    runtime: &Runtime,
+    yaml: &str,
+    options: &ratekeeper::server::ServerOptions,
+    stop: watch::Receiver<bool>,
+) -> SocketAddr {
+    let limits =
+        ratekeeper::limits::Limits::parse_str("bench.yaml", yaml).expect("the bench limits parse");
     let server = runtime
-        .block_on(ratekeeper::server::Server::bind(&options, limits, 0))
+        .block_on(ratekeeper::server::Server::bind(options, limits, 0))
         .expect("bind ratekeeper");
     let addr = server.grpc_addr();
     runtime.spawn(async move {

@@ -32,6 +32,9 @@ pub struct Config {
     pub statuses: Option<usize>,
     /// Runtime threads of the load generator.
     pub threads: usize,
+    /// Open loop: start requests at this many per second in all, each timed from when it
+    /// was due (so a slow server's queueing counts). 0: closed loop, as fast as answered.
+    pub rate: u64,
     /// Give up (and report an error) if the run has not ended this long after it should
     /// have ([`Stop::After`]) or after the warm-up ([`Stop::Count`]): a stalled server must
     /// not hang the benchmark.
@@ -51,6 +54,7 @@ impl Config {
             seed: 1,
             statuses: None,
             threads: 1,
+            rate: 0,
             timeout: Duration::from_secs(60),
         }
     }
@@ -102,6 +106,7 @@ impl Config {
                 "seed" => config.seed = number()?,
                 "statuses" => config.statuses = Some(number()? as usize),
                 "threads" => config.threads = number()? as usize,
+                "rate" => config.rate = number()?,
                 "timeout" => config.timeout = seconds()?,
                 other => return Err(format!("unknown setting {other:?}")),
             }
@@ -126,7 +131,7 @@ impl Config {
             .unwrap_or_default();
         format!(
             "addr={} connections={} streams={} warmup={} {stop} descriptors={} keys={} \
-             body={} seed={}{statuses} threads={} timeout={}",
+             body={} seed={}{statuses} threads={} timeout={} rate={}",
             self.addr,
             self.connections,
             self.streams,
@@ -136,7 +141,8 @@ impl Config {
             self.body.name(),
             self.seed,
             self.threads,
-            self.timeout.as_secs_f64()
+            self.timeout.as_secs_f64(),
+            self.rate
         )
     }
 }
