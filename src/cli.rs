@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -10,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
 use crate::limiter::{HeaderNames, LimiterOptions};
-use crate::limits::parse_duration;
+use crate::limits::{Limits, LoadOptions, parse_duration};
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
 use crate::server::ServerOptions;
@@ -40,7 +41,45 @@ pub enum Command {
     /// Serve Envoy's RateLimitService over gRPC, plus the HTTP endpoints.
     Serve(Box<ServeArgs>),
     /// Load and check a limits file or directory exactly as `serve` would.
-    Validate { path: PathBuf },
+    Validate(ValidateArgs),
+}
+
+#[derive(Args)]
+pub struct ValidateArgs {
+    pub path: PathBuf,
+    /// Merge files that name the same domain, as `serve --merge-domain-config` does.
+    #[arg(long, env = "RATEKEEPER_MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+}
+
+impl ValidateArgs {
+    /// Loads the limits as `serve` would; prints `read FILE` per file and a summary, or
+    /// every error (to stderr). Success when they load.
+    pub fn run(&self) -> ExitCode {
+        let options = LoadOptions {
+            merge_domains: self.merge_domain_config,
+        };
+        match Limits::load_with_sources(&self.path, options) {
+            Ok((limits, sources)) => {
+                for source in &sources {
+                    println!("read {}", source.name);
+                }
+                let domains: Vec<&str> = limits.domains().map(|domain| domain.name()).collect();
+                println!(
+                    "{}: ok, {} domains ({}), {} limits",
+                    self.path.display(),
+                    domains.len(),
+                    domains.join(", "),
+                    limits.limit_count()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ExitCode::FAILURE
+            }
+        }
+    }
 }
 
 #[derive(Args)]
@@ -48,6 +87,10 @@ pub struct ServeArgs {
     /// Limits: a YAML file, or a directory of *.yaml / *.yml files.
     #[arg(long, env = "RATEKEEPER_CONFIG", default_value = "config/")]
     pub config: PathBuf,
+    /// Merge files that name the same domain into one domain (else a duplicate domain is
+    /// an error); a top-level descriptor defined in two of them is an error.
+    #[arg(long, env = "RATEKEEPER_MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
     #[arg(long, env = "RATEKEEPER_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub grpc_addr: SocketAddr,
     #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = "127.0.0.1:8080")]
@@ -131,6 +174,13 @@ pub enum FallbackArg {
 }
 
 impl ServeArgs {
+    /// How the limits files become limits, at start and on every reload.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domain_config,
+        }
+    }
+
     /// Whether any cluster flag was given.
     pub fn cluster_mode(&self) -> bool {
         self.advertise.is_some()
@@ -187,6 +237,7 @@ impl ServeArgs {
             watch: Some(self.config.clone()),
             reload: ReloadOptions {
                 recheck_every: self.reload_interval,
+                load: self.load_options(),
                 ..ReloadOptions::default()
             },
             shutdown_grace: self.shutdown_grace,

@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
-use ratekeeper::limits::Limits;
 use ratekeeper::reload;
 use ratekeeper::server::Server;
 
@@ -20,42 +19,20 @@ fn main() -> ExitCode {
         LogFormat::Json => logs.json().init(),
     }
     match cli.command {
-        Command::Validate { path } => validate(&path),
+        Command::Validate(args) => args.run(),
         Command::Serve(args) => serve(args),
     }
 }
 
-fn validate(path: &std::path::Path) -> ExitCode {
-    match Limits::load_with_sources(path) {
-        Ok((limits, sources)) => {
-            for source in &sources {
-                println!("read {}", source.name);
-            }
-            let domains: Vec<&str> = limits.domains().map(|domain| domain.name()).collect();
-            println!(
-                "{}: ok, {} domains ({}), {} limits",
-                path.display(),
-                domains.len(),
-                domains.join(", "),
-                limits.limit_count()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(errors) => {
-            eprintln!("{errors}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 fn serve(args: Box<ServeArgs>) -> ExitCode {
-    let (limits, version) = match reload::load_at_start(&args.config, args.start_without_config) {
-        Ok(loaded) => loaded,
-        Err(errors) => {
-            eprintln!("invalid limits, not starting:\n{errors}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let (limits, version) =
+        match reload::load_at_start(&args.config, args.load_options(), args.start_without_config) {
+            Ok(loaded) => loaded,
+            Err(errors) => {
+                eprintln!("invalid limits, not starting:\n{errors}");
+                return ExitCode::FAILURE;
+            }
+        };
     let options = args.server_options();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
