@@ -15,6 +15,7 @@ use crate::limits::{Limits, LoadOptions, parse_duration};
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
 use crate::server::ServerOptions;
+use crate::tls::TlsOptions;
 
 /// Envoy rate limit service sidecar.
 #[derive(Parser)]
@@ -93,6 +94,30 @@ pub struct ServeArgs {
     pub merge_domain_config: bool,
     #[arg(long, env = "RATEKEEPER_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub grpc_addr: SocketAddr,
+    /// Serve gRPC on this Unix domain socket instead of --grpc-addr (a stale socket file
+    /// from an earlier run is replaced; the file is removed at exit).
+    #[arg(long, env = "RATEKEEPER_GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+    /// TLS on the gRPC listener: the server's certificate chain (PEM), reloaded when it changes.
+    #[arg(long, env = "RATEKEEPER_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --grpc-tls-cert.
+    #[arg(long, env = "RATEKEEPER_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// mTLS: require client certificates signed by a CA in this PEM file.
+    #[arg(
+        long,
+        env = "RATEKEEPER_GRPC_TLS_CLIENT_CA",
+        requires = "grpc_tls_cert"
+    )]
+    pub grpc_tls_client_ca: Option<PathBuf>,
+    /// mTLS: the client certificate must also be valid for this DNS name.
+    #[arg(
+        long,
+        env = "RATEKEEPER_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
+    pub grpc_tls_client_san: Option<String>,
     #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
     /// Shards that own the counters [default: the number of cores].
@@ -210,6 +235,17 @@ impl ServeArgs {
         Some((peer_addr, options))
     }
 
+    /// TLS on the gRPC listener, when a certificate is given (clap makes sure of the key).
+    fn tls_options(&self) -> Option<TlsOptions> {
+        let (cert, key) = self.grpc_tls_cert.clone().zip(self.grpc_tls_key.clone())?;
+        Some(TlsOptions {
+            cert,
+            key,
+            client_ca: self.grpc_tls_client_ca.clone(),
+            client_san: self.grpc_tls_client_san.clone(),
+        })
+    }
+
     /// The server options these flags ask for.
     pub fn server_options(&self) -> ServerOptions {
         let mut engine = EngineConfig {
@@ -243,6 +279,8 @@ impl ServeArgs {
             shutdown_grace: self.shutdown_grace,
             healthy_only_with_config: self.healthy_only_with_config,
             cluster: self.cluster_options(),
+            grpc_uds: self.grpc_uds.clone(),
+            grpc_tls: self.tls_options(),
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
     }

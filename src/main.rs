@@ -45,9 +45,9 @@ fn serve(args: Box<ServeArgs>) -> ExitCode {
         let server = Server::bind(&options, limits, version).await?;
         // Tests and scripts read this line to learn the bound addresses.
         let peer = server.peer_addr().map(|addr| format!(" peer={addr}")).unwrap_or_default();
-        println!("ratekeeper serving grpc={} http={}{peer}", server.grpc_addr(), server.http_addr());
+        println!("ratekeeper serving grpc={} http={}{peer}", server.grpc_endpoint(), server.http_addr());
         let _ = std::io::stdout().flush();
-        tracing::info!(grpc = %server.grpc_addr(), http = %server.http_addr(), shards = options.engine.shards, "serving");
+        tracing::info!(grpc = %server.grpc_endpoint(), http = %server.http_addr(), shards = options.engine.shards, "serving");
         server.run(shutdown_signal()).await
     });
     match result {

@@ -402,7 +402,7 @@ fn watched_dir(path: &Path) -> Result<PathBuf, ReloadError> {
 }
 
 /// Our own reads (and anyone else's) open and close files: not a change.
-fn is_read(kind: &EventKind) -> bool {
+pub(crate) fn is_read(kind: &EventKind) -> bool {
     matches!(kind, EventKind::Access(access) if *access != AccessKind::Close(AccessMode::Write))
 }
 

@@ -191,3 +191,35 @@ fn validate_merges_one_domain_across_files_only_when_asked() {
     drop(ratekeeper);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn serve_refuses_tls_without_a_key_or_with_an_unreadable_file() {
+    let cert = temp_file("only.crt", "not used\n");
+    let cert = cert.to_str().expect("utf-8 path");
+    let output = serve(&["--grpc-tls-cert", cert]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--grpc-tls-key"),
+        "names the missing flag: {stderr}"
+    );
+
+    let missing = "/nonexistent/ratekeeper/server.key";
+    let output = serve(&[
+        "--config",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
+        "--grpc-tls-cert",
+        cert,
+        "--grpc-tls-key",
+        missing,
+    ]);
+    assert_eq!(output.status.code(), Some(1), "an error, not a panic");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--grpc-tls-key {missing}: cannot read: no such file or directory"
+        )),
+        "names the flag and the file: {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "never announced serving");
+}
