@@ -84,6 +84,9 @@ pub(super) fn start(tls: Tls) -> Result<TlsWatch, TlsError> {
             .map_err(watch_error(dir))?;
     }
     tracing::info!(dirs = ?dirs, "watching the grpc tls files for changes");
+    // A change between the start-up load and the watch would otherwise wait for the next
+    // event; unchanged files are a no-op (errors are logged and counted inside).
+    let _ = tls.reload_now();
     let task = runtime.spawn(run(tls, events));
     Ok(TlsWatch {
         _notify: Mutex::new(notify),
