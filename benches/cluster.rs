@@ -172,7 +172,7 @@ fn start_node(
     let server = runtime
         .block_on(Server::bind(&options, limits, 0))
         .expect("bind a ratekeeper node");
-    let grpc = server.grpc_addr();
+    let grpc = server.grpc_addr().expect("grpc on tcp");
     let http = server.http_addr();
     let peer = server
         .peer_addr()

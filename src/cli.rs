@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -10,12 +11,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
 use crate::limiter::{HeaderNames, LimiterOptions};
-use crate::limits::parse_duration;
+use crate::limits::{Limits, LoadOptions, parse_duration};
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
 use crate::server::ServerOptions;
 use crate::store::Capabilities;
 use crate::store::redis::{self, FailurePolicy, RedisOptions, Target};
+use crate::tls::TlsOptions;
 
 /// Envoy rate limit service sidecar.
 #[derive(Parser)]
@@ -42,12 +44,49 @@ pub enum Command {
     /// Serve Envoy's RateLimitService over gRPC, plus the HTTP endpoints.
     Serve(Box<ServeArgs>),
     /// Load and check a limits file or directory exactly as `serve` would.
-    Validate {
-        path: PathBuf,
-        /// Check the limits against what this store can count (`--store` of `serve`).
-        #[arg(long, env = "RATEKEEPER_STORE", value_parser = store, default_value = "memory")]
-        store: StoreArg,
-    },
+    Validate(ValidateArgs),
+}
+
+#[derive(Args)]
+pub struct ValidateArgs {
+    pub path: PathBuf,
+    /// Merge files that name the same domain, as `serve --merge-domain-config` does.
+    #[arg(long, env = "RATEKEEPER_MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
+    /// Check the limits against what this store can count (`--store` of `serve`).
+    #[arg(long, env = "RATEKEEPER_STORE", value_parser = store, default_value = "memory")]
+    pub store: StoreArg,
+}
+
+impl ValidateArgs {
+    /// Loads the limits as `serve` would; prints `read FILE` per file and a summary, or
+    /// every error (to stderr). Success when they load.
+    pub fn run(&self) -> ExitCode {
+        let options = LoadOptions {
+            merge_domains: self.merge_domain_config,
+            store: self.store.capabilities(),
+        };
+        match Limits::load_with_sources(&self.path, options) {
+            Ok((limits, sources)) => {
+                for source in &sources {
+                    println!("read {}", source.name);
+                }
+                let domains: Vec<&str> = limits.domains().map(|domain| domain.name()).collect();
+                println!(
+                    "{}: ok, {} domains ({}), {} limits",
+                    self.path.display(),
+                    domains.len(),
+                    domains.join(", "),
+                    limits.limit_count()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(errors) => {
+                eprintln!("{errors}");
+                ExitCode::FAILURE
+            }
+        }
+    }
 }
 
 /// `--store`: where counters live.
@@ -82,8 +121,36 @@ pub struct ServeArgs {
     /// Limits: a YAML file, or a directory of *.yaml / *.yml files.
     #[arg(long, env = "RATEKEEPER_CONFIG", default_value = "config/")]
     pub config: PathBuf,
+    /// Merge files that name the same domain into one domain (else a duplicate domain is
+    /// an error); a top-level descriptor defined in two of them is an error.
+    #[arg(long, env = "RATEKEEPER_MERGE_DOMAIN_CONFIG")]
+    pub merge_domain_config: bool,
     #[arg(long, env = "RATEKEEPER_GRPC_ADDR", default_value = "127.0.0.1:8081")]
     pub grpc_addr: SocketAddr,
+    /// Serve gRPC on this Unix domain socket instead of --grpc-addr (a stale socket file
+    /// from an earlier run is replaced; the file is removed at exit).
+    #[arg(long, env = "RATEKEEPER_GRPC_UDS")]
+    pub grpc_uds: Option<PathBuf>,
+    /// TLS on the gRPC listener: the server's certificate chain (PEM), reloaded when it changes.
+    #[arg(long, env = "RATEKEEPER_GRPC_TLS_CERT", requires = "grpc_tls_key")]
+    pub grpc_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --grpc-tls-cert.
+    #[arg(long, env = "RATEKEEPER_GRPC_TLS_KEY", requires = "grpc_tls_cert")]
+    pub grpc_tls_key: Option<PathBuf>,
+    /// mTLS: require client certificates signed by a CA in this PEM file.
+    #[arg(
+        long,
+        env = "RATEKEEPER_GRPC_TLS_CLIENT_CA",
+        requires = "grpc_tls_cert"
+    )]
+    pub grpc_tls_client_ca: Option<PathBuf>,
+    /// mTLS: the client certificate must also be valid for this DNS name.
+    #[arg(
+        long,
+        env = "RATEKEEPER_GRPC_TLS_CLIENT_SAN",
+        requires = "grpc_tls_client_ca"
+    )]
+    pub grpc_tls_client_san: Option<String>,
     #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
     /// Shards that own the counters [default: the number of cores].
@@ -186,6 +253,14 @@ pub enum FallbackArg {
 }
 
 impl ServeArgs {
+    /// How the limits files become limits, at start and on every reload.
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            merge_domains: self.merge_domain_config,
+            store: self.store.capabilities(),
+        }
+    }
+
     /// Whether any cluster flag was given.
     pub fn cluster_mode(&self) -> bool {
         self.advertise.is_some()
@@ -213,6 +288,17 @@ impl ServeArgs {
             FallbackArg::Deny => Fallback::Deny,
         };
         Some((peer_addr, options))
+    }
+
+    /// TLS on the gRPC listener, when a certificate is given (clap makes sure of the key).
+    fn tls_options(&self) -> Option<TlsOptions> {
+        let (cert, key) = self.grpc_tls_cert.clone().zip(self.grpc_tls_key.clone())?;
+        Some(TlsOptions {
+            cert,
+            key,
+            client_ca: self.grpc_tls_client_ca.clone(),
+            client_san: self.grpc_tls_client_san.clone(),
+        })
     }
 
     /// The server options these flags ask for.
@@ -256,12 +342,14 @@ impl ServeArgs {
             watch: Some(self.config.clone()),
             reload: ReloadOptions {
                 recheck_every: self.reload_interval,
-                store: self.store.capabilities(),
+                load: self.load_options(),
                 ..ReloadOptions::default()
             },
             shutdown_grace: self.shutdown_grace,
             healthy_only_with_config: self.healthy_only_with_config,
             cluster: self.cluster_options(),
+            grpc_uds: self.grpc_uds.clone(),
+            grpc_tls: self.tls_options(),
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
     }

@@ -6,7 +6,8 @@
 //! resulting [`check`]s: in memory, [`cluster`] routes keys to their owner node and
 //! [`engine`] to the [`shard`] that owns them, which decides with the pure [`algorithm`]s.
 //! [`error`] says how every failure is answered. [`reload`] keeps the limits current,
-//! [`metrics`] counts, [`server`] wires the listeners. See ARCHITECTURE.md.
+//! [`metrics`] counts, [`server`] wires the listeners ([`listener`]: the gRPC socket, TCP or
+//! Unix, with [`tls`] when configured). See ARCHITECTURE.md.
 
 pub mod admin;
 pub mod algorithm;
@@ -21,6 +22,7 @@ pub mod histogram;
 pub mod key;
 pub mod limiter;
 pub mod limits;
+pub mod listener;
 pub mod metrics;
 pub mod peer;
 pub mod reload;
@@ -29,3 +31,4 @@ pub mod rls;
 pub mod server;
 pub mod shard;
 pub mod store;
+pub mod tls;

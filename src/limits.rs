@@ -4,7 +4,8 @@
 //!
 //! Pipeline: [`load`](Limits::load) reads files (`load`), `schema` parses each into raw
 //! structs within input bounds, `compile` validates them and builds the `tree`, and
-//! [`Limits`] checks domains across files.
+//! [`Limits`] checks domains across files: a domain in two files is an error, or, with
+//! [`LoadOptions::merge_domains`], one domain holding both files' descriptors.
 //!
 //! Invariants:
 //! - Pure apart from reading files in [`Limits::load`]: no clock, no global state.
@@ -23,8 +24,8 @@ mod tree;
 
 pub use self::compile::parse_duration;
 
-use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
 
@@ -49,37 +50,58 @@ pub struct Limits {
     limit_count: usize,
 }
 
+/// How files become one configuration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Files naming the same domain add their descriptors to it (the reference service's
+    /// `MERGE_DOMAIN_CONFIG`), in load order; a top-level descriptor (key and value) that
+    /// an earlier file of the domain defined is an error naming both files. Without it a
+    /// domain in a second file is a "duplicate domain" error.
+    pub merge_domains: bool,
+    /// What the counter store can count: a limit it cannot is an error, naming the file
+    /// and the place (the in-memory store, the default, counts everything).
+    pub store: Capabilities,
+}
+
+/// What the files loaded so far contributed to one domain.
+struct DomainFiles<'s> {
+    /// The file that defined the domain first.
+    first: &'s str,
+    limit_count: usize,
+    next_order: usize,
+    /// Top-level `(key, value or "")` -> the file defining it (kept only when merging).
+    top: HashMap<(String, String), String>,
+}
+
 impl Limits {
-    /// Loads a YAML file, or every `*.yaml` / `*.yml` file directly in a directory (in name
-    /// order, skipping names starting with `.`, following symlinks). A directory without
-    /// YAML files gives empty limits.
+    /// Loads a YAML file, or every file under a directory (see `load`), with the default
+    /// [`LoadOptions`].
     pub fn load(path: &Path) -> Result<Limits, ConfigErrors> {
-        Limits::load_with_sources(path, &Capabilities::MEMORY).map(|(limits, _)| limits)
+        Limits::load_with_sources(path, LoadOptions::default()).map(|(limits, _)| limits)
     }
 
-    /// [`Limits::load`] for a store that can do what `store` says (a limit it cannot count
-    /// is an error), also returning the files exactly as read: the text that was compiled,
-    /// for hashing it into a version (see `reload`).
+    /// [`Limits::load`] with `options`, also returning the files exactly as read: the text
+    /// that was compiled, for hashing it into a version (see `reload`).
     pub fn load_with_sources(
         path: &Path,
-        store: &Capabilities,
+        options: LoadOptions,
     ) -> Result<(Limits, Vec<Source>), ConfigErrors> {
         let (sources, errors) = load::read(path);
-        let limits = Limits::build(&sources, errors, store)?;
+        let limits = Limits::build(&sources, errors, options)?;
         Ok((limits, sources))
     }
 
-    /// Parses, validates and compiles already-read files (for the in-memory store).
+    /// Parses, validates and compiles already-read files.
     pub fn from_sources(sources: &[Source]) -> Result<Limits, ConfigErrors> {
-        Limits::from_sources_for(sources, &Capabilities::MEMORY)
+        Limits::from_sources_with(sources, LoadOptions::default())
     }
 
-    /// [`Limits::from_sources`] for a store that can do what `store` says.
-    pub fn from_sources_for(
+    /// [`Limits::from_sources`] with `options`.
+    pub fn from_sources_with(
         sources: &[Source],
-        store: &Capabilities,
+        options: LoadOptions,
     ) -> Result<Limits, ConfigErrors> {
-        Limits::build(sources, Vec::new(), store)
+        Limits::build(sources, Vec::new(), options)
     }
 
     /// One file's worth of YAML, named `name` in errors.
@@ -93,11 +115,11 @@ impl Limits {
     fn build(
         sources: &[Source],
         mut errors: Vec<ConfigError>,
-        store: &Capabilities,
+        options: LoadOptions,
     ) -> Result<Limits, ConfigErrors> {
         let bounds = schema::Bounds::new();
         let mut limits = Limits::default();
-        let mut files: BTreeMap<Box<str>, &str> = BTreeMap::new();
+        let mut files: BTreeMap<Box<str>, DomainFiles<'_>> = BTreeMap::new();
         for source in sources {
             let raw = match schema::parse(&source.name, &source.text, &bounds) {
                 Ok(raw) => raw,
@@ -109,21 +131,59 @@ impl Limits {
                     continue;
                 }
             };
-            let Some(compiled) = compile::compile(&source.name, raw, &mut errors, store) else {
+            // A file adding to a domain continues its numbering and may not redefine its
+            // top-level descriptors.
+            let earlier = raw
+                .as_ref()
+                .and_then(|raw| raw.domain.as_deref())
+                .and_then(|domain| files.get(domain))
+                .filter(|_| options.merge_domains);
+            let base = earlier.map_or_else(compile::Base::default, |earlier| compile::Base {
+                first_limit: earlier.limit_count,
+                first_order: earlier.next_order,
+                taken: Some(&earlier.top),
+            });
+            let Some(compiled) =
+                compile::compile(&source.name, raw, &base, &mut errors, &options.store)
+            else {
                 continue;
             };
             let domain = compiled.domain;
+            let top = match options.merge_domains {
+                true => top_level(&domain.root, &source.name),
+                false => HashMap::new(),
+            };
             match limits.domains.entry(domain.name.clone()) {
+                Entry::Occupied(mut slot) if options.merge_domains => {
+                    merge(&mut slot.get_mut().root, domain.root);
+                    limits.limit_count += compiled.limit_count;
+                    if let Some(files) = files.get_mut(&domain.name) {
+                        files.limit_count += compiled.limit_count;
+                        files.next_order = compiled.next_order;
+                        files.top.extend(top);
+                    }
+                }
                 Entry::Occupied(_) => {
-                    let first = files.get(&domain.name).copied().unwrap_or_default();
+                    let first = files.get(&domain.name).map(|files| files.first);
                     errors.push(ConfigError::at(
                         &source.name,
                         format!("domain {}", error::name(&domain.name)),
-                        format!("duplicate domain (already defined in {first})"),
+                        format!(
+                            "duplicate domain (already defined in {})",
+                            first.unwrap_or_default()
+                        ),
                     ));
                 }
                 Entry::Vacant(slot) => {
-                    files.insert(domain.name.clone(), &source.name);
+                    files.insert(
+                        domain.name.clone(),
+                        DomainFiles {
+                            first: &source.name,
+                            limit_count: compiled.limit_count,
+                            next_order: compiled.next_order,
+                            top,
+                        },
+                    );
                     slot.insert(domain);
                     limits.limit_count += compiled.limit_count;
                 }
@@ -149,6 +209,38 @@ impl Limits {
     /// unlimited ones included.
     pub fn limit_count(&self) -> usize {
         self.limit_count
+    }
+}
+
+/// The top-level descriptors of a file's tree, `(key, value or "")`, each naming `file`.
+fn top_level(root: &tree::Level, file: &str) -> HashMap<(String, String), String> {
+    let mut top = HashMap::new();
+    for (key, group) in root {
+        let exact = group.exact.keys();
+        let wildcards = group.wildcards.iter().map(|(_, value, _)| value);
+        for value in exact.chain(wildcards) {
+            top.insert((key.to_string(), value.to_string()), file.to_owned());
+        }
+        if group.default.is_some() {
+            top.insert((key.to_string(), String::new()), file.to_owned());
+        }
+    }
+    top
+}
+
+/// Adds a later file's top-level entries to its domain's tree. Wildcards keep file order,
+/// so the first matching one is still the first in load order. A duplicate never reaches
+/// here in a load that succeeds (compile reported it and left it out).
+fn merge(root: &mut tree::Level, other: tree::Level) {
+    for (key, group) in other {
+        let into = root.entry(key).or_default();
+        for (value, node) in group.exact {
+            into.exact.entry(value).or_insert(node);
+        }
+        into.wildcards.extend(group.wildcards);
+        if into.default.is_none() {
+            into.default = group.default;
+        }
     }
 }
 

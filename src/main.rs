@@ -6,10 +6,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
-use ratekeeper::limits::Limits;
 use ratekeeper::reload;
 use ratekeeper::server::Server;
-use ratekeeper::store::Capabilities;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -21,38 +19,14 @@ fn main() -> ExitCode {
         LogFormat::Json => logs.json().init(),
     }
     match cli.command {
-        Command::Validate { path, store } => validate(&path, &store.capabilities()),
+        Command::Validate(args) => args.run(),
         Command::Serve(args) => serve(args),
     }
 }
 
-fn validate(path: &std::path::Path, store: &Capabilities) -> ExitCode {
-    match Limits::load_with_sources(path, store) {
-        Ok((limits, sources)) => {
-            for source in &sources {
-                println!("read {}", source.name);
-            }
-            let domains: Vec<&str> = limits.domains().map(|domain| domain.name()).collect();
-            println!(
-                "{}: ok, {} domains ({}), {} limits",
-                path.display(),
-                domains.len(),
-                domains.join(", "),
-                limits.limit_count()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(errors) => {
-            eprintln!("{errors}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 fn serve(args: Box<ServeArgs>) -> ExitCode {
-    let store = args.store.capabilities();
     let (limits, version) =
-        match reload::load_at_start(&args.config, args.start_without_config, &store) {
+        match reload::load_at_start(&args.config, args.load_options(), args.start_without_config) {
             Ok(loaded) => loaded,
             Err(errors) => {
                 eprintln!("invalid limits, not starting:\n{errors}");
@@ -71,9 +45,9 @@ fn serve(args: Box<ServeArgs>) -> ExitCode {
         let server = Server::bind(&options, limits, version).await?;
         // Tests and scripts read this line to learn the bound addresses.
         let peer = server.peer_addr().map(|addr| format!(" peer={addr}")).unwrap_or_default();
-        println!("ratekeeper serving grpc={} http={}{peer}", server.grpc_addr(), server.http_addr());
+        println!("ratekeeper serving grpc={} http={}{peer}", server.grpc_endpoint(), server.http_addr());
         let _ = std::io::stdout().flush();
-        tracing::info!(grpc = %server.grpc_addr(), http = %server.http_addr(), shards = options.engine.shards, "serving");
+        tracing::info!(grpc = %server.grpc_endpoint(), http = %server.http_addr(), shards = options.engine.shards, "serving");
         server.run(shutdown_signal()).await
     });
     match result {

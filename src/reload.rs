@@ -36,8 +36,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 mod metrics;
 
 use crate::key::fnv1a64;
-use crate::limits::{ConfigErrors, Domain, Limits, Source};
-use crate::store::Capabilities;
+use crate::limits::{ConfigErrors, Domain, Limits, LoadOptions, Source};
 
 /// FNV-1a 64's offset basis: the version of no files at all.
 const FNV64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -58,8 +57,8 @@ pub struct ReloadOptions {
     /// Re-read this often even without events, for filesystems that send none (off by
     /// default; zero also means off).
     pub recheck_every: Option<Duration>,
-    /// What the counter store can count: limits it cannot are a reload error.
-    pub store: Capabilities,
+    /// How the files become limits; the same as at start-up.
+    pub load: LoadOptions,
 }
 
 impl Default for ReloadOptions {
@@ -67,7 +66,7 @@ impl Default for ReloadOptions {
         ReloadOptions {
             debounce: Duration::from_millis(200),
             recheck_every: None,
-            store: Capabilities::MEMORY,
+            load: LoadOptions::default(),
         }
     }
 }
@@ -136,10 +135,10 @@ fn hash_field(hash: u64, bytes: &[u8]) -> u64 {
     fnv1a64(fnv1a64(hash, &length), bytes)
 }
 
-/// Reads, parses, validates and compiles `path` exactly as [`Limits::load`] does; returns
-/// the limits and the [`version_of`] the files compiled.
-pub fn load(path: &Path, store: &Capabilities) -> Result<(Limits, u64), ConfigErrors> {
-    let (limits, sources) = Limits::load_with_sources(path, store)?;
+/// Reads, parses, validates and compiles `path` exactly as [`Limits::load_with_sources`]
+/// does; returns the limits and the [`version_of`] the files compiled.
+pub fn load(path: &Path, options: LoadOptions) -> Result<(Limits, u64), ConfigErrors> {
+    let (limits, sources) = Limits::load_with_sources(path, options)?;
     Ok((limits, version_of(&sources)))
 }
 
@@ -149,10 +148,10 @@ pub fn load(path: &Path, store: &Capabilities) -> Result<(Limits, u64), ConfigEr
 /// `FORCE_START_WITHOUT_INITIAL_CONFIG`).
 pub fn load_at_start(
     path: &Path,
+    options: LoadOptions,
     start_without_config: bool,
-    store: &Capabilities,
 ) -> Result<(Limits, u64), ConfigErrors> {
-    match load(path, store) {
+    match load(path, options) {
         Err(errors) if start_without_config => {
             tracing::warn!(
                 path = %path.display(),
@@ -174,19 +173,19 @@ pub fn load_at_start(
 /// progress elsewhere); call it from `spawn_blocking` in async code.
 pub fn reload_now(
     path: &Path,
+    options: LoadOptions,
     live: &ArcSwap<Limits>,
     stats: &ReloadStats,
-    store: &Capabilities,
 ) -> Result<bool, ConfigErrors> {
-    reload_serialized(path, live, stats, store, None)
+    reload_serialized(path, options, live, stats, None)
 }
 
 /// [`reload_now`], doing nothing once `stopped` is set.
 fn reload_serialized(
     path: &Path,
+    options: LoadOptions,
     live: &ArcSwap<Limits>,
     stats: &ReloadStats,
-    store: &Capabilities,
     stopped: Option<&AtomicBool>,
 ) -> Result<bool, ConfigErrors> {
     let _serial = stats.serialize();
@@ -194,7 +193,7 @@ fn reload_serialized(
         return Ok(false);
     }
     stats.checks.fetch_add(1, Ordering::Relaxed);
-    let (limits, version) = match load(path, store) {
+    let (limits, version) = match load(path, options) {
         Ok(loaded) => loaded,
         Err(errors) => {
             stats.failures.fetch_add(1, Ordering::Relaxed);
@@ -343,7 +342,7 @@ pub fn watch(
         RecommendedWatcher::new(handler, notify::Config::default()).map_err(notify_error)?;
     notify.watch(&dir, mode_for(&path)).map_err(notify_error)?;
     // Errors are logged and counted inside; the old limits stay and events will retry.
-    let _ = reload_serialized(&path, &live, &stats, &options.store, None);
+    let _ = reload_serialized(&path, options.load, &live, &stats, None);
     let shared = Arc::new(Shared {
         stopped: AtomicBool::new(false),
         notify: Mutex::new(Some(notify)),
@@ -403,7 +402,7 @@ fn watched_dir(path: &Path) -> Result<PathBuf, ReloadError> {
 }
 
 /// Our own reads (and anyone else's) open and close files: not a change.
-fn is_read(kind: &EventKind) -> bool {
+pub(crate) fn is_read(kind: &EventKind) -> bool {
     matches!(kind, EventKind::Access(access) if *access != AccessKind::Close(AccessMode::Write))
 }
 
@@ -481,12 +480,12 @@ impl Reloader {
         let live = Arc::clone(&self.live);
         let stats = Arc::clone(&self.stats);
         let shared = Arc::clone(&self.shared);
-        let store = self.options.store;
+        let options = self.options.load;
         // Reading and compiling is blocking file IO plus CPU (up to a few MiB), so it runs on
         // the blocking pool rather than stalling a runtime worker that serves requests. This
         // task awaits it, so its reloads never overlap. Errors are logged and counted inside.
         let reload = tokio::task::spawn_blocking(move || {
-            reload_serialized(&path, &live, &stats, &store, Some(&shared.stopped))
+            reload_serialized(&path, options, &live, &stats, Some(&shared.stopped))
         });
         if let Err(error) = reload.await {
             tracing::error!(%error, "limits reload did not finish");

@@ -1,9 +1,11 @@
 //! Wires the parts into a running process: the engine, the limits (and their reloader), the
-//! metrics, the gRPC listener (Envoy's `RateLimitService` plus `grpc.health.v1`) and the HTTP
+//! metrics, the gRPC listener (Envoy's `RateLimitService` plus `grpc.health.v1`, on TCP or a
+//! Unix socket, optionally with TLS: see [`crate::listener`] and [`crate::tls`]) and the HTTP
 //! listener.
 //!
-//! [`Server::bind`] binds both listeners first, so callers (and tests, with port 0) know the
-//! addresses before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
+//! [`Server::bind`] loads the TLS files (when asked) and binds the listeners first, so bad
+//! certificates fail the start and callers (and tests, with port 0) know the addresses
+//! before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
 //! in-flight requests were answered, or the grace period ran out.
 //!
 //! Shutdown order: mark not ready (`/healthcheck` 503, gRPC health `NOT_SERVING`), stop
@@ -21,6 +23,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::transport::server::TcpIncoming;
+
+use crate::listener::{GrpcEndpoint, GrpcListener, ListenError};
+use crate::tls::{Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::{self, Health};
 use crate::clock::Clock;
@@ -93,6 +98,10 @@ async fn sync_health(
 #[derive(Clone, Debug)]
 pub struct ServerOptions {
     pub grpc_addr: SocketAddr,
+    /// Serve gRPC on this Unix domain socket instead of `grpc_addr`.
+    pub grpc_uds: Option<PathBuf>,
+    /// TLS (and client certificates, when it names a CA) on the gRPC listener.
+    pub grpc_tls: Option<TlsOptions>,
     pub http_addr: SocketAddr,
     pub engine: EngineConfig,
     pub limiter: LimiterOptions,
@@ -116,6 +125,8 @@ impl ServerOptions {
     pub fn new(grpc_addr: SocketAddr, http_addr: SocketAddr) -> ServerOptions {
         ServerOptions {
             grpc_addr,
+            grpc_uds: None,
+            grpc_tls: None,
             http_addr,
             engine: EngineConfig::default(),
             limiter: LimiterOptions::default(),
@@ -138,6 +149,10 @@ pub enum ServeError {
         source: std::io::Error,
     },
     #[error(transparent)]
+    Listen(#[from] ListenError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
     Watch(#[from] reload::ReloadError),
     #[error("--advertise is needed when the peer listener binds {0} (others cannot reach that)")]
     Advertise(SocketAddr),
@@ -156,10 +171,12 @@ pub enum ServeError {
 }
 
 pub struct Server {
-    grpc: TcpListener,
+    grpc: GrpcListener,
+    /// The gRPC listener's TLS config, when it has one.
+    tls: Option<Tls>,
     http: TcpListener,
     peer: Option<(TcpListener, SocketAddr)>,
-    grpc_addr: SocketAddr,
+    grpc_endpoint: GrpcEndpoint,
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
     cluster: Cluster,
@@ -168,6 +185,8 @@ pub struct Server {
     shutdown_grace: Duration,
     /// Kept alive while serving; dropping it stops the watch.
     _watcher: Option<Watcher>,
+    /// Kept alive while serving; dropping it stops watching the TLS files.
+    _tls_watch: Option<TlsWatch>,
 }
 
 impl Server {
@@ -187,7 +206,13 @@ impl Server {
                 .map_err(|source| ServeError::Bind { addr, source })?;
             Ok::<_, ServeError>((listener, bound))
         };
-        let (grpc, grpc_addr) = bind(options.grpc_addr).await?;
+        // Certificates first: a bad file fails the start before anything listens.
+        let tls = options.grpc_tls.clone().map(Tls::load).transpose()?;
+        let grpc = match &options.grpc_uds {
+            Some(path) => GrpcListener::bind_unix(path)?,
+            None => GrpcListener::bind_tcp(options.grpc_addr).await?,
+        };
+        let grpc_endpoint = grpc.endpoint().clone();
         let (http, http_addr) = bind(options.http_addr).await?;
         let engine = Engine::spawn(options.engine, Clock::system());
         let (cluster, peer) = match &options.cluster {
@@ -220,6 +245,9 @@ impl Server {
         cluster.engine().register_metrics(&mut registry);
         cluster.register_metrics(&mut registry);
         reload_stats.register_metrics(&mut registry);
+        if let Some(tls) = &tls {
+            tls.stats().register_metrics(&mut registry);
+        }
         let store: Arc<dyn Store> = match &options.store {
             None => Arc::new(cluster.clone()),
             Some(redis) => {
@@ -244,6 +272,7 @@ impl Server {
             )?),
             None => None,
         };
+        let tls_watch = tls.as_ref().map(Tls::watch).transpose()?;
         let limiter = Arc::new(Limiter::new(
             limits,
             store,
@@ -256,9 +285,10 @@ impl Server {
         });
         Ok(Server {
             grpc,
+            tls,
             http,
             peer,
-            grpc_addr,
+            grpc_endpoint,
             http_addr,
             limiter,
             cluster,
@@ -266,11 +296,21 @@ impl Server {
             reload_stats,
             shutdown_grace: options.shutdown_grace,
             _watcher: watcher,
+            _tls_watch: tls_watch,
         })
     }
 
-    pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc_addr
+    /// The gRPC listener's TCP address; `None` when it serves on a Unix socket.
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        match &self.grpc_endpoint {
+            GrpcEndpoint::Tcp(addr) => Some(*addr),
+            GrpcEndpoint::Unix(_) => None,
+        }
+    }
+
+    /// Where the gRPC listener is bound (TCP address or Unix socket path).
+    pub fn grpc_endpoint(&self) -> &GrpcEndpoint {
+        &self.grpc_endpoint
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -318,7 +358,7 @@ impl Server {
             ))
             .abort_handle(),
         );
-        let incoming = TcpIncoming::from(self.grpc).with_nodelay(Some(true));
+        let incoming = self.grpc.incoming(self.tls.clone());
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(rls)

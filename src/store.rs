@@ -56,6 +56,12 @@ pub struct Capabilities {
     pub max_refill: Option<Duration>,
 }
 
+impl Default for Capabilities {
+    fn default() -> Capabilities {
+        Capabilities::MEMORY
+    }
+}
+
 impl Capabilities {
     /// The in-memory engine, alone or clustered: everything.
     pub const MEMORY: Capabilities = Capabilities {

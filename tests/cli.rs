@@ -1,5 +1,7 @@
 //! The `ratekeeper` command line: `validate`, and `serve` failing fast on bad limits.
 
+mod support;
+
 use std::process::Command;
 
 fn ratekeeper(args: &[&str]) -> std::process::Output {
@@ -129,6 +131,95 @@ fn serve_refuses_a_header_name_that_is_not_a_token() {
     assert!(
         stderr.contains("--header-limit") && stderr.contains("\"Rate Limit\" is not a header name"),
         "names the flag and the problem: {stderr}"
+    );
+    assert!(output.stdout.is_empty(), "never announced serving");
+}
+
+#[test]
+fn validate_merges_one_domain_across_files_only_when_asked() {
+    let root = std::env::temp_dir().join(format!("ratekeeper-cli-{}-merge", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).expect("temp dir");
+    let limits = |key: &str| {
+        format!(
+            "domain: edge\ndescriptors:\n  - key: {key}\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+        )
+    };
+    std::fs::write(root.join("a.yaml"), limits("api_key")).expect("writes");
+    std::fs::write(root.join("b.yaml"), limits("tenant")).expect("writes");
+    let dir = root.to_str().expect("utf-8 path");
+
+    let plain = ratekeeper(&["validate", dir]);
+    assert!(!plain.status.success());
+    let stderr = String::from_utf8_lossy(&plain.stderr);
+    assert!(stderr.contains("duplicate domain"), "{stderr}");
+
+    let merged = ratekeeper(&["validate", "--merge-domain-config", dir]);
+    let stdout = String::from_utf8_lossy(&merged.stdout);
+    assert!(
+        merged.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&merged.stderr)
+    );
+    assert!(
+        stdout.contains("ok, 1 domains (edge), 2 limits"),
+        "{stdout}"
+    );
+
+    // The environment variable works like the flag (for `serve` as well).
+    let from_env = Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+        .args(["validate", dir])
+        .env("RATEKEEPER_MERGE_DOMAIN_CONFIG", "true")
+        .output()
+        .expect("runs the binary");
+    assert!(from_env.status.success(), "{from_env:?}");
+
+    // `serve` reads the same flag: without it, it refuses to start; with it, it serves
+    // both files' limits.
+    let refused = serve(&["--config", dir]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("duplicate domain"),
+        "{refused:?}"
+    );
+    let ratekeeper = support::Ratekeeper::start(&root, &["--merge-domain-config"]);
+    let dump = support::http_get(ratekeeper.http_addr(), "/rlconfig", &[]).expect("GET /rlconfig");
+    assert!(
+        dump.body.contains("edge.api_key:") && dump.body.contains("edge.tenant:"),
+        "{dump:#?}"
+    );
+    drop(ratekeeper);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+#[test]
+fn serve_refuses_tls_without_a_key_or_with_an_unreadable_file() {
+    let cert = temp_file("only.crt", "not used\n");
+    let cert = cert.to_str().expect("utf-8 path");
+    let output = serve(&["--grpc-tls-cert", cert]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--grpc-tls-key"),
+        "names the missing flag: {stderr}"
+    );
+
+    let missing = "/nonexistent/ratekeeper/server.key";
+    let output = serve(&[
+        "--config",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/config"),
+        "--grpc-tls-cert",
+        cert,
+        "--grpc-tls-key",
+        missing,
+    ]);
+    assert_eq!(output.status.code(), Some(1), "an error, not a panic");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--grpc-tls-key {missing}: cannot read: no such file or directory"
+        )),
+        "names the flag and the file: {stderr}"
     );
     assert!(output.stdout.is_empty(), "never announced serving");
 }

@@ -16,8 +16,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::{
-    Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, UPSTREAM_BODY, Upstream, envoy_binary,
-    eventually, http_get, run_ratekeeper, run_to_end, write_config,
+    Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, TestCa, UPSTREAM_BODY, Upstream,
+    envoy_binary, eventually, http_get, run_ratekeeper, run_to_end, write_config,
 };
 
 /// `api_key` allows 3 requests. A token bucket of 3 refilled at 3 per hour gains its next
@@ -45,11 +45,22 @@ fn repo_file(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
+/// How Envoy's `ratekeeper` cluster reaches ratekeeper's gRPC listener.
+enum Reach {
+    /// Plain TCP (the example as it is).
+    Tcp(SocketAddr),
+    /// TCP, with this `transport_socket` (YAML, indented for a cluster field).
+    Tls(SocketAddr, String),
+    /// A Unix domain socket (`--grpc-uds`), as an Envoy `pipe` address.
+    Pipe(PathBuf),
+}
+
 /// `examples/envoy.yaml` with its four socket addresses pointed at the test's processes and
-/// a longer rate limit timeout. Every replaced text must appear exactly once, so an edit to
-/// the example that this derivation no longer understands fails here instead of testing
-/// something else.
-fn envoy_config(ratekeeper_grpc: SocketAddr, upstream: SocketAddr) -> String {
+/// a longer rate limit timeout (and, for TLS or a Unix socket, the `ratekeeper` cluster's
+/// transport socket or address changed). Every replaced text must appear exactly once, so
+/// an edit to the example that this derivation no longer understands fails here instead of
+/// testing something else.
+fn envoy_config(ratekeeper: &Reach, upstream: SocketAddr) -> String {
     let example_path = repo_file("examples/envoy.yaml");
     let mut config = fs::read_to_string(&example_path)
         .unwrap_or_else(|error| panic!("read {}: {error}", example_path.display()));
@@ -73,9 +84,22 @@ fn envoy_config(ratekeeper_grpc: SocketAddr, upstream: SocketAddr) -> String {
         ),
         (
             "socket_address: { address: 127.0.0.1, port_value: 8081 }".to_owned(),
+            match ratekeeper {
+                Reach::Tcp(addr) | Reach::Tls(addr, _) => format!(
+                    "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+                    addr.port()
+                ),
+                Reach::Pipe(path) => format!("pipe: {{ path: {} }}", path.display()),
+            },
+        ),
+        (
+            "    - name: ratekeeper\n      type: STATIC\n".to_owned(),
             format!(
-                "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
-                ratekeeper_grpc.port()
+                "    - name: ratekeeper\n      type: STATIC\n{}",
+                match ratekeeper {
+                    Reach::Tls(_, transport_socket) => transport_socket.as_str(),
+                    Reach::Tcp(_) | Reach::Pipe(_) => "",
+                }
             ),
         ),
         // The example's 20 ms is a production budget. On this 2-core machine, with two
@@ -117,6 +141,19 @@ impl Stack {
     /// and waits until a request through Envoy reaches the upstream.
     fn start(limits: Option<&str>, ratekeeper_args: &[&str]) -> Stack {
         let dir = TempDir::new("envoy-e2e");
+        Stack::start_in(dir, limits, ratekeeper_args, |ratekeeper| {
+            Reach::Tcp(ratekeeper.grpc_addr())
+        })
+    }
+
+    /// [`Stack::start`] in `dir` (which may hold files the args name), Envoy reaching
+    /// ratekeeper as `reach` says.
+    fn start_in(
+        dir: TempDir,
+        limits: Option<&str>,
+        ratekeeper_args: &[&str],
+        reach: impl FnOnce(&Ratekeeper) -> Reach,
+    ) -> Stack {
         let limits = match limits {
             Some(yaml) => write_config(dir.path(), "limits.yaml", yaml),
             None => repo_file("config"),
@@ -126,7 +163,7 @@ impl Stack {
         let envoy_yaml = write_config(
             dir.path(),
             "envoy.yaml",
-            &envoy_config(ratekeeper.grpc_addr(), upstream.addr()),
+            &envoy_config(&reach(&ratekeeper), upstream.addr()),
         );
         let mut envoy = Envoy::start(&envoy_yaml, dir.path());
         let listener = envoy.listener_addr("edge");
@@ -457,6 +494,104 @@ fn shipped_examples_work_together() {
         assert_eq!(allowed.header("x-ratelimit-limit"), None, "{allowed:#?}");
     }
     assert_eq!(stack.ratelimit_stat("ok"), 12, "{}", stack.diagnostics());
+}
+
+/// Three requests with one key pass, the fourth is denied: every call reached ratekeeper
+/// and was answered (`get` fails on any rate limit error or fail-open).
+fn assert_fourth_request_denied(stack: &mut Stack) {
+    for hit in 1..=3 {
+        let context = format!("k1 request {hit}");
+        let response = stack.get(Some("k1"));
+        assert_status(&response, 200, &context);
+        assert_x_ratelimit(&response, hit, &context);
+    }
+    let denied = stack.get(Some("k1"));
+    assert_status(&denied, 429, "k1 request 4");
+    assert_eq!(stack.upstream_requests(), 3);
+    assert_eq!(stack.ratelimit_stat("ok"), 3, "{}", stack.diagnostics());
+    assert_eq!(
+        stack.ratelimit_stat("over_limit"),
+        1,
+        "{}",
+        stack.diagnostics()
+    );
+}
+
+/// mTLS both ways: Envoy checks ratekeeper's certificate against its CA and name, and
+/// presents a client certificate that ratekeeper checks against `--grpc-tls-client-ca` and
+/// `--grpc-tls-client-san` (ratekeeper answers nothing in plaintext).
+#[test]
+fn envoy_asks_ratekeeper_over_mtls() {
+    let dir = TempDir::new("envoy-mtls");
+    let server_ca = TestCa::new("ratekeeper ca");
+    let client_ca = TestCa::new("envoy ca");
+    let (cert, key) = server_ca
+        .server(&["ratekeeper.internal"])
+        .write(dir.path(), "ratekeeper");
+    let trusted = server_ca.write(dir.path(), "ratekeeper-ca.pem");
+    let clients = client_ca.write(dir.path(), "clients.pem");
+    let (envoy_cert, envoy_key) = client_ca
+        .client(&["envoy.internal"])
+        .write(dir.path(), "envoy");
+    let transport_socket = format!(
+        "      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: ratekeeper.internal
+          common_tls_context:
+            tls_certificates:
+              - certificate_chain: {{ filename: {} }}
+                private_key: {{ filename: {} }}
+            validation_context:
+              trusted_ca: {{ filename: {} }}
+              match_typed_subject_alt_names:
+                - san_type: DNS
+                  matcher: {{ exact: ratekeeper.internal }}
+",
+        envoy_cert.display(),
+        envoy_key.display(),
+        trusted.display()
+    );
+    let paths = [&cert, &key, &clients].map(|path| path.to_str().expect("utf-8 path"));
+    let args = [
+        "--grpc-tls-cert",
+        paths[0],
+        "--grpc-tls-key",
+        paths[1],
+        "--grpc-tls-client-ca",
+        paths[2],
+        "--grpc-tls-client-san",
+        "envoy.internal",
+    ];
+    let mut stack = Stack::start_in(dir, Some(LIMITS), &args, |ratekeeper| {
+        Reach::Tls(ratekeeper.grpc_addr(), transport_socket)
+    });
+    assert_fourth_request_denied(&mut stack);
+    // Envoy's side: the connection to ratekeeper was a TLS one.
+    let handshakes: u64 = stack
+        .envoy
+        .stats("cluster.ratekeeper.ssl.handshake")
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("cluster.ratekeeper.ssl.handshake: ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert!(handshakes >= 1, "{}", stack.diagnostics());
+}
+
+/// Envoy reaches ratekeeper on `--grpc-uds` through a `pipe` address.
+#[test]
+fn envoy_asks_ratekeeper_over_a_unix_socket() {
+    let dir = TempDir::new("envoy-uds");
+    let socket = dir.path().join("ratekeeper.sock");
+    let args = ["--grpc-uds", socket.to_str().expect("utf-8 path")];
+    let mut stack = Stack::start_in(dir, Some(LIMITS), &args, |ratekeeper| {
+        Reach::Pipe(ratekeeper.grpc_uds().to_owned())
+    });
+    assert_fourth_request_denied(&mut stack);
 }
 
 #[test]

@@ -45,7 +45,7 @@ async fn start(response_headers: bool) -> Running {
     };
     let limits = Limits::parse_str("grpc.yaml", LIMITS).expect("valid");
     let server = Server::bind(&options, limits, 0).await.expect("binds");
-    let grpc = server.grpc_addr();
+    let grpc = server.grpc_addr().expect("grpc on tcp");
     let http = server.http_addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(async move {

@@ -247,7 +247,7 @@ pub fn start_ratekeeper_with(
     let server = runtime
         .block_on(ratekeeper::server::Server::bind(options, limits, 0))
         .expect("bind ratekeeper");
-    let addr = server.grpc_addr();
+    let addr = server.grpc_addr().expect("grpc on tcp");
     runtime.spawn(async move {
         server.run(stopped(stop)).await.expect("ratekeeper runs");
     });

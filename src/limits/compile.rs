@@ -33,12 +33,27 @@ pub const DEFAULT_MAX_QUEUE: u32 = 1_000;
 pub(crate) struct Compiled {
     pub domain: Domain,
     pub limit_count: usize,
+    /// The `order` the next file of this domain starts at.
+    pub next_order: usize,
+}
+
+/// Where a file starts when it adds to a domain that other files already defined (merged
+/// domains): limit indices and node order continue the domain's, and a top-level
+/// descriptor some earlier file defined is a duplicate.
+#[derive(Default)]
+pub(crate) struct Base<'a> {
+    pub first_limit: usize,
+    pub first_order: usize,
+    /// The domain's top-level descriptors so far, `(key, value or "")`, with the file
+    /// defining each.
+    pub taken: Option<&'a HashMap<(String, String), String>>,
 }
 
 /// Validates and compiles one file. `None` when it names no domain.
 pub(crate) fn compile(
     file: &str,
     raw: Option<RawFile>,
+    base: &Base<'_>,
     errors: &mut Vec<ConfigError>,
     store: &Capabilities,
 ) -> Option<Compiled> {
@@ -63,16 +78,18 @@ pub(crate) fn compile(
         file,
         errors,
         store,
-        order: 0,
+        order: base.first_order,
+        first_limit: base.first_limit,
         limit_count: 0,
     };
-    let root = compiler.level(raw.descriptors, &place, &path, "");
+    let root = compiler.level(raw.descriptors, &place, &path, "", base.taken);
     Some(Compiled {
         domain: Domain {
             name: domain?.into(),
             root,
         },
         limit_count: compiler.limit_count,
+        next_order: compiler.order,
     })
 }
 
@@ -82,6 +99,8 @@ struct Compiler<'a> {
     /// What the selected store can count.
     store: &'a Capabilities,
     order: usize,
+    /// Index of this file's first limit within its domain.
+    first_limit: usize,
     limit_count: usize,
 }
 
@@ -96,6 +115,7 @@ impl Compiler<'_> {
         parent: &str,
         path: &str,
         keys: &str,
+        taken: Option<&HashMap<(String, String), String>>,
     ) -> Level {
         let mut level = Level::new();
         let mut seen: HashMap<(String, String), usize> = HashMap::new();
@@ -108,7 +128,17 @@ impl Compiler<'_> {
                 self.error(&place, "empty key");
                 insert = false;
             }
-            match seen.entry((key.clone(), value.clone().unwrap_or_default())) {
+            let entry = (key.clone(), value.clone().unwrap_or_default());
+            if let Some(other) = taken.and_then(|taken| taken.get(&entry)) {
+                self.error(
+                    &place,
+                    format!(
+                        "duplicate descriptor (same key and value as in {other}, merged into one domain)"
+                    ),
+                );
+                insert = false;
+            }
+            match seen.entry(entry) {
                 Entry::Occupied(first) => {
                     let first = *first.get();
                     self.error(
@@ -135,7 +165,7 @@ impl Compiler<'_> {
             };
             let order = self.order;
             self.order += 1;
-            let children = self.level(raw.descriptors, &place, &node_path, &key_path);
+            let children = self.level(raw.descriptors, &place, &node_path, &key_path, None);
             if !insert {
                 continue;
             }
@@ -321,7 +351,7 @@ impl Compiler<'_> {
         }
         self.limit_count += 1;
         Some(Limit {
-            index: self.limit_count - 1,
+            index: self.first_limit + self.limit_count - 1,
             name: own_name,
             rate,
             max_wait,

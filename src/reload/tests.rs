@@ -13,8 +13,7 @@ use arc_swap::ArcSwap;
 
 use super::{ReloadOptions, ReloadStats, Watcher, load, reload_now, version_of, watch};
 use crate::limits::tests::TempDir;
-use crate::limits::{Limits, Source};
-use crate::store::Capabilities;
+use crate::limits::{Limits, LoadOptions, Source};
 
 /// How long a change may take to show up before a test fails.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -50,7 +49,7 @@ struct Running {
 }
 
 fn start(path: &Path, options: ReloadOptions) -> Running {
-    let (limits, version) = match load(path, &Capabilities::MEMORY) {
+    let (limits, version) = match load(path, options.load) {
         Ok(loaded) => loaded,
         Err(errors) => panic!("initial load of {} failed:\n{errors}", path.display()),
     };
@@ -74,8 +73,7 @@ fn start(path: &Path, options: ReloadOptions) -> Running {
 fn quick() -> ReloadOptions {
     ReloadOptions {
         debounce: Duration::from_millis(50),
-        recheck_every: None,
-        store: Capabilities::MEMORY,
+        ..ReloadOptions::default()
     }
 }
 
@@ -487,13 +485,13 @@ fn reload_now_does_nothing_when_nothing_changed() {
     let dir = TempDir::new("now");
     let file = dir.join("edge.yaml");
     write(&file, &limits_yaml("edge", 10));
-    let (limits, version) = load(dir.path(), &Capabilities::MEMORY).expect("load");
+    let (limits, version) = load(dir.path(), LoadOptions::default()).expect("load");
     let live = ArcSwap::from_pointee(limits);
     let stats = ReloadStats::with_version(version);
     let before = live.load_full();
 
     assert_eq!(
-        reload_now(dir.path(), &live, &stats, &Capabilities::MEMORY),
+        reload_now(dir.path(), LoadOptions::default(), &live, &stats),
         Ok(false)
     );
     assert!(Arc::ptr_eq(&before, &live.load_full()), "swapped a no-op");
@@ -501,13 +499,13 @@ fn reload_now_does_nothing_when_nothing_changed() {
 
     write(&file, &limits_yaml("edge", 20));
     assert_eq!(
-        reload_now(dir.path(), &live, &stats, &Capabilities::MEMORY),
+        reload_now(dir.path(), LoadOptions::default(), &live, &stats),
         Ok(true)
     );
     assert_eq!(live_rate(&live, "edge"), Some(20));
     assert_eq!(successes(&stats), 1);
     assert_eq!(
-        reload_now(dir.path(), &live, &stats, &Capabilities::MEMORY),
+        reload_now(dir.path(), LoadOptions::default(), &live, &stats),
         Ok(false)
     );
     assert_eq!(successes(&stats), 1);
@@ -518,14 +516,14 @@ fn reload_now_does_nothing_when_nothing_changed() {
 fn reload_now_reports_every_problem_and_keeps_the_old_limits() {
     let dir = TempDir::new("now-invalid");
     write(&dir.join("a.yaml"), &limits_yaml("edge", 10));
-    let (limits, version) = load(dir.path(), &Capabilities::MEMORY).expect("load");
+    let (limits, version) = load(dir.path(), LoadOptions::default()).expect("load");
     let live = ArcSwap::from_pointee(limits);
     let stats = ReloadStats::with_version(version);
 
     write(&dir.join("b.yaml"), &limits_yaml("edge", 20));
     write(&dir.join("c.yaml"), "domain: other\nratelimit: {}\n");
     let errors =
-        reload_now(dir.path(), &live, &stats, &Capabilities::MEMORY).expect_err("invalid config");
+        reload_now(dir.path(), LoadOptions::default(), &live, &stats).expect_err("invalid config");
     let text = errors.to_string();
     assert!(
         text.contains("b.yaml") && text.contains("duplicate domain"),
@@ -572,7 +570,7 @@ fn load_versions_the_bytes_it_compiled() {
     let file = dir.join("edge.yaml");
     let text = limits_yaml("edge", 10);
     write(&file, &text);
-    let (limits, version) = load(dir.path(), &Capabilities::MEMORY).expect("load");
+    let (limits, version) = load(dir.path(), LoadOptions::default()).expect("load");
     assert_eq!(limits.limit_count(), 1);
     let expected = version_of(&[Source {
         name: file.display().to_string(),
@@ -597,4 +595,35 @@ fn watch_needs_an_existing_path() {
     )
     .expect_err("absent path");
     assert!(error.to_string().starts_with("cannot watch "), "{error}");
+}
+
+#[tokio::test]
+async fn merged_domains_stay_merged_across_reloads() {
+    let dir = TempDir::new("merge");
+    write(&dir.join("a.yaml"), &limits_yaml("edge", 10));
+    let options = ReloadOptions {
+        load: LoadOptions {
+            merge_domains: true,
+            ..LoadOptions::default()
+        },
+        ..quick()
+    };
+    let running = start(dir.path(), options);
+    assert_eq!(live_rate(&running.live, "edge"), Some(10));
+
+    // A second file of the same domain adds its descriptors.
+    write(
+        &dir.join("b.yaml"),
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: second, requests_per_unit: 4}\n",
+    );
+    eventually("the second file merged", || {
+        let limits = running.live.load();
+        limits
+            .domain("edge")
+            .and_then(|domain| domain.lookup([("tenant", "t")]))
+            .is_some()
+    })
+    .await;
+    assert_eq!(live_rate(&running.live, "edge"), Some(10));
+    assert_eq!(running.stats.failures.load(Ordering::Relaxed), 0);
 }

@@ -10,6 +10,7 @@
     reason = "each test binary compiles this module on its own and uses only part of it"
 )]
 
+mod certs;
 mod envoy;
 mod http;
 mod nginx;
@@ -27,6 +28,6 @@ mod upstream;
     reason = "each test binary uses only some of these names; the rest are unused there"
 )]
 pub use self::{
-    envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*, redis::*, repo::*, temp::*,
-    tools::*, upstream::*,
+    certs::*, envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*, redis::*, repo::*,
+    temp::*, tools::*, upstream::*,
 };

@@ -6,7 +6,7 @@
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
 use super::http::http_get;
@@ -17,7 +17,7 @@ use super::process::{Process, START_TIMEOUT, run_to_end};
 #[derive(Debug)]
 pub struct Ratekeeper {
     process: Process,
-    grpc_addr: SocketAddr,
+    grpc: Grpc,
     http_addr: SocketAddr,
     peer_addr: Option<SocketAddr>,
 }
@@ -51,12 +51,12 @@ impl Ratekeeper {
             .args(extra_args);
         let mut process = Process::spawn("ratekeeper", &mut command);
         let line = process.stdout_line(START_TIMEOUT);
-        let Some((grpc_addr, http_addr, peer_addr)) = parse_serving_line(&line) else {
+        let Some((grpc, http_addr, peer_addr)) = parse_serving_line(&line) else {
             process.fail(&format!("printed {line:?} instead of the serving line"));
         };
         Ratekeeper {
             process,
-            grpc_addr,
+            grpc,
             http_addr,
             peer_addr,
         }
@@ -70,8 +70,20 @@ impl Ratekeeper {
         }
     }
 
+    /// The gRPC listener's TCP address (panics when it serves on a Unix socket).
     pub fn grpc_addr(&self) -> SocketAddr {
-        self.grpc_addr
+        match &self.grpc {
+            Grpc::Tcp(addr) => *addr,
+            Grpc::Unix(path) => panic!("grpc is served on the unix socket {}", path.display()),
+        }
+    }
+
+    /// The gRPC listener's Unix socket (panics when it serves on TCP).
+    pub fn grpc_uds(&self) -> &Path {
+        match &self.grpc {
+            Grpc::Unix(path) => path,
+            Grpc::Tcp(addr) => panic!("grpc is served on tcp {addr}"),
+        }
     }
 
     pub fn http_addr(&self) -> SocketAddr {
@@ -91,16 +103,26 @@ impl Ratekeeper {
     }
 }
 
-/// Parses `ratekeeper serving grpc=ADDR http=ADDR`.
+/// Where the gRPC listener is: `grpc=ADDR` or `grpc=unix:PATH`.
+#[derive(Debug)]
+enum Grpc {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
 /// `ratekeeper serving grpc=ADDR http=ADDR [peer=ADDR]` -> (grpc, http, peer).
-fn parse_serving_line(line: &str) -> Option<(SocketAddr, SocketAddr, Option<SocketAddr>)> {
+fn parse_serving_line(line: &str) -> Option<(Grpc, SocketAddr, Option<SocketAddr>)> {
     let rest = line.trim().strip_prefix("ratekeeper serving ")?;
-    let field = |name: &str| {
+    let text = |name: &str| {
         rest.split(' ')
             .find_map(|part| part.strip_prefix(name)?.strip_prefix('='))
-            .and_then(|addr| addr.parse().ok())
     };
-    Some((field("grpc")?, field("http")?, field("peer")))
+    let field = |name: &str| text(name).and_then(|addr| addr.parse().ok());
+    let grpc = match text("grpc")?.strip_prefix("unix:") {
+        Some(path) => Grpc::Unix(PathBuf::from(path)),
+        None => Grpc::Tcp(field("grpc")?),
+    };
+    Some((grpc, field("http")?, field("peer")))
 }
 
 /// The ratekeeper binary under test, without the caller's `RATEKEEPER_*` environment (so

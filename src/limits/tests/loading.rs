@@ -4,8 +4,8 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
-use crate::limits::Limits;
 use crate::limits::tests::TempDir;
+use crate::limits::{Limits, LoadOptions};
 
 fn domain_file(domain: &str) -> String {
     format!(
@@ -52,7 +52,7 @@ fn a_directory_loads_every_visible_file_recursively_like_the_reference() {
     dir.write(".hidden.yaml", "not: [valid");
     dir.write(".git/config", "not: [valid");
     let (limits, sources) =
-        Limits::load_with_sources(dir.path(), &crate::store::Capabilities::MEMORY).expect("loads");
+        Limits::load_with_sources(dir.path(), LoadOptions::default()).expect("loads");
     assert_eq!(names(&limits), ["alpha", "bravo", "charlie", "delta"]);
     let read: Vec<String> = sources
         .iter()
@@ -206,5 +206,114 @@ fn oversized_and_non_utf8_files_are_rejected() {
             binary.display()
         )),
         "{errors:?}"
+    );
+}
+
+fn load_merged(path: &Path) -> Result<Limits, Vec<String>> {
+    let options = LoadOptions {
+        merge_domains: true,
+        ..LoadOptions::default()
+    };
+    Limits::load_with_sources(path, options)
+        .map(|(limits, _)| limits)
+        .map_err(|errors| errors.errors().iter().map(ToString::to_string).collect())
+}
+
+/// The limit `entries` match in `domain`, as `requests_per_unit`.
+fn rate(limits: &Limits, domain: &str, entries: &[(&str, &str)]) -> Option<u32> {
+    let node = limits.domain(domain)?.lookup(entries.iter().copied())?;
+    Some(node.limits.first()?.rate.as_ref()?.requests_per_unit)
+}
+
+#[test]
+fn merged_files_of_one_domain_hold_every_descriptor_of_each() {
+    let dir = TempDir::new("merge");
+    dir.write(
+        "a.yaml",
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: tenant\n    value: acme\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    );
+    dir.write(
+        "teams/b.yaml",
+        "domain: edge\ndescriptors:\n  - key: tenant\n    value: globex\n    rate_limit: {unit: hour, requests_per_unit: 3}\n  - key: path\n    descriptors:\n      - key: method\n        rate_limit: {unit: day, requests_per_unit: 4}\n",
+    );
+    dir.write("c.yaml", &domain_file("other"));
+    let limits = load_merged(dir.path()).unwrap_or_else(|errors| panic!("{errors:#?}"));
+    assert_eq!(names(&limits), ["edge", "other"]);
+    assert_eq!(limits.limit_count(), 5);
+    assert_eq!(rate(&limits, "edge", &[("api_key", "k")]), Some(1));
+    assert_eq!(rate(&limits, "edge", &[("tenant", "acme")]), Some(2));
+    assert_eq!(rate(&limits, "edge", &[("tenant", "globex")]), Some(3));
+    assert_eq!(
+        rate(&limits, "edge", &[("path", "/"), ("method", "GET")]),
+        Some(4)
+    );
+    assert_eq!(rate(&limits, "other", &[("k", "v")]), Some(1));
+    // Every limit of the merged domain has its own index (per-limit metrics use them).
+    let domain = limits.domain("edge").expect("edge");
+    let mut indices: Vec<usize> = domain
+        .nodes()
+        .iter()
+        .flat_map(|node| node.limits.iter().map(|limit| limit.index))
+        .collect();
+    indices.sort_unstable();
+    assert_eq!(indices, [0, 1, 2, 3]);
+    // The dump lists the first file's limits first.
+    let dump = limits.to_string();
+    let acme = dump.find("edge.tenant_acme").expect("acme in the dump");
+    let globex = dump.find("edge.tenant_globex").expect("globex in the dump");
+    assert!(acme < globex, "{dump}");
+}
+
+#[test]
+fn merged_wildcards_keep_load_order() {
+    let dir = TempDir::new("merge-wildcards");
+    dir.write(
+        "a.yaml",
+        "domain: edge\ndescriptors:\n  - key: api_key\n    value: vip-*\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    dir.write(
+        "b.yaml",
+        "domain: edge\ndescriptors:\n  - key: api_key\n    value: vip-gold-*\n    rate_limit: {unit: second, requests_per_unit: 2}\n  - key: api_key\n    value: partner-*\n    rate_limit: {unit: second, requests_per_unit: 3}\n",
+    );
+    let limits = load_merged(dir.path()).unwrap_or_else(|errors| panic!("{errors:#?}"));
+    // The first matching wildcard in load order wins, as within one file.
+    assert_eq!(rate(&limits, "edge", &[("api_key", "vip-gold-1")]), Some(1));
+    assert_eq!(rate(&limits, "edge", &[("api_key", "partner-x")]), Some(3));
+}
+
+#[test]
+fn a_descriptor_defined_in_two_merged_files_names_both() {
+    let dir = TempDir::new("merge-duplicate");
+    let first = dir.write(
+        "a.yaml",
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: tenant\n    value: acme\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+    );
+    let second = dir.write(
+        "b.yaml",
+        "domain: edge\ndescriptors:\n  - key: path\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: tenant\n    value: acme\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1}\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 1}\n",
+    );
+    assert_eq!(
+        load_merged(dir.path()).map(|limits| limits.to_string()),
+        Err(vec![
+            format!(
+                "{}: domain edge > descriptors[1] (key tenant, value acme): duplicate descriptor (same key and value as in {}, merged into one domain)",
+                second.display(),
+                first.display()
+            ),
+            format!(
+                "{}: domain edge > descriptors[2] (key api_key): duplicate descriptor (same key and value as in {}, merged into one domain)",
+                second.display(),
+                first.display()
+            ),
+        ])
+    );
+    // Without merging the same files are a duplicate domain, as before.
+    assert_eq!(
+        load_errors(dir.path()),
+        [format!(
+            "{}: domain edge: duplicate domain (already defined in {})",
+            second.display(),
+            first.display()
+        )]
     );
 }

@@ -1,0 +1,430 @@
+//! TLS (and mTLS) on the gRPC listener: the certificate, key and client CA files named by
+//! `--grpc-tls-*`, turned into a rustls `ServerConfig` (ring provider, ALPN `h2`), and kept
+//! current while serving: [`Tls::watch`] watches the files' directories and swaps in a new
+//! config when they change, so new connections see a renewed certificate without a restart.
+//!
+//! The reference service's `GRPC_SERVER_USE_TLS` / `_TLS_CERT` / `_TLS_KEY` /
+//! `GRPC_CLIENT_TLS_CACERT` / `GRPC_CLIENT_TLS_SAN`: with a client CA, clients must present
+//! a certificate it signed (for client authentication); with a SAN, that certificate must
+//! also be valid for that DNS name.
+//!
+//! Invariants:
+//! - A config is built from all files or not at all: at start a problem is an error naming
+//!   the flag and the file; on a reload the old config stays live, the problem is logged
+//!   and counted. A reload never leaves the listener without a certificate.
+//! - Connections take the config live at their handshake; a swap never touches a
+//!   connection already established.
+//! - Bounded: files over [`MAX_FILE_BYTES`] are refused; events queue in a fixed-size
+//!   channel, and a burst of them costs one reload.
+
+mod watch;
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use rustls::client::danger::HandshakeSignatureValid;
+use rustls::crypto::CryptoProvider;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ServerConfig, WebPkiClientVerifier};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, InconsistentKeys, RootCertStore,
+    SignatureScheme,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+
+pub use self::watch::TlsWatch;
+use crate::key::fnv1a64;
+
+/// The flags naming each file, for error messages.
+pub const CERT_FLAG: &str = "--grpc-tls-cert";
+pub const KEY_FLAG: &str = "--grpc-tls-key";
+pub const CLIENT_CA_FLAG: &str = "--grpc-tls-client-ca";
+pub const CLIENT_SAN_FLAG: &str = "--grpc-tls-client-san";
+
+/// Certificate and key files larger than this are refused.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Which files make the gRPC listener's TLS config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsOptions {
+    /// PEM: the server's certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM: the server's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// PEM: CA certificates; when set, clients must present a certificate one of them signed.
+    pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: the client certificate must be valid for this DNS name (or IP).
+    pub client_san: Option<String>,
+}
+
+impl TlsOptions {
+    /// The files to watch, each once.
+    fn files(&self) -> Vec<&Path> {
+        let mut files = vec![self.cert.as_path(), self.key.as_path()];
+        files.extend(self.client_ca.as_deref());
+        files.dedup();
+        files
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{flag} {}: cannot read: {}", path.display(), lowercase_first(source))]
+    Read {
+        flag: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{flag} {}: {problem}", path.display())]
+    Invalid {
+        flag: &'static str,
+        path: PathBuf,
+        problem: String,
+    },
+    #[error(
+        "{KEY_FLAG} {}: the key does not match the certificate in {CERT_FLAG} {}",
+        key.display(),
+        cert.display()
+    )]
+    Mismatch { cert: PathBuf, key: PathBuf },
+    #[error("{CLIENT_SAN_FLAG} {san:?}: {problem}")]
+    ClientSan { san: String, problem: String },
+    #[error("cannot set up tls: {0}")]
+    Setup(rustls::Error),
+    #[error("cannot watch the tls files in {}: {source}", dir.display())]
+    Watch { dir: PathBuf, source: notify::Error },
+    #[error("cannot watch the tls files: not inside a tokio runtime")]
+    NoRuntime,
+}
+
+/// Counters of the TLS config and handshakes, read at scrape time.
+#[derive(Debug, Default)]
+pub struct TlsStats {
+    /// Loads of the files that became the live config (the start-up load counts).
+    pub loads: AtomicU64,
+    /// Reloads that failed (the old config stayed live).
+    pub load_failures: AtomicU64,
+    /// Connections whose handshake failed or timed out.
+    pub handshake_failures: AtomicU64,
+}
+
+impl TlsStats {
+    /// Registers the TLS metrics (read at scrape time) in `registry`.
+    pub fn register_metrics(
+        self: &Arc<Self>,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        registry.register_collector(Box::new(watch::TlsCollector {
+            stats: Arc::clone(self),
+        }));
+    }
+}
+
+/// The gRPC listener's live TLS config; cheap to clone (all clones see every swap).
+#[derive(Clone)]
+pub struct Tls {
+    options: Arc<TlsOptions>,
+    live: Arc<ArcSwap<ServerConfig>>,
+    /// [`Loaded::version`] of the live config.
+    version: Arc<AtomicU64>,
+    stats: Arc<TlsStats>,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    /// Loads the files; an error names the flag and file at fault.
+    pub fn load(options: TlsOptions) -> Result<Tls, TlsError> {
+        let loaded = load(&options)?;
+        let stats = Arc::new(TlsStats::default());
+        stats.loads.fetch_add(1, Ordering::Relaxed);
+        Ok(Tls {
+            options: Arc::new(options),
+            live: Arc::new(ArcSwap::from_pointee(loaded.config)),
+            version: Arc::new(AtomicU64::new(loaded.version)),
+            stats,
+        })
+    }
+
+    /// The config for a handshake starting now.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.live.load_full())
+    }
+
+    pub fn stats(&self) -> &Arc<TlsStats> {
+        &self.stats
+    }
+
+    /// Re-reads the files: `Ok(true)` when a changed config was swapped in, `Ok(false)`
+    /// when they are unchanged. On error the live config stays, and the failure is counted
+    /// and logged. Blocking (reads files).
+    pub fn reload_now(&self) -> Result<bool, TlsError> {
+        let loaded = match load(&self.options) {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                self.stats.load_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(%error, "cannot reload the grpc tls files, keeping the previous certificate");
+                return Err(error);
+            }
+        };
+        if loaded.version == self.version.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        self.live.store(Arc::new(loaded.config));
+        self.version.store(loaded.version, Ordering::Relaxed);
+        self.stats.loads.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(cert = %self.options.cert.display(), "grpc tls certificate reloaded");
+        Ok(true)
+    }
+
+    /// Starts watching the files' directories, reloading on changes; needs a tokio runtime.
+    /// Dropping the returned watch stops it.
+    pub fn watch(&self) -> Result<TlsWatch, TlsError> {
+        watch::start(self.clone())
+    }
+}
+
+/// A config built from the files, and a hash of their bytes.
+struct Loaded {
+    config: ServerConfig,
+    version: u64,
+}
+
+fn load(options: &TlsOptions) -> Result<Loaded, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let cert_pem = read(CERT_FLAG, &options.cert)?;
+    let key_pem = read(KEY_FLAG, &options.key)?;
+    let ca_pem = match &options.client_ca {
+        Some(path) => Some((path, read(CLIENT_CA_FLAG, path)?)),
+        None => None,
+    };
+    // Each file's length, then its bytes: a change to any file changes the version.
+    let mut version = 0xcbf2_9ce4_8422_2325; // FNV-1a 64's offset basis
+    for bytes in [&cert_pem, &key_pem]
+        .into_iter()
+        .chain(ca_pem.as_ref().map(|(_, pem)| pem))
+    {
+        version = fnv1a64(version, &(bytes.len() as u64).to_le_bytes());
+        version = fnv1a64(version, bytes);
+    }
+
+    let chain = certificates(CERT_FLAG, &options.cert, &cert_pem)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| TlsError::Invalid {
+        flag: KEY_FLAG,
+        path: options.key.clone(),
+        problem: pem_problem(&error, "private key"),
+    })?;
+    let signing_key = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|error| TlsError::Invalid {
+            flag: KEY_FLAG,
+            path: options.key.clone(),
+            problem: format!("unusable private key: {error}"),
+        })?;
+    let certified = rustls::sign::CertifiedKey::new(chain, signing_key);
+    match certified.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => {}
+        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
+            return Err(TlsError::Mismatch {
+                cert: options.cert.clone(),
+                key: options.key.clone(),
+            });
+        }
+        Err(error) => {
+            return Err(TlsError::Invalid {
+                flag: CERT_FLAG,
+                path: options.cert.clone(),
+                problem: format!("unusable certificate: {error}"),
+            });
+        }
+    }
+
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Setup)?;
+    let builder = match ca_pem {
+        None => builder.with_no_client_auth(),
+        Some((path, pem)) => {
+            let verifier = client_verifier(path, &pem, options.client_san.as_deref(), &provider)?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config =
+        builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
+    // gRPC is HTTP/2; a client offering only other protocols is refused in the handshake.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Loaded { config, version })
+}
+
+/// Clients must present a certificate signed by one of the CAs in `pem` (and valid for
+/// `san`, when given).
+fn client_verifier(
+    path: &Path,
+    pem: &[u8],
+    san: Option<&str>,
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let invalid = |problem: String| TlsError::Invalid {
+        flag: CLIENT_CA_FLAG,
+        path: path.to_owned(),
+        problem,
+    };
+    let mut roots = RootCertStore::empty();
+    for (index, cert) in certificates(CLIENT_CA_FLAG, path, pem)?
+        .into_iter()
+        .enumerate()
+    {
+        roots
+            .add(cert)
+            .map_err(|error| invalid(format!("certificate {index} is not a usable CA: {error}")))?;
+    }
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
+            .build()
+            .map_err(|error| invalid(format!("cannot verify clients with it: {error}")))?;
+    let Some(san) = san else {
+        return Ok(verifier);
+    };
+    let name = ServerName::try_from(san.to_owned()).map_err(|error| TlsError::ClientSan {
+        san: san.to_owned(),
+        problem: format!("not a DNS name or IP address: {error}"),
+    })?;
+    Ok(Arc::new(ClientSan {
+        inner: verifier,
+        name,
+    }))
+}
+
+/// Every certificate in `pem`, in order; at least one.
+fn certificates(
+    flag: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let invalid = |problem: String| TlsError::Invalid {
+        flag,
+        path: path.to_owned(),
+        problem,
+    };
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| invalid(pem_problem(&error, "certificate")))?;
+    if certs.is_empty() {
+        return Err(invalid(pem_problem(
+            &rustls_pki_types::pem::Error::NoItemsFound,
+            "certificate",
+        )));
+    }
+    Ok(certs)
+}
+
+fn pem_problem(error: &rustls_pki_types::pem::Error, what: &str) -> String {
+    match error {
+        rustls_pki_types::pem::Error::NoItemsFound => format!("no PEM {what} found"),
+        other => format!("not a valid PEM {what}: {other}"),
+    }
+}
+
+/// `No such file or directory` -> `no such file or directory` (messages are lowercase).
+fn lowercase_first(error: &std::io::Error) -> String {
+    let message = error.to_string();
+    let mut chars = message.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => message,
+    }
+}
+
+/// A file's bytes, at most [`MAX_FILE_BYTES`].
+fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    let read_error = |source| TlsError::Read {
+        flag,
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_error)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(TlsError::Invalid {
+            flag,
+            path: path.to_owned(),
+            problem: format!("larger than {MAX_FILE_BYTES} bytes"),
+        });
+    }
+    Ok(bytes)
+}
+
+/// The CA check, then: the client certificate must be valid for `name`
+/// (`--grpc-tls-client-san`, the reference's `GRPC_CLIENT_TLS_SAN`).
+#[derive(Debug)]
+struct ClientSan {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: ServerName<'static>,
+}
+
+impl ClientCertVerifier for ClientSan {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+        cert.verify_is_valid_for_subject_name(&self.name)
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::NotValidForName))?;
+        Ok(verified)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
