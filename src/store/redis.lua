@@ -6,211 +6,190 @@
 --   token, buckets only).
 -- KEYS: one per counter, in the same order.
 --
--- A key holds "t_s t_n x y z": the time it was last written (never going backwards) and
--- the algorithm's state (fixed: used; sliding: previous current; token bucket: tokens
--- last_s last_n; gcra: tat_s tat_n). A check is decided at the latest of the caller's
--- clock and its keys' times, so a node whose clock is behind cannot rewind a counter.
+-- A key holds little-endian doubles (struct.pack '<d...'): the time it was last written
+-- (seconds, nanoseconds; never going backwards) and the algorithm's state: fixed: used;
+-- sliding: previous, current; token bucket: tokens, last_s, last_n; gcra: tat_s, tat_n.
+-- A check is decided at the latest of the caller's clock and its keys' times, so a node
+-- whose clock is behind cannot rewind a counter.
 --
--- The answer, per check: admitted (1/0), then per counter: present (1/0) and the five
--- stored numbers as read (before this check). The caller re-derives every decision from
--- those with the same Rust code as the in-memory store; this script only has to agree
--- on "admitted" and write the consumed state.
+-- The answer, per check: admitted (1/0), then per counter the key's value as read (before
+-- this check; "" when missing). The caller re-derives every decision from those with the
+-- same Rust code as the in-memory store; this script only has to agree on "admitted" and
+-- write the consumed state.
 --
 -- Arithmetic is exact: Lua numbers are doubles, so times stay split in seconds and
 -- nanoseconds, and every product and difference is kept below 2^53 by the limits the
 -- store refuses at load (sliding windows up to 9,007,199 per unit, buckets refilling
 -- within 2^53 ns). math.fmod is exact; `%` is not.
+--
+-- Written for speed: it runs once per request, so it defines no functions and builds no
+-- table per counter.
 
 local E9 = 1000000000
 local MARGIN_MS = 1000
-local fmod, floor = math.fmod, math.floor
-
-local function later(as, an, bs, bn)
-  return as > bs or (as == bs and an > bn)
-end
-
--- (s, n) + d nanoseconds, 0 <= d < 2^53.
-local function plus(s, n, d)
-  local dn = fmod(d, E9)
-  s = s + (d - dn) / E9
-  n = n + dn
-  if n >= E9 then
-    return s + 1, n - E9
-  end
-  return s, n
-end
-
--- a - b in nanoseconds, for a >= b less than 2^53 apart.
-local function minus(as, an, bs, bn)
-  return (as - bs) * E9 + (an - bn)
-end
-
-local function ms(nanos)
-  return floor(nanos / 1000000) + 1 + MARGIN_MS
-end
-
-local function window(s, unit)
-  return (s - fmod(s, unit)) / unit
-end
-
--- Each returns admitted, then (when admitted) the state to store and its TTL in ms.
-local decide = {}
-
-decide[0] = function(c, f, es, en, cost)
-  local w = window(es, c.unit)
-  local used = 0
-  if f and window(f[1], c.unit) == w then
-    used = f[3]
-  end
-  if used + cost > c.rpu then
-    return false
-  end
-  local left = ((w + 1) * c.unit - es) * E9 - en
-  return true, string.format('%d %d %d', es, en, used + cost), ms(left)
-end
-
-decide[1] = function(c, f, es, en, cost)
-  local w = window(es, c.unit)
-  local prev, cur = 0, 0
-  if f then
-    local stored = window(f[1], c.unit)
-    if stored == w then
-      prev, cur = f[3], f[4]
-    elseif stored + 1 == w then
-      prev = f[4]
-    end
-  end
-  local room = c.rpu - cur - cost
-  if room < 0 then
-    return false
-  end
-  -- The previous window's weight: ceil(prev * left / len), left = len - elapsed, all split.
-  local r = fmod(es, c.unit)
-  local lh, ll = c.unit - r, 0
-  if en > 0 then
-    lh, ll = c.unit - r - 1, E9 - en
-  end
-  local x = prev * ll
-  local xr = fmod(x, E9)
-  local y = prev * lh + (x - xr) / E9
-  local yr = fmod(y, c.unit)
-  local weight = (y - yr) / c.unit
-  if yr > 0 or xr > 0 then
-    weight = weight + 1
-  end
-  if weight > room then
-    return false
-  end
-  local ttl = ms(lh * E9 + ll) + c.unit * 1000
-  return true, string.format('%d %d %d %d', es, en, prev, cur + cost), ttl
-end
-
-decide[2] = function(c, f, es, en, cost)
-  local tokens, ls, ln = c.burst, es, en
-  if f then
-    tokens, ls, ln = math.min(f[3], c.burst), f[4], f[5]
-    if later(ls, ln, es, en) then
-      ls, ln = es, en
-    end
-  end
-  local full_s, full_n = plus(ls, ln, c.burst * c.interval)
-  if not later(full_s, full_n, es, en) then
-    tokens, ls, ln = c.burst, es, en
-  else
-    local diff = minus(es, en, ls, ln)
-    local earned = (diff - fmod(diff, c.interval)) / c.interval
-    if tokens + earned >= c.burst then
-      tokens, ls, ln = c.burst, es, en
-    else
-      tokens = tokens + earned
-      ls, ln = plus(ls, ln, earned * c.interval)
-    end
-  end
-  if cost > tokens then
-    return false
-  end
-  tokens = tokens - cost
-  local refill = (c.burst - tokens) * c.interval - minus(es, en, ls, ln)
-  return true, string.format('%d %d %d %d %d', es, en, tokens, ls, ln), ms(refill)
-end
-
-decide[3] = function(c, f, es, en, cost)
-  local ts, tn = es, en
-  if f and later(f[3], f[4], es, en) then
-    ts, tn = f[3], f[4]
-  end
-  if cost > c.burst then
-    return false
-  end
-  local ahead = minus(ts, tn, es, en) + c.interval * cost
-  if ahead > c.interval * c.burst then
-    return false
-  end
-  local ns, nn = plus(ts, tn, c.interval * cost)
-  return true, string.format('%d %d %d %d', es, en, ns, nn), ms(ahead)
-end
+local fmod, floor, min = math.fmod, math.floor, math.min
+local pack, unpack = struct.pack, struct.unpack
+local call = redis.call
 
 local now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])
-local out = {}
+local out, o = {}, 0
+local raws, states, ttls = {}, {}, {}
 local arg, key = 3, 1
-while arg <= #ARGV do
+local nargs = #ARGV
+while arg <= nargs do
   local cost, count = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1])
   arg = arg + 2
-  local counters = {}
+  -- Read every counter of the check; decide at the latest time among them and now.
   local es, en = now_s, now_n
   for i = 1, count do
-    local c = {
-      algorithm = tonumber(ARGV[arg]),
-      rpu = tonumber(ARGV[arg + 1]),
-      unit = tonumber(ARGV[arg + 2]),
-      burst = tonumber(ARGV[arg + 3]),
-      interval = tonumber(ARGV[arg + 4]),
-      key = KEYS[key],
-    }
-    arg, key = arg + 5, key + 1
-    local raw = redis.call('GET', c.key)
+    local raw = call('GET', KEYS[key + i - 1])
     if raw then
-      local f = {}
-      for number in string.gmatch(raw, '%S+') do
-        f[#f + 1] = tonumber(number)
-      end
-      for j = #f + 1, 5 do
-        f[j] = 0
-      end
-      c.f = f
-      if later(f[1], f[2], es, en) then
-        es, en = f[1], f[2]
-      end
-    end
-    counters[i] = c
-  end
-  local admitted = true
-  for _, c in ipairs(counters) do
-    local ok, state, ttl = false, nil, nil
-    if c.rpu > 0 then
-      ok, state, ttl = decide[c.algorithm](c, c.f, es, en, cost)
-    end
-    c.state, c.ttl = state, ttl
-    admitted = admitted and ok
-  end
-  if admitted and cost > 0 then
-    for _, c in ipairs(counters) do
-      redis.call('SET', c.key, c.state, 'PX', c.ttl)
-    end
-  end
-  out[#out + 1] = admitted and 1 or 0
-  for _, c in ipairs(counters) do
-    local f = c.f
-    if f then
-      out[#out + 1] = 1
-      for j = 1, 5 do
-        out[#out + 1] = f[j]
+      local ts, tn = unpack('<dd', raw)
+      if ts > es or (ts == es and tn > en) then
+        es, en = ts, tn
       end
     else
-      for _ = 1, 6 do
-        out[#out + 1] = 0
+      raw = ''
+    end
+    raws[i] = raw
+  end
+  local admitted = true
+  for i = 1, count do
+    local at = arg + (i - 1) * 5
+    local algorithm = tonumber(ARGV[at])
+    local rpu = tonumber(ARGV[at + 1])
+    local unit = tonumber(ARGV[at + 2])
+    local burst = tonumber(ARGV[at + 3])
+    local interval = tonumber(ARGV[at + 4])
+    local raw = raws[i]
+    local state, ttl = nil, nil
+    if rpu <= 0 then
+      admitted = false
+    elseif algorithm == 0 then
+      local w = (es - fmod(es, unit)) / unit
+      local used = 0
+      if raw ~= '' then
+        local ts, _, stored = unpack('<ddd', raw)
+        if (ts - fmod(ts, unit)) / unit == w then
+          used = stored
+        end
+      end
+      if used + cost > rpu then
+        admitted = false
+      else
+        state = pack('<ddd', es, en, used + cost)
+        ttl = floor((((w + 1) * unit - es) * E9 - en) / 1000000) + 1 + MARGIN_MS
+      end
+    elseif algorithm == 1 then
+      local w = (es - fmod(es, unit)) / unit
+      local prev, cur = 0, 0
+      if raw ~= '' then
+        local ts, _, p, c = unpack('<dddd', raw)
+        local stored = (ts - fmod(ts, unit)) / unit
+        if stored == w then
+          prev, cur = p, c
+        elseif stored + 1 == w then
+          prev = c
+        end
+      end
+      local room = rpu - cur - cost
+      -- The previous window's weight: ceil(prev * left / len), left = len - elapsed.
+      local r = fmod(es, unit)
+      local lh, ll = unit - r, 0
+      if en > 0 then
+        lh, ll = unit - r - 1, E9 - en
+      end
+      local x = prev * ll
+      local xr = fmod(x, E9)
+      local y = prev * lh + (x - xr) / E9
+      local yr = fmod(y, unit)
+      local weight = (y - yr) / unit
+      if yr > 0 or xr > 0 then
+        weight = weight + 1
+      end
+      if room < 0 or weight > room then
+        admitted = false
+      else
+        state = pack('<dddd', es, en, prev, cur + cost)
+        ttl = floor((lh * E9 + ll) / 1000000) + 1 + MARGIN_MS + unit * 1000
+      end
+    elseif algorithm == 2 then
+      local tokens, ls, ln = burst, es, en
+      if raw ~= '' then
+        local _, _, t, s, n = unpack('<ddddd', raw)
+        tokens, ls, ln = min(t, burst), s, n
+        if ls > es or (ls == es and ln > en) then
+          ls, ln = es, en
+        end
+      end
+      -- Full again at last + burst * interval.
+      local d = burst * interval
+      local dn = fmod(d, E9)
+      local fs, fn = ls + (d - dn) / E9, ln + dn
+      if fn >= E9 then
+        fs, fn = fs + 1, fn - E9
+      end
+      if not (fs > es or (fs == es and fn > en)) then
+        tokens, ls, ln = burst, es, en
+      else
+        local diff = (es - ls) * E9 + (en - ln)
+        local earned = (diff - fmod(diff, interval)) / interval
+        if tokens + earned >= burst then
+          tokens, ls, ln = burst, es, en
+        else
+          tokens = tokens + earned
+          d = earned * interval
+          dn = fmod(d, E9)
+          ls, ln = ls + (d - dn) / E9, ln + dn
+          if ln >= E9 then
+            ls, ln = ls + 1, ln - E9
+          end
+        end
+      end
+      if cost > tokens then
+        admitted = false
+      else
+        tokens = tokens - cost
+        local refill = (burst - tokens) * interval - ((es - ls) * E9 + (en - ln))
+        state = pack('<ddddd', es, en, tokens, ls, ln)
+        ttl = floor(refill / 1000000) + 1 + MARGIN_MS
+      end
+    else
+      local ts, tn = es, en
+      if raw ~= '' then
+        local _, _, s, n = unpack('<dddd', raw)
+        if s > es or (s == es and n > en) then
+          ts, tn = s, n
+        end
+      end
+      local ahead = (ts - es) * E9 + (tn - en) + interval * cost
+      if cost > burst or ahead > interval * burst then
+        admitted = false
+      else
+        local d = interval * cost
+        local dn = fmod(d, E9)
+        local ns, nn = ts + (d - dn) / E9, tn + dn
+        if nn >= E9 then
+          ns, nn = ns + 1, nn - E9
+        end
+        state = pack('<dddd', es, en, ns, nn)
+        ttl = floor(ahead / 1000000) + 1 + MARGIN_MS
       end
     end
+    states[i], ttls[i] = state, ttl
   end
+  if admitted and cost > 0 then
+    for i = 1, count do
+      call('SET', KEYS[key + i - 1], states[i], 'PX', ttls[i])
+    end
+  end
+  o = o + 1
+  out[o] = admitted and 1 or 0
+  for i = 1, count do
+    o = o + 1
+    out[o] = raws[i]
+  end
+  arg = arg + count * 5
+  key = key + count
 end
 return out

@@ -61,9 +61,6 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 
 const SCRIPT: &str = include_str!("redis.lua");
 
-/// Numbers the script answers per counter: present, then five stored numbers.
-const PER_COUNTER: usize = 6;
-
 /// Consecutive failed calls that open the breaker.
 const BREAKER_FAILURES: u32 = 3;
 
@@ -266,7 +263,7 @@ impl Inner {
 
     /// One script call for all checks, or one per check on a Redis Cluster (a check's keys
     /// share a hash slot; different checks may not), sent together.
-    async fn call(&self, checks: &Checks, now: u64) -> redis::RedisResult<Vec<i64>> {
+    async fn call(&self, checks: &Checks, now: u64) -> redis::RedisResult<Vec<redis::Value>> {
         let mut connection = self.backend.connection().await?;
         if !self.options.target.is_cluster() {
             let invocation = self.invocation(checks.iter(), now);
@@ -306,15 +303,17 @@ impl Inner {
 
     /// Derives the decisions from the states the script read; `None` if the reply does not
     /// have the expected shape.
-    fn read(&self, checks: &Checks, now: u64, replies: &[i64]) -> Option<Decisions> {
+    fn read(&self, checks: &Checks, now: u64, replies: &[redis::Value]) -> Option<Decisions> {
         let mut out = Decisions::new();
         let mut at = 0;
         for check in checks {
-            let admitted = *replies.get(at)? == 1;
-            let block = replies.get(at + 1..at + 1 + check.counters.len() * PER_COUNTER)?;
-            at += 1 + check.counters.len() * PER_COUNTER;
-            let stored: SmallVec<[Option<Stored>; 4]> =
-                block.chunks_exact(PER_COUNTER).map(Stored::read).collect();
+            let admitted = matches!(replies.get(at)?, redis::Value::Int(1));
+            let block = replies.get(at + 1..at + 1 + check.counters.len())?;
+            at += 1 + check.counters.len();
+            let stored = block
+                .iter()
+                .map(Stored::read)
+                .collect::<Option<SmallVec<[Option<Stored>; 4]>>>()?;
             // The script decides at the latest of our clock and the keys' times.
             let at_time = stored
                 .iter()
@@ -418,16 +417,33 @@ struct Stored {
 }
 
 impl Stored {
-    /// One counter's part of the reply: present, seconds, nanoseconds, three numbers.
-    fn read(part: &[i64]) -> Option<Stored> {
-        let number = |index: usize| {
-            part.get(index)
-                .map_or(0, |n| u64::try_from(*n).unwrap_or(0))
+    /// One counter's part of the reply: the key's value, little-endian doubles (seconds,
+    /// nanoseconds, up to three numbers), or empty when the key did not exist. `None` for
+    /// anything else (not a value this script wrote).
+    fn read(value: &redis::Value) -> Option<Option<Stored>> {
+        let redis::Value::BulkString(bytes) = value else {
+            return None;
         };
-        (number(0) == 1).then(|| Stored {
-            time: nanos(number(1), number(2)),
-            numbers: [number(3), number(4), number(5)],
-        })
+        if bytes.is_empty() {
+            return Some(None);
+        }
+        if bytes.len() % 8 != 0 || !(16..=40).contains(&bytes.len()) {
+            return None;
+        }
+        let mut numbers = [0u64; 5];
+        for (number, chunk) in numbers.iter_mut().zip(bytes.chunks_exact(8)) {
+            let value = f64::from_le_bytes(chunk.try_into().ok()?);
+            // Whole, non-negative and exact: the script writes nothing else.
+            if !(0.0..=9_007_199_254_740_992.0).contains(&value) || value.fract() != 0.0 {
+                return None;
+            }
+            *number = value as u64;
+        }
+        let [seconds, nanoseconds, x, y, z] = numbers;
+        Some(Some(Stored {
+            time: nanos(seconds, nanoseconds),
+            numbers: [x, y, z],
+        }))
     }
 
     /// The in-memory [`State`] for the same counter.

@@ -321,7 +321,7 @@ impl Connection {
     pub async fn invoke(
         &mut self,
         invocation: &redis::ScriptInvocation<'_>,
-    ) -> RedisResult<Vec<i64>> {
+    ) -> RedisResult<Vec<redis::Value>> {
         match self {
             Connection::Server(connection) => invocation.invoke_async(connection).await,
             Connection::Cluster(connection) => invocation.invoke_async(connection).await,

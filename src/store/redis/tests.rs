@@ -106,5 +106,18 @@ fn stored_numbers_read_back_as_the_in_memory_state() {
             b: 3
         }
     );
-    assert_eq!(Stored::read(&[0, 1, 2, 3, 4, 5]).map(|s| s.time), None);
+    let missing = redis::Value::BulkString(Vec::new());
+    assert!(matches!(Stored::read(&missing), Some(None)));
+    let bytes: Vec<u8> = [1_700_000_123.0f64, 456.0, 3.0]
+        .iter()
+        .flat_map(|number| number.to_le_bytes())
+        .collect();
+    let read = Stored::read(&redis::Value::BulkString(bytes)).flatten();
+    assert_eq!(read.map(|stored| stored.time), Some(time));
+    assert_eq!(read.map(|stored| stored.numbers[0]), Some(3));
+    let foreign = redis::Value::BulkString(b"not ours".to_vec());
+    assert!(
+        Stored::read(&foreign).is_none(),
+        "a value of another writer"
+    );
 }
