@@ -9,7 +9,8 @@
 //! machine's cores: Redis, both servers, the load generator.
 //!
 //! Run with `cargo bench --bench redis`. Environment: `REDIS_BENCH_ROUNDS` (default 3),
-//! `REDIS_BENCH_SECONDS` (4), `REDIS_BENCH_CONNECTIONS` (4), `REDIS_BENCH_STREAMS` (16).
+//! `REDIS_BENCH_SECONDS` (4), `REDIS_BENCH_CONNECTIONS` (4), `REDIS_BENCH_STREAMS` (16),
+//! `REDIS_BENCH_HZ` (10, Redis's default `hz`: how often it runs its expiry cycle).
 
 mod loadgen;
 
@@ -71,6 +72,7 @@ impl RedisServer {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(["--hz", &env_or("REDIS_BENCH_HZ", 10).to_string()])
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server on PATH (apt-get install redis-server)");

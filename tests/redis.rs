@@ -158,6 +158,50 @@ async fn every_algorithm_answers_exactly_like_the_in_memory_store() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_batched_together_admit_exactly_the_limit() {
+    let dir = TempDir::new("redis-batched");
+    let server = RedisServer::start(dir.path(), &[]);
+    let target = Target::parse(&server.url()).expect("a redis url");
+    let options = RedisOptions {
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::new(target)
+    };
+    let store = Arc::new(RedisStore::new(options, Clock::system()).expect("a redis store"));
+    let rates = [
+        Rate::fixed(50, Unit::Hour),
+        Rate::new(Algorithm::Gcra, 1000, Unit::Hour, Some(80)),
+    ];
+    let mut key = KeyBuilder::new("batched");
+    key.entry("user", "one");
+    let check = Check {
+        counters: rates
+            .iter()
+            .map(|rate| Counter {
+                key: key.key(rate),
+                rate: *rate,
+            })
+            .collect(),
+        cost: 1,
+        wait: None,
+    };
+    let tasks: Vec<_> = (0..400)
+        .map(|_| {
+            let (store, check) = (Arc::clone(&store), check.clone());
+            tokio::spawn(async move {
+                let checks: Checks = [check].into_iter().collect();
+                let decisions = store.check(checks).wait().await.expect("decided");
+                decisions.iter().all(|decision| decision.allowed)
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.expect("a task"));
+    }
+    assert_eq!(admitted, 50, "all or nothing, in one order, across batches");
+}
+
 #[test]
 fn two_processes_sharing_one_redis_admit_one_exact_limit() {
     let dir = TempDir::new("redis-two-processes");

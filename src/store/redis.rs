@@ -28,6 +28,7 @@
 //! Not offered: `max_wait` (Redis cannot hold a request in a queue); limits the script
 //! cannot count exactly in doubles (see [`CAPABILITIES`]). Both are refused at load.
 
+mod batch;
 mod blocked;
 mod connection;
 mod metrics;
@@ -117,8 +118,9 @@ pub struct RedisStore {
 }
 
 struct Inner {
-    backend: Backend,
-    script: redis::Script,
+    caller: Arc<Caller>,
+    /// Requests to one server go through the batcher; `None` on a Redis Cluster.
+    batches: Option<tokio::sync::mpsc::Sender<batch::Pending>>,
     clock: Clock,
     options: RedisOptions,
     breaker: Breaker,
@@ -142,11 +144,16 @@ impl RedisStore {
     /// A store for `options.target` reading time from `clock`. Connects on first use, so
     /// it starts even while Redis is down.
     pub fn new(options: RedisOptions, clock: Clock) -> Result<RedisStore, redis::RedisError> {
-        let backend = Backend::new(&options.target, options.pool, options.timeout)?;
+        let caller = Arc::new(Caller {
+            backend: Backend::new(&options.target, options.pool, options.timeout)?,
+            script: redis::Script::new(SCRIPT),
+        });
+        let batches = (!options.target.is_cluster())
+            .then(|| batch::spawn(Arc::clone(&caller), options.pool.max(1) * 2));
         Ok(RedisStore {
             inner: Arc::new(Inner {
-                backend,
-                script: redis::Script::new(SCRIPT),
+                caller,
+                batches,
                 clock,
                 breaker: Breaker::new(BREAKER_FAILURES, options.cooldown),
                 blocked: BlockedCache::new(options.blocked_keys),
@@ -226,7 +233,7 @@ impl Inner {
         let result = tokio::time::timeout(self.options.timeout, self.call(checks, now)).await;
         self.stats.latency.observe(started.elapsed());
         let failure = match result {
-            Ok(Ok(replies)) => match self.read(checks, now, &replies) {
+            Ok(Ok((at, replies))) => match self.read(checks, at, &replies) {
                 Some(decisions) => {
                     probe.reported = true;
                     self.stats.calls.fetch_add(1, Ordering::Relaxed);
@@ -239,7 +246,7 @@ impl Inner {
             },
             Ok(Err(error)) => {
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
-                error.to_string()
+                error
             }
             Err(_) => {
                 self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
@@ -247,7 +254,7 @@ impl Inner {
             }
         };
         probe.reported = true;
-        self.backend.failed().await;
+        self.caller.backend.failed().await;
         if self.breaker.failed() {
             self.stats.breaker_opened.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
@@ -261,44 +268,39 @@ impl Inner {
         self.by_policy(checks)
     }
 
-    /// One script call for all checks, or one per check on a Redis Cluster (a check's keys
-    /// share a hash slot; different checks may not), sent together.
-    async fn call(&self, checks: &Checks, now: u64) -> redis::RedisResult<Vec<redis::Value>> {
-        let mut connection = self.backend.connection().await?;
-        if !self.options.target.is_cluster() {
-            let invocation = self.invocation(checks.iter(), now);
-            return connection.invoke(&invocation).await;
+    /// The script's answer for `checks` and the time it decided them at: batched with
+    /// other requests' checks on one server, or one call per check on a Redis Cluster (a
+    /// check's keys share a hash slot; different checks may not), sent together.
+    async fn call(&self, checks: &Checks, now: u64) -> batch::Answer {
+        if let Some(batches) = &self.batches {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let pending = batch::Pending {
+                checks: checks.clone(),
+                now,
+                reply,
+            };
+            batches
+                .try_send(pending)
+                .map_err(|_| format!("{} requests already wait for redis", batch::QUEUE))?;
+            return answer
+                .await
+                .map_err(|_| "the redis batcher stopped".to_owned())?;
         }
+        let caller = &self.caller;
+        let connection = caller
+            .backend
+            .connection()
+            .await
+            .map_err(|error| error.to_string())?;
         let calls = checks.iter().map(|check| {
             let mut connection = connection.clone();
-            let invocation = self.invocation(std::iter::once(check), now);
+            let invocation = caller.invocation(std::iter::once(check), now);
             async move { connection.invoke(&invocation).await }
         });
-        let replies = futures_util::future::try_join_all(calls).await?;
-        Ok(replies.into_iter().flatten().collect())
-    }
-
-    fn invocation<'c>(
-        &self,
-        checks: impl Iterator<Item = &'c Check>,
-        now: u64,
-    ) -> redis::ScriptInvocation<'_> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation.arg(now / NANOS_PER_SEC).arg(now % NANOS_PER_SEC);
-        for check in checks {
-            invocation.arg(check.cost).arg(check.counters.len());
-            for counter in &check.counters {
-                let rate = &counter.rate;
-                invocation
-                    .key(redis_key(&counter.key))
-                    .arg(algorithm_code(rate.algorithm))
-                    .arg(rate.requests_per_unit)
-                    .arg(rate.unit.seconds())
-                    .arg(rate.burst)
-                    .arg(rate.emission_interval());
-            }
-        }
-        invocation
+        let replies = futures_util::future::try_join_all(calls)
+            .await
+            .map_err(|error| error.to_string())?;
+        Ok((now, replies.into_iter().flatten().collect()))
     }
 
     /// Derives the decisions from the states the script read; `None` if the reply does not
@@ -373,6 +375,38 @@ impl Inner {
                 },
             })
             .collect()
+    }
+}
+
+/// What sends script calls: the connections and the script, shared by the store and its
+/// batcher.
+struct Caller {
+    backend: Backend,
+    script: redis::Script,
+}
+
+impl Caller {
+    fn invocation<'c>(
+        &self,
+        checks: impl Iterator<Item = &'c Check>,
+        now: u64,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.script.prepare_invoke();
+        invocation.arg(now / NANOS_PER_SEC).arg(now % NANOS_PER_SEC);
+        for check in checks {
+            invocation.arg(check.cost).arg(check.counters.len());
+            for counter in &check.counters {
+                let rate = &counter.rate;
+                invocation
+                    .key(redis_key(&counter.key))
+                    .arg(algorithm_code(rate.algorithm))
+                    .arg(rate.requests_per_unit)
+                    .arg(rate.unit.seconds())
+                    .arg(rate.burst)
+                    .arg(rate.emission_interval());
+            }
+        }
+        invocation
     }
 }
 
