@@ -7,7 +7,9 @@
 //!   429 when over the limit, 400 for a bad body or request, 503 when overloaded;
 //! - `POST /rate/{domain}/{name}[/{value}]`: check and consume one limit by name (see
 //!   [`rate`]);
-//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]).
+//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]);
+//! - `POST /debug/explain`: the `/json` body, answered with what each descriptor would meet,
+//!   consuming nothing (see [`explain`]).
 //!
 //! Handlers only read shared state; `/json` goes through the same [`Limiter`] as gRPC.
 
@@ -28,6 +30,7 @@ use crate::limiter::Limiter;
 use crate::limits::Limits;
 use crate::rls::MAX_MESSAGE_BYTES;
 
+pub mod explain;
 mod json;
 mod nginx;
 mod rate;
@@ -97,6 +100,7 @@ pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json_request))
+        .route("/debug/explain", post(explain::explain))
         .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
         .with_state(AdminState {
             health,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::admin::explain::client::ExplainRequest;
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
 use crate::limiter::{HeaderNames, LimiterOptions};
@@ -41,6 +42,41 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Load and check a limits file or directory exactly as `serve` would.
     Validate { path: PathBuf },
+    /// Ask a running ratekeeper what a request would meet (the matched limits, the
+    /// counters' state, where they live), without consuming anything.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args)]
+pub struct ExplainArgs {
+    /// The request's domain.
+    #[arg(long)]
+    pub domain: String,
+    /// One descriptor: comma-separated key=value entries, percent-decoded (`%2C` for a
+    /// comma). Repeat for several descriptors.
+    #[arg(long = "descriptor", required = true)]
+    pub descriptors: Vec<String>,
+    /// Hits per descriptor (the request's hits_addend) [default: 1].
+    #[arg(long)]
+    pub hits: Option<u32>,
+    /// The HTTP listener of the ratekeeper to ask.
+    #[arg(
+        long,
+        env = "RATEKEEPER_EXPLAIN_ADDR",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub addr: String,
+}
+
+impl ExplainArgs {
+    pub fn request(&self) -> ExplainRequest {
+        ExplainRequest {
+            addr: self.addr.clone(),
+            domain: self.domain.clone(),
+            descriptors: self.descriptors.clone(),
+            hits: self.hits,
+        }
+    }
 }
 
 #[derive(Args)]

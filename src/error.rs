@@ -126,6 +126,10 @@ pub enum ClusterError {
         kind: ErrorKind,
         message: String,
     },
+    /// The owner could not be reached, where no fallback may stand in for it (an
+    /// explanation must report the owner's state or nothing).
+    #[error("owner {peer} did not answer")]
+    Unreachable { peer: Arc<str> },
     /// The owner's answer did not fit the question, or the forward was lost.
     #[error("owner {peer}: {problem}")]
     Protocol { peer: Arc<str>, problem: String },
@@ -141,6 +145,7 @@ impl ClusterError {
                 ..
             } => ErrorKind::Internal,
             ClusterError::Owner { kind, .. } => *kind,
+            ClusterError::Unreachable { .. } => ErrorKind::Unavailable,
             ClusterError::Protocol { .. } => ErrorKind::Internal,
         }
     }

@@ -27,9 +27,13 @@ use crate::algorithm::{Rate, Unit};
 use crate::check::{Check, Checks, Counter, Decision, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
-use crate::limits::{Limit, Limits, Node};
+use crate::limits::{Domain, Limit, Limits, Node};
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
+
+mod explain;
+
+pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
 
 /// Bounds on one query; larger input is rejected with [`Error::Invalid`].
 pub mod bounds {
@@ -251,6 +255,19 @@ pub struct Limiter {
     warned_at: AtomicU64,
 }
 
+/// How a query's descriptors matched, and what to ask the store: [`Limiter::plan`]'s answer.
+struct Planned<'s> {
+    /// The configured entry each descriptor's walk ended on (`None`: no match, or a
+    /// request-supplied limit).
+    nodes: SmallVec<[Option<&'s Node>; 4]>,
+    /// The limit names the matched limits' `replaces` drop from this query.
+    replaced: SmallVec<[&'s str; 4]>,
+    /// One per descriptor, in order.
+    plans: SmallVec<[Plan<'s>; 4]>,
+    /// One per [`Plan::Checked`], in order.
+    checks: Checks,
+}
+
 /// What one descriptor turned into.
 enum Plan<'a> {
     NoLimit,
@@ -343,15 +360,32 @@ impl Limiter {
             });
         };
         // Request-supplied limits live as long as this call; `Plan` borrows them.
-        let overrides: SmallVec<[Option<Limit>; 4]> = query
-            .descriptors
-            .iter()
-            .map(|descriptor| descriptor.limit.map(override_limit))
-            .collect();
+        let overrides = overrides(query);
+        let Planned { plans, checks, .. } = self.plan(query, domain, &overrides);
+        let decisions = if checks.is_empty() {
+            Default::default()
+        } else {
+            self.store.check(checks).wait().await?
+        };
+        let table = self.table_for(&snapshot);
+        // One lookup of the domain per request; each limit is then an index.
+        self.count(query, &plans, &decisions, table.domain(query.domain));
+        Ok(respond(&plans, &decisions))
+    }
+
+    /// Matches every descriptor of `query` in `domain` and builds the checks of the limits
+    /// that apply (shared by [`Limiter::decide`] and [`Limiter::explain`], so both see the
+    /// same matching). `overrides` holds each descriptor's request-supplied limit.
+    fn plan<'s>(
+        &self,
+        query: &Query<'_>,
+        domain: &'s Domain,
+        overrides: &'s [Option<Limit>],
+    ) -> Planned<'s> {
         let nodes: SmallVec<[Option<&Node>; 4]> = query
             .descriptors
             .iter()
-            .zip(&overrides)
+            .zip(overrides)
             .map(|(descriptor, overridden)| match overridden {
                 Some(_) => None,
                 None => domain.lookup(descriptor.entries.iter().copied()),
@@ -362,7 +396,7 @@ impl Limiter {
         let mut plans: SmallVec<[Plan<'_>; 4]> = SmallVec::new();
         let mut checks = Checks::new();
         let mut counters_so_far = 0;
-        for ((descriptor, overridden), node) in query.descriptors.iter().zip(&overrides).zip(&nodes)
+        for ((descriptor, overridden), node) in query.descriptors.iter().zip(overrides).zip(&nodes)
         {
             let (limits, shadow): (SmallVec<[&Limit; 2]>, bool) = match (overridden, node) {
                 (Some(limit), _) => (SmallVec::from_elem(limit, 1), self.options.shadow_mode),
@@ -414,15 +448,12 @@ impl Limiter {
                 wait,
             });
         }
-        let decisions = if checks.is_empty() {
-            Default::default()
-        } else {
-            self.store.check(checks).wait().await?
-        };
-        let table = self.table_for(&snapshot);
-        // One lookup of the domain per request; each limit is then an index.
-        self.count(query, &plans, &decisions, table.domain(query.domain));
-        Ok(respond(&plans, &decisions))
+        Planned {
+            nodes,
+            replaced,
+            plans,
+            checks,
+        }
     }
 
     /// Counts every checked limit's hits in its metrics.
@@ -612,6 +643,15 @@ fn validate(query: &Query<'_>) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Each descriptor's request-supplied limit, as a configured limit would be.
+fn overrides(query: &Query<'_>) -> SmallVec<[Option<Limit>; 4]> {
+    query
+        .descriptors
+        .iter()
+        .map(|descriptor| descriptor.limit.map(override_limit))
+        .collect()
 }
 
 /// The limit a request-supplied override stands for.

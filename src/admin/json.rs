@@ -71,10 +71,20 @@ impl ParsedRequest {
     }
 }
 
-/// Parses a request body; the error says what is wrong and where.
+/// Parses a request body; the error says what is wrong and where (the field's path, like
+/// `descriptors[0].entries[1].key`, when the problem is inside the body's structure).
 pub(super) fn parse_request(body: &[u8]) -> Result<ParsedRequest, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
     let request: JsonRequest =
-        serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+            match error.path().to_string().as_str() {
+                "." => format!("invalid request body: {}", error.inner()),
+                path => format!("invalid request body: {path}: {}", error.inner()),
+            }
+        })?;
+    deserializer
+        .end()
+        .map_err(|error| format!("invalid request body: {error}"))?;
     let mut limits = Vec::with_capacity(request.descriptors.len());
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let limit = match &descriptor.limit {
