@@ -148,8 +148,12 @@ async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response 
                 StatusCode::OK
             };
             let options = state.limiter.options();
-            let headers = options.response_headers.then_some(&options.header_names);
-            (status, axum::Json(json::response(&verdict, headers))).into_response()
+            let headers = if options.response_headers {
+                verdict.headers(options.header_style, &options.header_names)
+            } else {
+                Default::default()
+            };
+            (status, axum::Json(json::response(&verdict, &headers))).into_response()
         }
         Err(failed) => error_response(&failed),
     }

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::admin::explain::client::ExplainRequest;
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
-use crate::limiter::{HeaderNames, LimiterOptions};
+use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::parse_duration;
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
@@ -94,9 +94,19 @@ pub struct ServeArgs {
     /// Live keys kept at most, across all shards.
     #[arg(long, env = "RATEKEEPER_MAX_KEYS", default_value_t = EngineConfig::default().max_keys)]
     pub max_keys: usize,
-    /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset headers to responses.
-    #[arg(long, env = "RATEKEEPER_RESPONSE_HEADERS")]
-    pub response_headers: bool,
+    /// Add rate limit headers to gRPC and /json responses: alone (or `true`), draft-03's
+    /// RateLimit-Limit, -Remaining and -Reset; `ietf`, the current IETF draft's
+    /// RateLimit-Policy and RateLimit on every front end instead; `false`, none.
+    #[arg(
+        long,
+        env = "RATEKEEPER_RESPONSE_HEADERS",
+        value_name = "STYLE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = response_headers
+    )]
+    pub response_headers: ResponseHeaders,
     /// Name of the header carrying the limit (with --response-headers, and on HTTP answers).
     #[arg(long, env = "RATEKEEPER_HEADER_LIMIT", value_parser = header_name, default_value = "RateLimit-Limit")]
     pub header_limit: String,
@@ -157,6 +167,32 @@ pub struct ServeArgs {
     pub metrics_max_series: usize,
 }
 
+/// `--response-headers` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseHeaders {
+    /// No headers on gRPC and /json (nginx and /rate send draft-03's).
+    Off,
+    /// draft-03's `RateLimit-Limit`, `-Remaining`, `-Reset`.
+    Draft03,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit`, on every front end.
+    Ietf,
+}
+
+/// Parses `--response-headers` (and its env variable): booleans as before (any usual
+/// spelling), `draft03`, or `ietf`.
+fn response_headers(text: &str) -> Result<ResponseHeaders, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "false" | "f" | "no" | "n" | "off" | "0" => Ok(ResponseHeaders::Off),
+        "true" | "t" | "yes" | "y" | "on" | "1" | "draft03" | "draft-03" => {
+            Ok(ResponseHeaders::Draft03)
+        }
+        "ietf" => Ok(ResponseHeaders::Ietf),
+        _ => Err(format!(
+            "{text:?} is not a header style (expected ietf, draft03, true or false)"
+        )),
+    }
+}
+
 /// `--peer-fallback` values.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum FallbackArg {
@@ -208,7 +244,11 @@ impl ServeArgs {
         ServerOptions {
             engine,
             limiter: LimiterOptions {
-                response_headers: self.response_headers,
+                response_headers: self.response_headers != ResponseHeaders::Off,
+                header_style: match self.response_headers {
+                    ResponseHeaders::Ietf => HeaderStyle::Ietf,
+                    ResponseHeaders::Off | ResponseHeaders::Draft03 => HeaderStyle::Draft03,
+                },
                 shadow_mode: self.shadow_mode,
                 header_names: HeaderNames {
                     limit: self.header_limit.as_str().into(),

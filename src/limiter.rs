@@ -32,8 +32,10 @@ use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
 
 mod explain;
+mod headers;
 
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
+pub use self::headers::{HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
 
 /// Bounds on one query; larger input is rejected with [`Error::Invalid`].
 pub mod bounds {
@@ -230,13 +232,16 @@ impl HeaderNames {
 /// Switches of the limiter.
 #[derive(Clone, Debug, Default)]
 pub struct LimiterOptions {
-    /// Front ends add `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` to
-    /// their answers.
+    /// gRPC and `/json` add the rate limit headers to their answers (nginx and `/rate`
+    /// always send them).
     pub response_headers: bool,
+    /// Which rate limit headers every front end sends: draft-03's three, or the current
+    /// IETF draft's `RateLimit-Policy` and `RateLimit`.
+    pub header_style: HeaderStyle,
     /// Every limit acts as if it had `shadow_mode: true`: counted and reported, never
     /// enforced (the reference service's global `SHADOW_MODE`).
     pub shadow_mode: bool,
-    /// The names of the `RateLimit-*` headers, on every front end.
+    /// The names of the draft-03 `RateLimit-*` headers, on every front end.
     pub header_names: HeaderNames,
 }
 

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::algorithm::Unit;
-use crate::limiter::{HeaderNames, LimitOverride, Limited, Query, Status, Verdict};
+use crate::limiter::{LimitOverride, Limited, Query, Status, Verdict};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -133,14 +133,14 @@ fn limited_status(limited: &Limited) -> Value {
     })
 }
 
-/// The JSON body answering a request; `headers` adds `responseHeadersToAdd` under those
-/// names, like the gRPC response carries them.
-pub(super) fn response(verdict: &Verdict, headers: Option<&HeaderNames>) -> Value {
+/// The JSON body answering a request; `headers` (when any) become `responseHeadersToAdd`,
+/// like the gRPC response carries them.
+pub(super) fn response(verdict: &Verdict, headers: &[(&str, String)]) -> Value {
     let mut out = json!({
         "overallCode": if verdict.is_over() { "OVER_LIMIT" } else { "OK" },
         "statuses": verdict.statuses.iter().map(status).collect::<Vec<_>>(),
     });
-    if let Some(headers) = headers.and_then(|names| verdict.rate_limit_headers(names)) {
+    if !headers.is_empty() {
         out["responseHeadersToAdd"] = headers
             .iter()
             .map(|(key, value)| json!({"key": key, "value": value}))
