@@ -9,7 +9,9 @@
 //!   [`rate`]);
 //! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]);
 //! - `POST /debug/explain`: the `/json` body, answered with what each descriptor would meet,
-//!   consuming nothing (see [`explain`]).
+//!   consuming nothing (see [`explain`]);
+//! - `GET /counters/{domain}`: the live counters of a domain on this node, paged, with
+//!   `--counter-names` (see [`counters`]).
 //!
 //! Handlers only read shared state; `/json` goes through the same [`Limiter`] as gRPC.
 
@@ -30,6 +32,7 @@ use crate::limiter::Limiter;
 use crate::limits::Limits;
 use crate::rls::MAX_MESSAGE_BYTES;
 
+mod counters;
 pub mod explain;
 mod json;
 mod nginx;
@@ -107,6 +110,7 @@ pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
             limiter: Arc::clone(&limiter),
         })
         .merge(rate::router(Arc::clone(&limiter)))
+        .merge(counters::router(Arc::clone(&limiter)))
         .merge(nginx::router(limiter))
 }
 

@@ -162,6 +162,10 @@ pub struct ServeArgs {
     /// What to do when a key's owner cannot answer.
     #[arg(long, env = "RATEKEEPER_PEER_FALLBACK", value_enum, default_value_t = FallbackArg::Local)]
     pub peer_fallback: FallbackArg,
+    /// Keep the descriptor values of up to this many live counters, so
+    /// GET /counters/{domain} can list them (0: keep none, the endpoint answers 404).
+    #[arg(long, env = "RATEKEEPER_COUNTER_NAMES", default_value_t = 0)]
+    pub counter_names: usize,
     /// Most per-limit metric series (label sets).
     #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
     pub metrics_max_series: usize,
@@ -250,6 +254,7 @@ impl ServeArgs {
                     ResponseHeaders::Off | ResponseHeaders::Draft03 => HeaderStyle::Draft03,
                 },
                 shadow_mode: self.shadow_mode,
+                counter_names: self.counter_names,
                 header_names: HeaderNames {
                     limit: self.header_limit.as_str().into(),
                     remaining: self.header_remaining.as_str().into(),

@@ -33,9 +33,13 @@ use crate::store::Store;
 
 mod explain;
 mod headers;
+mod names;
 
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
 pub use self::headers::{HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
+pub use self::names::{
+    CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, NamesFigures,
+};
 
 /// Bounds on one query; larger input is rejected with [`Error::Invalid`].
 pub mod bounds {
@@ -243,6 +247,9 @@ pub struct LimiterOptions {
     pub shadow_mode: bool,
     /// The names of the draft-03 `RateLimit-*` headers, on every front end.
     pub header_names: HeaderNames,
+    /// Keep the descriptor values of up to this many live counters, for
+    /// `GET /counters/{domain}` (0: keep none).
+    pub counter_names: usize,
 }
 
 /// Decides queries against the live limits.
@@ -258,6 +265,8 @@ pub struct Limiter {
     /// most one warning a second, so an overload does not also flood the logs.
     failures: AtomicU64,
     warned_at: AtomicU64,
+    /// The descriptor values of live counters, when kept (`counter_names` > 0).
+    names: Option<CounterNames>,
 }
 
 /// How a query's descriptors matched, and what to ask the store: [`Limiter::plan`]'s answer.
@@ -284,6 +293,8 @@ enum Plan<'a> {
         node: Option<&'a Node>,
         shadow: bool,
         first: usize,
+        /// The descriptor's route hash (its counters' shard and owner).
+        route: u64,
     },
 }
 
@@ -298,11 +309,12 @@ impl Limiter {
         Limiter {
             limits,
             store,
-            options,
             metrics,
             table: ArcSwap::from_pointee(table),
             failures: AtomicU64::new(0),
             warned_at: AtomicU64::new(0),
+            names: (options.counter_names > 0).then(|| CounterNames::new(options.counter_names)),
+            options,
         }
     }
 
@@ -375,6 +387,9 @@ impl Limiter {
         let table = self.table_for(&snapshot);
         // One lookup of the domain per request; each limit is then an index.
         self.count(query, &plans, &decisions, table.domain(query.domain));
+        if let Some(names) = &self.names {
+            self.note_names(names, query, &plans, &decisions);
+        }
         Ok(respond(&plans, &decisions))
     }
 
@@ -446,6 +461,7 @@ impl Limiter {
                 node: *node,
                 shadow,
                 first,
+                route: key.route(),
             });
             checks.push(Check {
                 counters,
@@ -476,6 +492,7 @@ impl Limiter {
                 node,
                 shadow,
                 first,
+                ..
             } = plan
             else {
                 continue;

@@ -93,7 +93,7 @@ fn render(query: &Query<'_>, explanation: &Explanation) -> Value {
     })
 }
 
-fn limit(state: &LimitState) -> Value {
+pub(super) fn limit(state: &LimitState) -> Value {
     json!({
         "name": state.name.as_deref(),
         "requests_per_unit": state.rate.requests_per_unit,

@@ -186,6 +186,7 @@ impl Limiter {
                         node,
                         shadow,
                         first,
+                        ..
                     },
                     _,
                 ) => {
