@@ -22,19 +22,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { path } => validate(&path),
         Command::Serve(args) => serve(args),
-        Command::Explain(args) => explain(&args),
+        Command::Explain(args) => ratekeeper::admin::explain::client::command(&args.request()),
     }
-}
-
-fn explain(args: &ratekeeper::cli::ExplainArgs) -> ExitCode {
-    match ratekeeper::admin::explain::client::run_blocking(&args.request()) {
-        Ok(text) => print!("{text}"),
-        Err(message) => {
-            eprintln!("ratekeeper explain: {message}");
-            return ExitCode::FAILURE;
-        }
-    }
-    ExitCode::SUCCESS
 }
 
 fn validate(path: &std::path::Path) -> ExitCode {

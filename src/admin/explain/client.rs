@@ -7,6 +7,7 @@
 //! beyond the binary. Every failure is an `Err` with a message for the terminal: a bad flag
 //! (naming it), an unreachable address, or ratekeeper's own error answer.
 
+use std::process::ExitCode;
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -31,13 +32,24 @@ pub struct ExplainRequest {
     pub hits: Option<u32>,
 }
 
-/// [`run`] on a runtime of its own, for the command line.
-pub fn run_blocking(request: &ExplainRequest) -> Result<String, String> {
-    tokio::runtime::Builder::new_current_thread()
+/// The command: [`run`] on a runtime of its own; prints the explanation, or the error on
+/// stderr with a failing exit code.
+pub fn command(request: &ExplainRequest) -> ExitCode {
+    let answer = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|error| format!("cannot start the tokio runtime: {error}"))?
-        .block_on(run(request))
+        .map_err(|error| format!("cannot start the tokio runtime: {error}"))
+        .and_then(|runtime| runtime.block_on(run(request)));
+    match answer {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("ratekeeper explain: {message}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// Asks and renders; the error is a message for the terminal.
