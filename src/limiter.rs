@@ -36,7 +36,7 @@ mod headers;
 mod names;
 
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
-pub use self::headers::{HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
+pub use self::headers::{HeaderNames, HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
 pub use self::names::{
     CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, NamesFigures,
 };
@@ -170,66 +170,6 @@ impl Verdict {
             .filter(|limited| limited.over)
             .filter_map(|limited| limited.retry_after)
             .max()
-    }
-
-    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up)
-    /// of the tightest descriptor, for every front end that answers with headers.
-    pub fn rate_limit_headers<'n>(&self, names: &'n HeaderNames) -> Option<[(&'n str, String); 3]> {
-        let tightest = self.tightest()?;
-        let reset = u64::try_from(tightest.reset_after.as_nanos())
-            .unwrap_or(u64::MAX)
-            .div_ceil(crate::algorithm::NANOS_PER_SEC);
-        Some([
-            (&*names.limit, tightest.requests_per_unit.to_string()),
-            (&*names.remaining, tightest.remaining.to_string()),
-            (&*names.reset, reset.to_string()),
-        ])
-    }
-
-    /// The limit to advertise in `RateLimit-*` headers: the one with the fewest hits left.
-    pub fn tightest(&self) -> Option<&Limited> {
-        self.statuses
-            .iter()
-            .filter_map(Status::limited)
-            .reduce(|best, next| {
-                if next.remaining < best.remaining {
-                    next
-                } else {
-                    best
-                }
-            })
-    }
-}
-
-/// The names of the three rate limit headers (the reference service's `LIMIT_LIMIT_HEADER`,
-/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeaderNames {
-    pub limit: Arc<str>,
-    pub remaining: Arc<str>,
-    pub reset: Arc<str>,
-}
-
-impl Default for HeaderNames {
-    fn default() -> HeaderNames {
-        HeaderNames {
-            limit: Arc::from("RateLimit-Limit"),
-            remaining: Arc::from("RateLimit-Remaining"),
-            reset: Arc::from("RateLimit-Reset"),
-        }
-    }
-}
-
-impl HeaderNames {
-    /// Checks that `name` can be an HTTP header name (an RFC 9110 token), for the flags.
-    pub fn check(name: &str) -> Result<(), String> {
-        let token = |byte: u8| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte);
-        if name.is_empty() || name.len() > 128 || !name.bytes().all(token) {
-            return Err(format!(
-                "{name:?} is not a header name (1 to 128 letters, digits or !#$%&'*+-.^_`|~)"
-            ));
-        }
-        Ok(())
     }
 }
 

@@ -15,14 +15,18 @@
 //! `w` the unit in seconds, `r` the hits left and `t` the seconds until the limit has fully
 //! recovered, rounded up.
 //!
+//! [`HeaderNames`] are the draft-03 names (the reference service's `LIMIT_*_HEADER`
+//! settings); the IETF fields have fixed names.
+//!
 //! Invariant: every value produced here is a valid structured field (names are escaped,
 //! integers are far below the 15-digit bound).
 
 use std::fmt::Write;
+use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use super::{HeaderNames, Limited, Verdict};
+use super::{Limited, Status, Verdict};
 use crate::algorithm::NANOS_PER_SEC;
 
 /// Which rate limit header fields front ends send.
@@ -36,12 +40,72 @@ pub enum HeaderStyle {
     Ietf,
 }
 
+/// The names of the three rate limit headers (the reference service's `LIMIT_LIMIT_HEADER`,
+/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: Arc<str>,
+    pub remaining: Arc<str>,
+    pub reset: Arc<str>,
+}
+
+impl Default for HeaderNames {
+    fn default() -> HeaderNames {
+        HeaderNames {
+            limit: Arc::from("RateLimit-Limit"),
+            remaining: Arc::from("RateLimit-Remaining"),
+            reset: Arc::from("RateLimit-Reset"),
+        }
+    }
+}
+
+impl HeaderNames {
+    /// Checks that `name` can be an HTTP header name (an RFC 9110 token), for the flags.
+    pub fn check(name: &str) -> Result<(), String> {
+        let token = |byte: u8| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte);
+        if name.is_empty() || name.len() > 128 || !name.bytes().all(token) {
+            return Err(format!(
+                "{name:?} is not a header name (1 to 128 letters, digits or !#$%&'*+-.^_`|~)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The name of the policy field.
 pub const POLICY_HEADER: &str = "RateLimit-Policy";
 /// The name of the current-state field.
 pub const RATELIMIT_HEADER: &str = "RateLimit";
 
 impl Verdict {
+    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up)
+    /// of the tightest descriptor, for every front end that answers with headers.
+    pub fn rate_limit_headers<'n>(&self, names: &'n HeaderNames) -> Option<[(&'n str, String); 3]> {
+        let tightest = self.tightest()?;
+        let reset = u64::try_from(tightest.reset_after.as_nanos())
+            .unwrap_or(u64::MAX)
+            .div_ceil(crate::algorithm::NANOS_PER_SEC);
+        Some([
+            (&*names.limit, tightest.requests_per_unit.to_string()),
+            (&*names.remaining, tightest.remaining.to_string()),
+            (&*names.reset, reset.to_string()),
+        ])
+    }
+
+    /// The limit to advertise in `RateLimit-*` headers: the one with the fewest hits left.
+    pub fn tightest(&self) -> Option<&Limited> {
+        self.statuses
+            .iter()
+            .filter_map(Status::limited)
+            .reduce(|best, next| {
+                if next.remaining < best.remaining {
+                    next
+                } else {
+                    best
+                }
+            })
+    }
+
     /// The rate limit headers of this verdict in `style` (none when no limit applied).
     pub fn headers<'n>(
         &self,
