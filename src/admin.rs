@@ -7,7 +7,11 @@
 //!   429 when over the limit, 400 for a bad body or request, 503 when overloaded;
 //! - `POST /rate/{domain}/{name}[/{value}]`: check and consume one limit by name (see
 //!   [`rate`]);
-//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]).
+//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]);
+//! - `POST /debug/explain`: the `/json` body, answered with what each descriptor would meet,
+//!   consuming nothing (see [`explain`]);
+//! - `GET /counters/{domain}`: the live counters of a domain on this node, paged, with
+//!   `--counter-names` (see [`counters`]).
 //!
 //! Handlers only read shared state; `/json` goes through the same [`Limiter`] as gRPC.
 
@@ -28,6 +32,8 @@ use crate::limiter::Limiter;
 use crate::limits::Limits;
 use crate::rls::MAX_MESSAGE_BYTES;
 
+mod counters;
+pub mod explain;
 mod json;
 mod nginx;
 mod rate;
@@ -97,12 +103,14 @@ pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .route("/json", post(json_request))
+        .route("/debug/explain", post(explain::explain))
         .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
         .with_state(AdminState {
             health,
             limiter: Arc::clone(&limiter),
         })
         .merge(rate::router(Arc::clone(&limiter)))
+        .merge(counters::router(Arc::clone(&limiter)))
         .merge(nginx::router(limiter))
 }
 
@@ -144,8 +152,12 @@ async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response 
                 StatusCode::OK
             };
             let options = state.limiter.options();
-            let headers = options.response_headers.then_some(&options.header_names);
-            (status, axum::Json(json::response(&verdict, headers))).into_response()
+            let headers = if options.response_headers {
+                verdict.headers(options.header_style, &options.header_names)
+            } else {
+                Default::default()
+            };
+            (status, axum::Json(json::response(&verdict, &headers))).into_response()
         }
         Err(failed) => error_response(&failed),
     }

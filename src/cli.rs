@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::admin::explain::client::ExplainRequest;
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
-use crate::limiter::{HeaderNames, LimiterOptions};
+use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::{Limits, LoadOptions, parse_duration};
 use crate::metrics::MetricsOptions;
 use crate::reload::ReloadOptions;
@@ -45,6 +46,41 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Load and check a limits file or directory exactly as `serve` would.
     Validate(ValidateArgs),
+    /// Ask a running ratekeeper what a request would meet (the matched limits, the
+    /// counters' state, where they live), without consuming anything.
+    Explain(ExplainArgs),
+}
+
+#[derive(Args)]
+pub struct ExplainArgs {
+    /// The request's domain.
+    #[arg(long)]
+    pub domain: String,
+    /// One descriptor: comma-separated key=value entries, percent-decoded (`%2C` for a
+    /// comma). Repeat for several descriptors.
+    #[arg(long = "descriptor", required = true)]
+    pub descriptors: Vec<String>,
+    /// Hits per descriptor (the request's hits_addend) [default: 1].
+    #[arg(long)]
+    pub hits: Option<u32>,
+    /// The HTTP listener of the ratekeeper to ask.
+    #[arg(
+        long,
+        env = "RATEKEEPER_EXPLAIN_ADDR",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub addr: String,
+}
+
+impl ExplainArgs {
+    pub fn request(&self) -> ExplainRequest {
+        ExplainRequest {
+            addr: self.addr.clone(),
+            domain: self.domain.clone(),
+            descriptors: self.descriptors.clone(),
+            hits: self.hits,
+        }
+    }
 }
 
 #[derive(Args)]
@@ -159,9 +195,19 @@ pub struct ServeArgs {
     /// Live keys kept at most, across all shards.
     #[arg(long, env = "RATEKEEPER_MAX_KEYS", default_value_t = EngineConfig::default().max_keys)]
     pub max_keys: usize,
-    /// Add RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset headers to responses.
-    #[arg(long, env = "RATEKEEPER_RESPONSE_HEADERS")]
-    pub response_headers: bool,
+    /// Add rate limit headers to gRPC and /json responses: alone (or `true`), draft-03's
+    /// RateLimit-Limit, -Remaining and -Reset; `ietf`, the current IETF draft's
+    /// RateLimit-Policy and RateLimit on every front end instead; `false`, none.
+    #[arg(
+        long,
+        env = "RATEKEEPER_RESPONSE_HEADERS",
+        value_name = "STYLE",
+        num_args = 0..=1,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = response_headers
+    )]
+    pub response_headers: ResponseHeaders,
     /// Name of the header carrying the limit (with --response-headers, and on HTTP answers).
     #[arg(long, env = "RATEKEEPER_HEADER_LIMIT", value_parser = header_name, default_value = "RateLimit-Limit")]
     pub header_limit: String,
@@ -217,6 +263,10 @@ pub struct ServeArgs {
     /// What to do when a key's owner cannot answer.
     #[arg(long, env = "RATEKEEPER_PEER_FALLBACK", value_enum, default_value_t = FallbackArg::Local)]
     pub peer_fallback: FallbackArg,
+    /// Keep the descriptor values of up to this many live counters, so
+    /// GET /counters/{domain} can list them (0: keep none, the endpoint answers 404).
+    #[arg(long, env = "RATEKEEPER_COUNTER_NAMES", default_value_t = 0)]
+    pub counter_names: usize,
     /// Most per-limit metric series (label sets).
     #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
     pub metrics_max_series: usize,
@@ -241,6 +291,32 @@ pub struct ServeArgs {
     /// Over-limit descriptors remembered to spare Redis calls (0: off).
     #[arg(long, env = "RATEKEEPER_STORE_BLOCKED_KEYS", default_value_t = 100_000)]
     pub store_blocked_keys: usize,
+}
+
+/// `--response-headers` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResponseHeaders {
+    /// No headers on gRPC and /json (nginx and /rate send draft-03's).
+    Off,
+    /// draft-03's `RateLimit-Limit`, `-Remaining`, `-Reset`.
+    Draft03,
+    /// The IETF draft's `RateLimit-Policy` and `RateLimit`, on every front end.
+    Ietf,
+}
+
+/// Parses `--response-headers` (and its env variable): booleans as before (any usual
+/// spelling), `draft03`, or `ietf`.
+fn response_headers(text: &str) -> Result<ResponseHeaders, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "false" | "f" | "no" | "n" | "off" | "0" => Ok(ResponseHeaders::Off),
+        "true" | "t" | "yes" | "y" | "on" | "1" | "draft03" | "draft-03" => {
+            Ok(ResponseHeaders::Draft03)
+        }
+        "ietf" => Ok(ResponseHeaders::Ietf),
+        _ => Err(format!(
+            "{text:?} is not a header style (expected ietf, draft03, true or false)"
+        )),
+    }
 }
 
 /// `--peer-fallback` values.
@@ -327,8 +403,13 @@ impl ServeArgs {
             },
             engine,
             limiter: LimiterOptions {
-                response_headers: self.response_headers,
+                response_headers: self.response_headers != ResponseHeaders::Off,
+                header_style: match self.response_headers {
+                    ResponseHeaders::Ietf => HeaderStyle::Ietf,
+                    ResponseHeaders::Off | ResponseHeaders::Draft03 => HeaderStyle::Draft03,
+                },
                 shadow_mode: self.shadow_mode,
+                counter_names: self.counter_names,
                 header_names: HeaderNames {
                     limit: self.header_limit.as_str().into(),
                     remaining: self.header_remaining.as_str().into(),

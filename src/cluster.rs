@@ -35,8 +35,9 @@ use crate::engine::{Engine, Progress};
 pub use crate::error::ClusterError;
 use crate::error::StoreError;
 use crate::key::KeyId;
+use crate::key::shard_of;
 use crate::ring::{DEFAULT_VNODES, Ring};
-use crate::store::{Capabilities, Checked, Store};
+use crate::store::{Capabilities, Checked, Placement, Store};
 
 /// What a node does with a check whose owner cannot answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -285,11 +286,13 @@ impl Cluster {
         Store::check(self, checks).wait().await
     }
 
-    /// [`Cluster::check`] when some checks belong to other nodes.
+    /// [`Cluster::check`] when some checks belong to other nodes. Without `fallback`, an
+    /// owner that cannot be reached is an error instead of a case for the fallback policy.
     async fn check_distributed(
         &self,
         node: &Node,
         checks: Checks,
+        fallback: bool,
     ) -> Result<Decisions, StoreError> {
         let topology = node.topology.load();
         let target = |check: &Check| -> Option<&Arc<Remote>> {
@@ -325,6 +328,13 @@ impl Cluster {
         let mut waiting: Vec<(usize, Arc<str>, oneshot::Receiver<remote::Answer>)> = Vec::new();
         let mut fallbacks: Vec<(usize, Checks)> = Vec::new();
         let mut local = Checks::new();
+        let groups_targets: Vec<Option<Arc<str>>> = groups
+            .iter()
+            .map(|(target, _)| match target {
+                Target::Local => None,
+                Target::Remote(remote) => Some(Arc::clone(remote.address())),
+            })
+            .collect();
         for (index, (target, group)) in groups.into_iter().enumerate() {
             match target {
                 Target::Local => local = group,
@@ -362,6 +372,13 @@ impl Cluster {
                     return Err(ClusterError::Protocol { peer, problem }.into());
                 }
             }
+        }
+        if !fallback && let Some((index, _)) = fallbacks.first() {
+            let peer = match &groups_targets[*index] {
+                Some(peer) => Arc::clone(peer),
+                None => Arc::clone(&node.me),
+            };
+            return Err(ClusterError::Unreachable { peer }.into());
         }
         for (index, group) in fallbacks {
             node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -423,7 +440,7 @@ impl Store for Cluster {
         if let Some(node) = &self.node
             && !node.owns_all(&checks)
         {
-            return Checked::Pending(Box::pin(self.check_distributed(node, checks)));
+            return Checked::Pending(Box::pin(self.check_distributed(node, checks, true)));
         }
         match self.engine.start(checks) {
             Ok(started) => match started.progress() {
@@ -432,6 +449,43 @@ impl Store for Cluster {
             },
             Err(error) => Checked::Ready(Err(error)),
         }
+    }
+
+    fn placement(&self, route: u64) -> Placement {
+        let here = || {
+            Some((
+                shard_of(route, self.engine.shard_count()),
+                self.engine.shard_count(),
+            ))
+        };
+        let Some(node) = &self.node else {
+            return Placement {
+                shard: here(),
+                owner: None,
+                local: true,
+            };
+        };
+        let topology = node.topology.load();
+        let owner = topology.ring.owner(route).cloned();
+        // Like `owns_all`: a member without a client (this node) decides here.
+        let local = topology
+            .ring
+            .owner_index(route)
+            .is_none_or(|owner| topology.remotes.get(owner).is_none_or(Option::is_none));
+        Placement {
+            shard: if local { here() } else { None },
+            owner,
+            local,
+        }
+    }
+
+    fn peek(&self, checks: Checks) -> Checked<'_> {
+        if let Some(node) = &self.node
+            && !node.owns_all(&checks)
+        {
+            return Checked::Pending(Box::pin(self.check_distributed(node, checks, false)));
+        }
+        Store::check(self, checks)
     }
 }
 

@@ -100,6 +100,10 @@ pub enum StoreError {
     KeyCapacity { shard: usize, max_keys: usize },
     #[error("the store stopped")]
     Stopped,
+    /// An external store (Redis) could not answer; only explanations see this (requests
+    /// get the store's failure policy instead).
+    #[error("{store} did not answer: {problem}")]
+    Remote { store: String, problem: String },
     #[error(transparent)]
     Cluster(#[from] ClusterError),
 }
@@ -108,7 +112,7 @@ impl StoreError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             StoreError::KeyCapacity { .. } => ErrorKind::Full,
-            StoreError::Stopped => ErrorKind::Unavailable,
+            StoreError::Stopped | StoreError::Remote { .. } => ErrorKind::Unavailable,
             StoreError::Cluster(error) => error.kind(),
         }
     }
@@ -126,6 +130,10 @@ pub enum ClusterError {
         kind: ErrorKind,
         message: String,
     },
+    /// The owner could not be reached, where no fallback may stand in for it (an
+    /// explanation must report the owner's state or nothing).
+    #[error("owner {peer} did not answer")]
+    Unreachable { peer: Arc<str> },
     /// The owner's answer did not fit the question, or the forward was lost.
     #[error("owner {peer}: {problem}")]
     Protocol { peer: Arc<str>, problem: String },
@@ -141,6 +149,7 @@ impl ClusterError {
                 ..
             } => ErrorKind::Internal,
             ClusterError::Owner { kind, .. } => *kind,
+            ClusterError::Unreachable { .. } => ErrorKind::Unavailable,
             ClusterError::Protocol { .. } => ErrorKind::Internal,
         }
     }

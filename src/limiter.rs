@@ -27,9 +27,19 @@ use crate::algorithm::{Rate, Unit};
 use crate::check::{Check, Checks, Counter, Decision, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
-use crate::limits::{Limit, Limits, Node};
+use crate::limits::{Domain, Limit, Limits, Node};
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
+
+mod explain;
+mod headers;
+mod names;
+
+pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
+pub use self::headers::{HeaderNames, HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
+pub use self::names::{
+    CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, NamesFigures,
+};
 
 /// Bounds on one query; larger input is rejected with [`Error::Invalid`].
 pub mod bounds {
@@ -161,79 +171,25 @@ impl Verdict {
             .filter_map(|limited| limited.retry_after)
             .max()
     }
-
-    /// `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` (seconds, rounded up)
-    /// of the tightest descriptor, for every front end that answers with headers.
-    pub fn rate_limit_headers<'n>(&self, names: &'n HeaderNames) -> Option<[(&'n str, String); 3]> {
-        let tightest = self.tightest()?;
-        let reset = u64::try_from(tightest.reset_after.as_nanos())
-            .unwrap_or(u64::MAX)
-            .div_ceil(crate::algorithm::NANOS_PER_SEC);
-        Some([
-            (&*names.limit, tightest.requests_per_unit.to_string()),
-            (&*names.remaining, tightest.remaining.to_string()),
-            (&*names.reset, reset.to_string()),
-        ])
-    }
-
-    /// The limit to advertise in `RateLimit-*` headers: the one with the fewest hits left.
-    pub fn tightest(&self) -> Option<&Limited> {
-        self.statuses
-            .iter()
-            .filter_map(Status::limited)
-            .reduce(|best, next| {
-                if next.remaining < best.remaining {
-                    next
-                } else {
-                    best
-                }
-            })
-    }
-}
-
-/// The names of the three rate limit headers (the reference service's `LIMIT_LIMIT_HEADER`,
-/// `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HeaderNames {
-    pub limit: Arc<str>,
-    pub remaining: Arc<str>,
-    pub reset: Arc<str>,
-}
-
-impl Default for HeaderNames {
-    fn default() -> HeaderNames {
-        HeaderNames {
-            limit: Arc::from("RateLimit-Limit"),
-            remaining: Arc::from("RateLimit-Remaining"),
-            reset: Arc::from("RateLimit-Reset"),
-        }
-    }
-}
-
-impl HeaderNames {
-    /// Checks that `name` can be an HTTP header name (an RFC 9110 token), for the flags.
-    pub fn check(name: &str) -> Result<(), String> {
-        let token = |byte: u8| byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte);
-        if name.is_empty() || name.len() > 128 || !name.bytes().all(token) {
-            return Err(format!(
-                "{name:?} is not a header name (1 to 128 letters, digits or !#$%&'*+-.^_`|~)"
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// Switches of the limiter.
 #[derive(Clone, Debug, Default)]
 pub struct LimiterOptions {
-    /// Front ends add `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` to
-    /// their answers.
+    /// gRPC and `/json` add the rate limit headers to their answers (nginx and `/rate`
+    /// always send them).
     pub response_headers: bool,
+    /// Which rate limit headers every front end sends: draft-03's three, or the current
+    /// IETF draft's `RateLimit-Policy` and `RateLimit`.
+    pub header_style: HeaderStyle,
     /// Every limit acts as if it had `shadow_mode: true`: counted and reported, never
     /// enforced (the reference service's global `SHADOW_MODE`).
     pub shadow_mode: bool,
-    /// The names of the `RateLimit-*` headers, on every front end.
+    /// The names of the draft-03 `RateLimit-*` headers, on every front end.
     pub header_names: HeaderNames,
+    /// Keep the descriptor values of up to this many live counters, for
+    /// `GET /counters/{domain}` (0: keep none).
+    pub counter_names: usize,
 }
 
 /// Decides queries against the live limits.
@@ -249,6 +205,21 @@ pub struct Limiter {
     /// most one warning a second, so an overload does not also flood the logs.
     failures: AtomicU64,
     warned_at: AtomicU64,
+    /// The descriptor values of live counters, when kept (`counter_names` > 0).
+    names: Option<CounterNames>,
+}
+
+/// How a query's descriptors matched, and what to ask the store: [`Limiter::plan`]'s answer.
+struct Planned<'s> {
+    /// The configured entry each descriptor's walk ended on (`None`: no match, or a
+    /// request-supplied limit).
+    nodes: SmallVec<[Option<&'s Node>; 4]>,
+    /// The limit names the matched limits' `replaces` drop from this query.
+    replaced: SmallVec<[&'s str; 4]>,
+    /// One per descriptor, in order.
+    plans: SmallVec<[Plan<'s>; 4]>,
+    /// One per [`Plan::Checked`], in order.
+    checks: Checks,
 }
 
 /// What one descriptor turned into.
@@ -262,6 +233,8 @@ enum Plan<'a> {
         node: Option<&'a Node>,
         shadow: bool,
         first: usize,
+        /// The descriptor's route hash (its counters' shard and owner).
+        route: u64,
     },
 }
 
@@ -276,11 +249,12 @@ impl Limiter {
         Limiter {
             limits,
             store,
-            options,
             metrics,
             table: ArcSwap::from_pointee(table),
             failures: AtomicU64::new(0),
             warned_at: AtomicU64::new(0),
+            names: (options.counter_names > 0).then(|| CounterNames::new(options.counter_names)),
+            options,
         }
     }
 
@@ -343,15 +317,35 @@ impl Limiter {
             });
         };
         // Request-supplied limits live as long as this call; `Plan` borrows them.
-        let overrides: SmallVec<[Option<Limit>; 4]> = query
-            .descriptors
-            .iter()
-            .map(|descriptor| descriptor.limit.map(override_limit))
-            .collect();
+        let overrides = overrides(query);
+        let Planned { plans, checks, .. } = self.plan(query, domain, &overrides);
+        let decisions = if checks.is_empty() {
+            Default::default()
+        } else {
+            self.store.check(checks).wait().await?
+        };
+        let table = self.table_for(&snapshot);
+        // One lookup of the domain per request; each limit is then an index.
+        self.count(query, &plans, &decisions, table.domain(query.domain));
+        if let Some(names) = &self.names {
+            self.note_names(names, query, &plans, &decisions);
+        }
+        Ok(respond(&plans, &decisions))
+    }
+
+    /// Matches every descriptor of `query` in `domain` and builds the checks of the limits
+    /// that apply (shared by [`Limiter::decide`] and [`Limiter::explain`], so both see the
+    /// same matching). `overrides` holds each descriptor's request-supplied limit.
+    fn plan<'s>(
+        &self,
+        query: &Query<'_>,
+        domain: &'s Domain,
+        overrides: &'s [Option<Limit>],
+    ) -> Planned<'s> {
         let nodes: SmallVec<[Option<&Node>; 4]> = query
             .descriptors
             .iter()
-            .zip(&overrides)
+            .zip(overrides)
             .map(|(descriptor, overridden)| match overridden {
                 Some(_) => None,
                 None => domain.lookup(descriptor.entries.iter().copied()),
@@ -362,7 +356,7 @@ impl Limiter {
         let mut plans: SmallVec<[Plan<'_>; 4]> = SmallVec::new();
         let mut checks = Checks::new();
         let mut counters_so_far = 0;
-        for ((descriptor, overridden), node) in query.descriptors.iter().zip(&overrides).zip(&nodes)
+        for ((descriptor, overridden), node) in query.descriptors.iter().zip(overrides).zip(&nodes)
         {
             let (limits, shadow): (SmallVec<[&Limit; 2]>, bool) = match (overridden, node) {
                 (Some(limit), _) => (SmallVec::from_elem(limit, 1), self.options.shadow_mode),
@@ -407,6 +401,7 @@ impl Limiter {
                 node: *node,
                 shadow,
                 first,
+                route: key.route(),
             });
             checks.push(Check {
                 counters,
@@ -414,15 +409,12 @@ impl Limiter {
                 wait,
             });
         }
-        let decisions = if checks.is_empty() {
-            Default::default()
-        } else {
-            self.store.check(checks).wait().await?
-        };
-        let table = self.table_for(&snapshot);
-        // One lookup of the domain per request; each limit is then an index.
-        self.count(query, &plans, &decisions, table.domain(query.domain));
-        Ok(respond(&plans, &decisions))
+        Planned {
+            nodes,
+            replaced,
+            plans,
+            checks,
+        }
     }
 
     /// Counts every checked limit's hits in its metrics.
@@ -440,6 +432,7 @@ impl Limiter {
                 node,
                 shadow,
                 first,
+                ..
             } = plan
             else {
                 continue;
@@ -612,6 +605,15 @@ fn validate(query: &Query<'_>) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Each descriptor's request-supplied limit, as a configured limit would be.
+fn overrides(query: &Query<'_>) -> SmallVec<[Option<Limit>; 4]> {
+    query
+        .descriptors
+        .iter()
+        .map(|descriptor| descriptor.limit.map(override_limit))
+        .collect()
 }
 
 /// The limit a request-supplied override stands for.

@@ -21,6 +21,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate(args) => args.run(),
         Command::Serve(args) => serve(args),
+        Command::Explain(args) => ratekeeper::admin::explain::client::command(&args.request()),
     }
 }
 

@@ -18,7 +18,7 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 
 use crate::algorithm::Unit;
 use crate::error::Error;
-use crate::limiter::{HeaderNames, LimitOverride, Limited, Limiter, Query, Status, Verdict};
+use crate::limiter::{LimitOverride, Limited, Limiter, Query, Status, Verdict};
 
 /// The largest encoded `RateLimitRequest` accepted, in bytes.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -31,8 +31,12 @@ pub async fn should_rate_limit(
     let query = query(request).map_err(|error| limiter.refuse(error))?;
     let verdict = limiter.decide(&query).await?;
     let options = limiter.options();
-    let headers = options.response_headers.then_some(&options.header_names);
-    Ok(response(&verdict, headers))
+    let headers = if options.response_headers {
+        verdict.headers(options.header_style, &options.header_names)
+    } else {
+        Default::default()
+    };
+    Ok(response(&verdict, &headers))
 }
 
 /// The query a request asks; the error names the proto field at fault.
@@ -72,9 +76,9 @@ pub fn query(request: &RateLimitRequest) -> Result<Query<'_>, Error> {
     Ok(query)
 }
 
-/// The response Envoy gets for `verdict`, with the rate limit headers under `headers`' names
-/// if given.
-pub fn response(verdict: &Verdict, headers: Option<&HeaderNames>) -> RateLimitResponse {
+/// The response Envoy gets for `verdict`, with `headers` (name, value) to add to the
+/// client's response.
+pub fn response(verdict: &Verdict, headers: &[(&str, String)]) -> RateLimitResponse {
     let statuses = verdict.statuses.iter().map(descriptor_status).collect();
     let overall = if verdict.is_over() {
         Code::OverLimit
@@ -86,16 +90,14 @@ pub fn response(verdict: &Verdict, headers: Option<&HeaderNames>) -> RateLimitRe
         statuses,
         ..Default::default()
     };
-    if let Some(headers) = headers.and_then(|names| verdict.rate_limit_headers(names)) {
-        response.response_headers_to_add = headers
-            .into_iter()
-            .map(|(key, value)| HeaderValue {
-                key: key.to_owned(),
-                value,
-                ..Default::default()
-            })
-            .collect();
-    }
+    response.response_headers_to_add = headers
+        .iter()
+        .map(|(key, value)| HeaderValue {
+            key: (*key).to_owned(),
+            value: value.clone(),
+            ..Default::default()
+        })
+        .collect();
     response
 }
 

@@ -47,6 +47,9 @@ const HEALTH_NAMES: [&str; 2] = ["", "ratelimit"];
 /// How often gRPC health is brought in line with [`Health`].
 const HEALTH_SYNC: Duration = Duration::from_millis(100);
 
+/// How often counter names (`--counter-names`) of counters back to full are forgotten.
+pub const NAMES_SWEEP: Duration = Duration::from_secs(10);
+
 /// Sets every gRPC health name this server answers to serving or not.
 async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
     if serving {
@@ -74,6 +77,19 @@ struct AbortOnDrop(tokio::task::AbortHandle);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// Forgets, every [`NAMES_SWEEP`], the counter names that no longer name a live counter
+/// here, so the bounded map has room for new ones.
+async fn sweep_counter_names(limiter: Arc<Limiter>) {
+    let mut tick = tokio::time::interval(NAMES_SWEEP);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(error) = limiter.sweep_counter_names().await {
+            tracing::debug!(%error, "counter names sweep failed; retrying at the next one");
+        }
     }
 }
 
@@ -358,6 +374,9 @@ impl Server {
             ))
             .abort_handle(),
         );
+        let _names_sweep = self.limiter.counter_names().map(|_| {
+            AbortOnDrop(tokio::spawn(sweep_counter_names(Arc::clone(&self.limiter))).abort_handle())
+        });
         let incoming = self.grpc.incoming(self.tls.clone());
         let grpc = tonic::transport::Server::builder()
             .add_service(health_service)

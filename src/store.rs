@@ -10,6 +10,11 @@
 //! (`max_wait` waiting needs a FIFO queue next to the counter) says `wait: false`, and the
 //! limiter then never asks it to wait.
 //!
+//! Explanations (`Limiter::explain`) ask two more things, both with defaults: where a
+//! descriptor's counters live ([`Store::placement`]) and their state without consuming
+//! ([`Store::peek`]: checks of cost 0, decided where `check` would decide them, with no
+//! fallback standing in for an owner that cannot answer).
+//!
 //! [`Store::check`] answers [`Checked::Ready`] when it decided without waiting (the
 //! in-memory store, for keys this node owns: no allocation, no task hop), and
 //! [`Checked::Pending`] with a future otherwise (a forward to another node, a check queued
@@ -17,6 +22,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::check::{Checks, Decisions};
@@ -72,6 +78,18 @@ impl Capabilities {
     };
 }
 
+/// Where the counters of one route live, as far as the store knows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// The shard holding them on this node, and this node's shard count (`None` when
+    /// another node owns them: its shards are its own).
+    pub shard: Option<(usize, usize)>,
+    /// The node owning them (cluster mode), by its peer address.
+    pub owner: Option<Arc<str>>,
+    /// Whether this node owns them.
+    pub local: bool,
+}
+
 /// Counts and decides checks.
 pub trait Store: Send + Sync + std::fmt::Debug {
     fn capabilities(&self) -> Capabilities;
@@ -79,6 +97,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Decides `checks`: one decision per counter, in order. A denied check consumes
     /// nothing; the counters of one check consume all or nothing.
     fn check(&self, checks: Checks) -> Checked<'_>;
+
+    /// Where the counters of `route` live (for explanations).
+    fn placement(&self, _route: u64) -> Placement {
+        Placement {
+            local: true,
+            ..Placement::default()
+        }
+    }
+
+    /// Reports `checks` (of cost 0, never waiting) as their counters stand, from wherever
+    /// they live; a store that would stand in for an unreachable owner answers an error
+    /// instead, so the state reported is always the real one.
+    fn peek(&self, checks: Checks) -> Checked<'_> {
+        self.check(checks)
+    }
 }
 
 pub mod redis;

@@ -450,3 +450,67 @@ async fn the_http_api_shares_the_cluster_wide_limit() {
     assert!(!admitted(&mut clients[0], "over-http").await);
     assert_eq!(fallbacks(&nodes), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_it() {
+    let dir = TempDir::new("cluster-explain");
+    write_config(dir.path(), "edge.yaml", &limits(10));
+    let mut nodes = cluster(dir.path(), 3);
+    let value = (0..400)
+        .map(|n| format!("e-{n}"))
+        .find(|value| owner(&nodes, value) == 1)
+        .expect("a key owned by node 1");
+    let mut clients = clients(&nodes[..1]).await;
+    for _ in 0..3 {
+        assert!(admitted(&mut clients[0], &value).await);
+    }
+    let body = serde_json::json!({
+        "domain": "edge",
+        "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
+    })
+    .to_string();
+    let explain = |node: &Ratekeeper| {
+        let response =
+            support::http_post(node.http_addr(), "/debug/explain", &[], &body).expect("answers");
+        let parsed: serde_json::Value =
+            serde_json::from_str(&response.body).expect("a JSON answer");
+        (response.status, parsed)
+    };
+    let owner_peer = nodes[1].peer_addr().to_string();
+    for asked in [0, 2, 0] {
+        let (status, answer) = explain(&nodes[asked]);
+        assert_eq!(status, 200, "{answer}");
+        let descriptor = &answer["descriptors"][0];
+        assert_eq!(descriptor["owner"], owner_peer.as_str(), "{answer}");
+        assert_eq!(descriptor["local"], false);
+        assert_eq!(
+            descriptor.get("shard"),
+            None,
+            "the owner's shards are its own"
+        );
+        let limit = &descriptor["limits"][0];
+        assert_eq!(
+            (&limit["used"], &limit["remaining"]),
+            (&serde_json::json!(3), &serde_json::json!(7)),
+            "{answer}"
+        );
+    }
+    let (_, answer) = explain(&nodes[1]);
+    assert_eq!(answer["descriptors"][0]["local"], true, "{answer}");
+    assert!(answer["descriptors"][0]["shard"].is_u64(), "{answer}");
+    assert_eq!(fallbacks(&nodes), 0.0);
+
+    kill(&mut nodes[1], "-KILL");
+    assert!(eventually(WAIT, || nodes[1].process().exited().is_some()));
+    let (status, answer) = explain(&nodes[0]);
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(
+        answer["error"],
+        format!("owner {owner_peer} did not answer").as_str()
+    );
+    assert_eq!(
+        metric(&nodes[0], "ratekeeper_cluster_fallbacks_total"),
+        0.0,
+        "an explanation never falls back"
+    );
+}

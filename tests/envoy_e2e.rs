@@ -382,6 +382,36 @@ fn envoy_passes_ratekeeper_response_headers_on_allowed_and_denied_responses() {
     assert_no_service_headers(&anonymous, "no x-api-key");
 }
 
+/// `--response-headers=ietf`: the current IETF draft's `RateLimit-Policy` and `RateLimit`
+/// structured fields reach the client through Envoy, on allowed and denied responses,
+/// instead of the draft-03 headers.
+#[test]
+fn ietf_rate_limit_fields_reach_the_client_through_envoy() {
+    let mut stack = Stack::start(Some(LIMITS), &["--response-headers=ietf"]);
+    // The unnamed limit is named by its rate.
+    let policy = vec![(
+        "3/hour".to_owned(),
+        vec![("q".to_owned(), 3), ("w".to_owned(), 3600)],
+    )];
+    for (hit, status) in [(1, 200), (2, 200), (3, 200), (4, 429)] {
+        let context = format!("k1 request {hit}");
+        let response = stack.get(Some("k1"));
+        assert_status(&response, status, &context);
+        assert_no_service_headers(&response, &context);
+        let field = |name: &str| {
+            let values = response.header_all(name);
+            assert_eq!(values.len(), 1, "{context}: {name} once: {response:#?}");
+            support::structured_list(values[0])
+        };
+        assert_eq!(field("ratelimit-policy"), policy, "{context}");
+        let state = field("ratelimit");
+        assert_eq!(state[0].0, "3/hour", "{context}");
+        let remaining = 3 - hit.min(3);
+        assert_eq!(state[0].1[0], ("r".to_owned(), remaining), "{context}");
+        assert_eq!(state[0].1[1].0, "t", "{context}");
+    }
+}
+
 /// Custom header names (the reference's `LIMIT_*_HEADER` settings) reach the client
 /// through Envoy, in place of the `RateLimit-*` ones.
 #[test]

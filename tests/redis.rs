@@ -536,3 +536,34 @@ fn a_sentinel_names_the_master_the_store_uses() {
         "counters on the master"
     );
 }
+
+#[test]
+fn explain_reads_the_counter_in_redis_and_says_so_when_redis_is_down() {
+    let dir = TempDir::new("redis-explain");
+    let mut server = RedisServer::start(dir.path(), &[]);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let node = Ratekeeper::start(&config, &["--store", &server.url()]);
+    let http = node.http_addr();
+    for _ in 0..3 {
+        assert_eq!(ask(http, "seen"), Some(true));
+    }
+    let explain = || http_post(http, "/debug/explain", &[], &body("seen")).expect("answers");
+    let response = explain();
+    assert_eq!(response.status, 200, "{}", response.body);
+    let answer: serde_json::Value = serde_json::from_str(&response.body).expect("json");
+    let limit = &answer["descriptors"][0]["limits"][0];
+    assert_eq!(
+        (&limit["used"], &limit["remaining"]),
+        (&3.into(), &7.into()),
+        "{answer}"
+    );
+    assert_eq!(ask(http, "seen"), Some(true), "explaining consumed nothing");
+    server.kill();
+    let response = explain();
+    assert_eq!(response.status, 503, "no made-up state: {}", response.body);
+    assert!(
+        response.body.contains("did not answer"),
+        "{}",
+        response.body
+    );
+}

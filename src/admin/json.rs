@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::algorithm::Unit;
-use crate::limiter::{HeaderNames, LimitOverride, Limited, Query, Status, Verdict};
+use crate::limiter::{LimitOverride, Limited, Query, Status, Verdict};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -71,10 +71,20 @@ impl ParsedRequest {
     }
 }
 
-/// Parses a request body; the error says what is wrong and where.
+/// Parses a request body; the error says what is wrong and where (the field's path, like
+/// `descriptors[0].entries[1].key`, when the problem is inside the body's structure).
 pub(super) fn parse_request(body: &[u8]) -> Result<ParsedRequest, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
     let request: JsonRequest =
-        serde_json::from_slice(body).map_err(|error| format!("invalid request body: {error}"))?;
+        serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
+            match error.path().to_string().as_str() {
+                "." => format!("invalid request body: {}", error.inner()),
+                path => format!("invalid request body: {path}: {}", error.inner()),
+            }
+        })?;
+    deserializer
+        .end()
+        .map_err(|error| format!("invalid request body: {error}"))?;
     let mut limits = Vec::with_capacity(request.descriptors.len());
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let limit = match &descriptor.limit {
@@ -123,14 +133,14 @@ fn limited_status(limited: &Limited) -> Value {
     })
 }
 
-/// The JSON body answering a request; `headers` adds `responseHeadersToAdd` under those
-/// names, like the gRPC response carries them.
-pub(super) fn response(verdict: &Verdict, headers: Option<&HeaderNames>) -> Value {
+/// The JSON body answering a request; `headers` (when any) become `responseHeadersToAdd`,
+/// like the gRPC response carries them.
+pub(super) fn response(verdict: &Verdict, headers: &[(&str, String)]) -> Value {
     let mut out = json!({
         "overallCode": if verdict.is_over() { "OVER_LIMIT" } else { "OK" },
         "statuses": verdict.statuses.iter().map(status).collect::<Vec<_>>(),
     });
-    if let Some(headers) = headers.and_then(|names| verdict.rate_limit_headers(names)) {
+    if !headers.is_empty() {
         out["responseHeadersToAdd"] = headers
             .iter()
             .map(|(key, value)| json!({"key": key, "value": value}))

@@ -67,7 +67,7 @@ async fn check(
     };
     match limiter.decide(&request.query()).await {
         Ok(verdict) => {
-            let headers = rate_limit_headers(&verdict, &limiter.options().header_names);
+            let headers = rate_limit_headers(&verdict, limiter.options());
             if verdict.is_over() {
                 (StatusCode::FORBIDDEN, headers, "over limit\n").into_response()
             } else {

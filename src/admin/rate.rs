@@ -45,7 +45,7 @@ use axum::routing::post;
 use serde_json::json;
 
 use crate::algorithm::NANOS_PER_SEC;
-use crate::limiter::{HeaderNames, Limiter, Query, Verdict, bounds};
+use crate::limiter::{Limiter, LimiterOptions, Query, Verdict, bounds};
 use crate::limits::{Domain, Limits, parse_duration};
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
@@ -141,13 +141,13 @@ async fn check(
     );
     query.max_wait = params.wait;
     match state.limiter.decide(&query).await {
-        Ok(verdict) => answer(&verdict, &state.limiter.options().header_names),
+        Ok(verdict) => answer(&verdict, state.limiter.options()),
         Err(failed) => error(failed.http_status(), &failed.to_string()),
     }
 }
 
 /// The 200/429 answer for the call's single descriptor.
-fn answer(verdict: &Verdict, names: &HeaderNames) -> Response {
+fn answer(verdict: &Verdict, options: &LimiterOptions) -> Response {
     let over = verdict.is_over();
     let limited = verdict.statuses.first().and_then(|status| status.limited());
     let retry_after = if over { verdict.retry_after() } else { None };
@@ -166,7 +166,7 @@ fn answer(verdict: &Verdict, names: &HeaderNames) -> Response {
     } else {
         StatusCode::OK
     };
-    (code, rate_limit_headers(verdict, names), axum::Json(body)).into_response()
+    (code, rate_limit_headers(verdict, options), axum::Json(body)).into_response()
 }
 
 fn error(status: StatusCode, message: &str) -> Response {
@@ -464,12 +464,13 @@ fn named_targets(domain: &Domain) -> HashMap<Box<str>, Target> {
 // ---------------------------------------------------------------------------------------
 // Headers
 
-/// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset` (seconds, rounded up) of the
-/// tightest descriptor, plus `Retry-After` (seconds, rounded up) when the verdict is over
-/// the limit and the request can pass later: the headers of both HTTP front ends.
-pub(super) fn rate_limit_headers(verdict: &Verdict, names: &HeaderNames) -> HeaderMap {
+/// The rate limit headers in the configured style (`RateLimit-Limit`, `RateLimit-Remaining`,
+/// `RateLimit-Reset` of the tightest descriptor, or the IETF draft's `RateLimit-Policy` and
+/// `RateLimit`), plus `Retry-After` (seconds, rounded up) when the verdict is over the limit
+/// and the request can pass later: the headers of both HTTP front ends.
+pub(super) fn rate_limit_headers(verdict: &Verdict, options: &LimiterOptions) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    for (name, value) in verdict.rate_limit_headers(names).into_iter().flatten() {
+    for (name, value) in verdict.headers(options.header_style, &options.header_names) {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(&value),

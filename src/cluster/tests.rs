@@ -129,3 +129,59 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
         }
     }
 }
+
+#[tokio::test]
+async fn a_peek_reports_the_owner_and_never_falls_back_for_it() {
+    let mut options = ClusterOptions::new("127.0.0.1:1");
+    // A peer nobody listens on (port 9 is discard; nothing binds it here).
+    options.peers = vec!["127.0.0.1:9".to_owned()];
+    options.fallback = Fallback::Allow;
+    options.timeout = Duration::from_millis(200);
+    let cluster = Cluster::join(engine(), options);
+    assert_eq!(cluster.members().len(), 2);
+    let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
+    let owned_by = |owner: &str| {
+        (0..100)
+            .map(|n| format!("v{n}"))
+            .find(|value| {
+                let route = KeyBuilder::new("d").entry("k", value).route();
+                ring.owner(route).is_some_and(|found| &**found == owner)
+            })
+            .expect("a value owned by each member")
+    };
+    let (mine, theirs) = (owned_by("127.0.0.1:1"), owned_by("127.0.0.1:9"));
+    let route = |value: &str| KeyBuilder::new("d").entry("k", value).route();
+
+    let here = cluster.placement(route(&mine));
+    assert!(here.local);
+    assert_eq!(here.owner.as_deref(), Some("127.0.0.1:1"));
+    assert_eq!(here.shard, Some((shard_of(route(&mine), 2), 2)));
+    let there = cluster.placement(route(&theirs));
+    assert!(!there.local);
+    assert_eq!(there.owner.as_deref(), Some("127.0.0.1:9"));
+    assert_eq!(there.shard, None, "the owner's shards are its own");
+
+    let peek = |value: &str| {
+        let mut check = check(value);
+        check.cost = 0;
+        check
+    };
+    let decisions = cluster
+        .peek(smallvec::smallvec![peek(&mine)])
+        .wait()
+        .await
+        .expect("a key owned here is reported");
+    assert_eq!(decisions[0].remaining, 2);
+    let error = cluster
+        .peek(smallvec::smallvec![peek(&mine), peek(&theirs)])
+        .wait()
+        .await
+        .expect_err("no fallback may stand in for the owner");
+    assert_eq!(error.to_string(), "owner 127.0.0.1:9 did not answer");
+    assert_eq!(error.kind(), crate::error::ErrorKind::Unavailable);
+    // The same check decided normally falls back (Allow) without an error.
+    cluster
+        .check(smallvec::smallvec![check(&theirs)])
+        .await
+        .expect("the fallback answers");
+}

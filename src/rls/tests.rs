@@ -487,7 +487,7 @@ async fn the_verdict_says_exactly_when_a_denied_request_would_pass() {
         .decide(&query(&free).expect("valid"))
         .await
         .expect("valid");
-    assert_eq!(codes(&response(&denied, None)), [Code::OverLimit]);
+    assert_eq!(codes(&response(&denied, &[])), [Code::OverLimit]);
     // 2 per second, and the clock sits exactly on a second: the next window opens in 1 s.
     assert_eq!(
         denied.retry_after(),

@@ -47,8 +47,9 @@ use crate::algorithm::{self, Algorithm, NANOS_PER_SEC, Rate, State};
 use crate::breaker::Breaker;
 use crate::check::{Check, Checks, Decision, Decisions, States};
 use crate::clock::Clock;
+use crate::error::StoreError;
 use crate::key::KeyId;
-use crate::store::{Capabilities, Checked, Store};
+use crate::store::{Capabilities, Checked, Placement, Store};
 
 /// What the Redis store can count exactly: no `max_wait`; sliding windows up to 2^53 / 10^9
 /// per unit and buckets that refill within 2^53 ns (104 days), so the script's double
@@ -215,6 +216,37 @@ impl Store for RedisStore {
                 }
             }
             Ok(out)
+        }))
+    }
+
+    /// Where the counters live: in Redis, shared by every process using it.
+    fn placement(&self, _route: u64) -> Placement {
+        Placement {
+            owner: Some(Arc::from(self.inner.options.target.describe())),
+            ..Placement::default()
+        }
+    }
+
+    /// `checks` as Redis holds them, or an error: never the failure policy's stand-in.
+    fn peek(&self, checks: Checks) -> Checked<'_> {
+        let inner = &*self.inner;
+        let now = inner.clock.now();
+        Checked::Pending(Box::pin(async move {
+            let unavailable = |problem: String| StoreError::Remote {
+                store: inner.options.target.describe(),
+                problem,
+            };
+            if inner.breaker.is_open() {
+                return Err(unavailable("its circuit breaker is open".to_owned()));
+            }
+            let answer = tokio::time::timeout(inner.options.timeout, inner.call(&checks, now))
+                .await
+                .map_err(|_| unavailable(format!("no answer within {:?}", inner.options.timeout)))?
+                .map_err(unavailable)?;
+            let (at, replies) = answer;
+            inner
+                .read(&checks, at, &replies)
+                .ok_or_else(|| unavailable("a reply of the wrong shape".to_owned()))
         }))
     }
 }

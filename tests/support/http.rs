@@ -166,6 +166,34 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("a local address").port()
 }
 
+/// A structured List field (RFC 9651) of String items with Integer parameters, parsed by an
+/// independent parser (`sfv`): `(name, [(parameter, value)])` per member. Panics, naming
+/// the field, on anything else.
+pub fn structured_list(field: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let list: sfv::List = sfv::Parser::new(field)
+        .parse()
+        .unwrap_or_else(|error| panic!("{field:?} is not a structured List: {error}"));
+    list.iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("{field:?}: an inner list");
+            };
+            let sfv::BareItem::String(name) = &item.bare_item else {
+                panic!("{field:?}: a member that is not a String");
+            };
+            let params = item
+                .params
+                .iter()
+                .map(|(key, value)| match value {
+                    sfv::BareItem::Integer(value) => (key.as_str().to_owned(), i64::from(*value)),
+                    other => panic!("{field:?}: {} is {other:?}, not an Integer", key.as_str()),
+                })
+                .collect();
+            (name.as_str().to_owned(), params)
+        })
+        .collect()
+}
+
 /// The value of the first sample line starting with `prefix` on `/metrics` (0 if absent).
 pub fn metric(http: SocketAddr, prefix: &str) -> f64 {
     let Ok(response) = http_get(http, "/metrics", &[]) else {

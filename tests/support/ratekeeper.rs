@@ -26,7 +26,12 @@ impl Ratekeeper {
     /// Starts `ratekeeper serve --config <config> <extra_args>` on `127.0.0.1:0` and waits
     /// until `/healthcheck` answers 200 (see [`ratekeeper_command`] for the environment).
     pub fn start(config: &Path, extra_args: &[&str]) -> Ratekeeper {
-        let mut ratekeeper = Ratekeeper::start_unready(config, extra_args);
+        Ratekeeper::start_with_env(config, extra_args, &[])
+    }
+
+    /// [`Ratekeeper::start`] with `env` variables set (`RATEKEEPER_*` ones included).
+    pub fn start_with_env(config: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> Ratekeeper {
+        let mut ratekeeper = Ratekeeper::spawn(config, extra_args, env);
         let http_addr = ratekeeper.http_addr;
         let healthy = eventually(START_TIMEOUT, || {
             http_get(http_addr, "/healthcheck", &[]).is_ok_and(|response| response.status == 200)
@@ -42,7 +47,12 @@ impl Ratekeeper {
     /// [`Ratekeeper::start`] without waiting for `/healthcheck` (for a process that is meant
     /// to be unhealthy at first): returns once it printed its serving line.
     pub fn start_unready(config: &Path, extra_args: &[&str]) -> Ratekeeper {
+        Ratekeeper::spawn(config, extra_args, &[])
+    }
+
+    fn spawn(config: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> Ratekeeper {
         let mut command = ratekeeper_command();
+        command.envs(env.iter().copied());
         command
             .arg("serve")
             .arg("--config")

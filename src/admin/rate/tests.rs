@@ -2,7 +2,7 @@ use serde_json::Value;
 
 use super::*;
 use crate::algorithm::Unit;
-use crate::limiter::{HeaderNames, Limited, LimiterOptions, Status};
+use crate::limiter::{Limited, LimiterOptions, Status};
 
 const LIMITS: &str = r#"
 domain: api
@@ -320,7 +320,7 @@ fn headers_come_from_the_tightest_descriptor() {
         limited(5, 2, Duration::new(59, 100), false, None),
         limited(4, 2, secs(1), false, None),
     ]);
-    let headers = rate_limit_headers(&allowed, &HeaderNames::default());
+    let headers = rate_limit_headers(&allowed, &LimiterOptions::default());
     assert_eq!(header(&headers, "ratelimit-limit"), Some("5"));
     assert_eq!(header(&headers, "ratelimit-remaining"), Some("2"));
     assert_eq!(
@@ -335,7 +335,7 @@ fn headers_come_from_the_tightest_descriptor() {
         limited(9, 0, secs(40), true, Some(Duration::from_millis(39_200))),
         limited(9, 5, secs(90), false, None),
     ]);
-    let headers = rate_limit_headers(&denied, &HeaderNames::default());
+    let headers = rate_limit_headers(&denied, &LimiterOptions::default());
     assert_eq!(header(&headers, "ratelimit-limit"), Some("3"));
     assert_eq!(header(&headers, "ratelimit-remaining"), Some("0"));
     assert_eq!(header(&headers, "ratelimit-reset"), Some("13"));
@@ -346,13 +346,13 @@ fn headers_come_from_the_tightest_descriptor() {
     );
 
     let empty = verdict(vec![Status::NoLimit]);
-    assert!(rate_limit_headers(&empty, &HeaderNames::default()).is_empty());
+    assert!(rate_limit_headers(&empty, &LimiterOptions::default()).is_empty());
 }
 
 #[test]
 fn a_request_that_can_never_pass_gets_no_retry_after() {
     let never = verdict(vec![limited(3, 0, Duration::from_secs(7), true, None)]);
-    let headers = rate_limit_headers(&never, &HeaderNames::default());
+    let headers = rate_limit_headers(&never, &LimiterOptions::default());
     assert_eq!(headers.len(), 3, "the RateLimit headers only");
     assert_eq!(header(&headers, "ratelimit-reset"), Some("7"));
     assert_eq!(header(&headers, "retry-after"), None);

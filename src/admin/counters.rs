@@ -1,0 +1,171 @@
+//! `GET /counters/{domain}?after=CURSOR&limit=N`: the live counters of a domain on this
+//! node, in pages, when ratekeeper keeps counter names (`--counter-names N`; without it the
+//! answer is 404 saying so).
+//!
+//! ```json
+//! {"domain": "edge",
+//!  "counters": [{"entries": [{"key": "api_key", "value": "k1"}], "path": "edge > api_key",
+//!                "shard": 1, "limits": [{"name": "per_key", "used": 2, "remaining": 3, ...}]}],
+//!  "next": "00f3a9c2e1b47d55",
+//!  "names": {"kept": 812, "capacity": 10000, "dropped": 0}}
+//! ```
+//!
+//! A counter is listed while it has something counted (its state is read as
+//! `/debug/explain` reads it: cost 0, nothing consumed); `limits` has the same fields as
+//! there. Pages follow the counters' route hashes: pass `next` as `after` for the next
+//! page (`null`: the last page); a page may hold fewer than `limit` counters when some
+//! recovered meanwhile. `limit` is 1 to 1000 (default 100). Errors: 400 naming the
+//! parameter, 404 for an unknown domain or when names are not kept, 503 when the store
+//! cannot answer.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use super::error;
+use super::explain::limit;
+use super::rate::percent_decode;
+use crate::limiter::{CounterPage, Limiter, MAX_PAGE};
+
+/// Counters per page unless `limit` says otherwise.
+const DEFAULT_PAGE: usize = 100;
+
+pub(super) fn router(limiter: Arc<Limiter>) -> Router {
+    Router::new()
+        .route("/counters/{domain}", get(list))
+        .with_state(limiter)
+}
+
+async fn list(
+    State(limiter): State<Arc<Limiter>>,
+    domain: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let Path(domain) = match domain {
+        Ok(domain) => domain,
+        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    };
+    let (after, page_size) = match params(query.as_deref().unwrap_or_default()) {
+        Ok(params) => params,
+        Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
+    };
+    if limiter.limits().load().domain(&domain).is_none() {
+        return error(StatusCode::NOT_FOUND, &format!("unknown domain {domain:?}"));
+    }
+    match limiter.counters(&domain, after, page_size).await {
+        Ok(Some(page)) => (StatusCode::OK, axum::Json(render(&domain, &page))).into_response(),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            "counter names are not kept: start ratekeeper with --counter-names N to list counters",
+        ),
+        Err(failed) => error(failed.http_status(), &failed.to_string()),
+    }
+}
+
+/// `after` (a cursor: 16 hex digits) and `limit`, each at most once, nothing else.
+fn params(query: &str) -> Result<(Option<u64>, usize), String> {
+    let (mut after, mut page_size) = (None, None);
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        let text = String::from_utf8_lossy(&percent_decode(raw.as_bytes())).into_owned();
+        match name {
+            "after" if after.is_none() => {
+                let cursor = u64::from_str_radix(&text, 16)
+                    .ok()
+                    .filter(|_| !text.is_empty() && text.len() <= 16)
+                    .ok_or_else(|| {
+                        format!("after: expected a cursor from `next` (hex digits), got {text:?}")
+                    })?;
+                after = Some(cursor);
+            }
+            "limit" if page_size.is_none() => {
+                let size = text
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|size| (1..=MAX_PAGE).contains(size))
+                    .ok_or_else(|| {
+                        format!("limit: expected a whole number from 1 to {MAX_PAGE}, got {text:?}")
+                    })?;
+                page_size = Some(size);
+            }
+            "after" | "limit" => return Err(format!("{name}: given more than once")),
+            _ => {
+                return Err(format!(
+                    "unknown parameter {name:?} (expected after or limit)"
+                ));
+            }
+        }
+    }
+    Ok((after, page_size.unwrap_or(DEFAULT_PAGE)))
+}
+
+fn render(domain: &str, page: &CounterPage) -> Value {
+    let counters: Vec<Value> = page
+        .counters
+        .iter()
+        .map(|listed| {
+            let entries: Vec<Value> = listed
+                .name
+                .entries
+                .iter()
+                .map(|(key, value)| json!({"key": &**key, "value": &**value}))
+                .collect();
+            let mut out = json!({
+                "entries": entries,
+                "path": listed.explained.path.as_deref(),
+                "shadow": listed.explained.shadow,
+                "limits": listed.explained.limits.iter().map(limit).collect::<Vec<_>>(),
+            });
+            if let Some((shard, _)) = listed
+                .explained
+                .placement
+                .as_ref()
+                .and_then(|placement| placement.shard)
+            {
+                out["shard"] = json!(shard);
+            }
+            out
+        })
+        .collect();
+    json!({
+        "domain": domain,
+        "counters": counters,
+        "next": page.next.map(|route| format!("{route:016x}")),
+        "names": {
+            "kept": page.figures.kept,
+            "capacity": page.figures.capacity,
+            "dropped": page.figures.dropped,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_checked_and_named() {
+        assert_eq!(params(""), Ok((None, DEFAULT_PAGE)));
+        assert_eq!(params("after=00000000000000ff&limit=5"), Ok((Some(255), 5)));
+        for (query, problem) in [
+            ("limit=0", "limit: expected a whole number from 1 to 1000"),
+            (
+                "limit=1001",
+                "limit: expected a whole number from 1 to 1000",
+            ),
+            ("after=xyz", "after: expected a cursor"),
+            ("after=", "after: expected a cursor"),
+            ("after=1&after=2", "after: given more than once"),
+            ("page=2", "unknown parameter \"page\""),
+        ] {
+            let error = params(query).expect_err(query);
+            assert!(error.starts_with(problem), "{query}: {error}");
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Explanations: what [`Limiter::decide`] would do with a query, and why, without
+//! consuming anything.
+//!
+//! [`Limiter::explain`] matches the query with the same planning as `decide`
+//! ([`Limiter::plan`]), then asks the store for the counters' state with checks of cost 0
+//! ([`Store::peek`](crate::store::Store::peek)): in cluster mode those go to each key's owner
+//! over the peer protocol, so the state is the owner's, and an owner that cannot answer is
+//! an error rather than a fallback's guess. Nothing is counted in the metrics: an
+//! explanation is not a request.
+//!
+//! Invariants: an explanation never changes a counter, never waits for capacity, and
+//! reports exactly the matching `decide` would apply (the planning is shared, not copied).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::algorithm::Rate;
+use crate::check::{Check, Decision};
+use crate::error::Error;
+use crate::limits::{Limit, Node};
+use crate::store::Placement;
+
+use super::{Limiter, Plan, Planned, Query, is_replaced, overrides, validate};
+
+/// Why a descriptor is limited or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Matched {
+    /// The query's domain has no limits.
+    UnknownDomain,
+    /// The descriptor's entries match no configured entry (or only part of one).
+    NoMatch,
+    /// The walk ended on an entry without limits: an allow-list entry (or an intermediate
+    /// one).
+    AllowListed,
+    /// Every limit of the matched entry was dropped by another descriptor's `replaces`.
+    Replaced,
+    /// An `unlimited` limit matched.
+    Unlimited,
+    /// The matched entry's limits apply.
+    Limited,
+    /// The request's own limit (Envoy's descriptor `limit`) applies instead of the config.
+    RequestLimit,
+}
+
+impl Matched {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Matched::UnknownDomain => "unknown_domain",
+            Matched::NoMatch => "no_match",
+            Matched::AllowListed => "allow_listed",
+            Matched::Replaced => "replaced",
+            Matched::Unlimited => "unlimited",
+            Matched::Limited => "limited",
+            Matched::RequestLimit => "request_limit",
+        }
+    }
+
+    /// Whether a limit is counted for the descriptor.
+    pub fn is_limited(self) -> bool {
+        matches!(self, Matched::Limited | Matched::RequestLimit)
+    }
+}
+
+/// A limit dropped by a `replaces` of another matched limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replacement {
+    /// The dropped limit's name.
+    pub limit: Arc<str>,
+    /// The replacing limit's name (if it has one) and its entry's place in the config.
+    pub by: Option<Arc<str>>,
+    pub at: Box<str>,
+}
+
+/// One limit of a descriptor and where its counter stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LimitState {
+    pub name: Option<Arc<str>>,
+    pub rate: Rate,
+    /// Hits counted against the limit right now (its capacity minus what remains).
+    pub used: u64,
+    /// Hits still admissible right now.
+    pub remaining: u32,
+    /// Until the limit has fully recovered (the window ends, the bucket is full).
+    pub reset_after: Duration,
+    pub max_wait: Option<Duration>,
+}
+
+/// What one descriptor would meet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptorExplanation {
+    pub matched: Matched,
+    /// The configured entry the walk ended on (`edge > api_key=vip > path`).
+    pub path: Option<Box<str>>,
+    /// Hits the descriptor would count.
+    pub cost: u64,
+    /// Its limits are in shadow mode (counted, never enforced).
+    pub shadow: bool,
+    /// Limits of the matched entry that `replaces` dropped.
+    pub replaced: Vec<Replacement>,
+    /// Where its counters live (when a limit is counted).
+    pub placement: Option<Placement>,
+    /// The limits counted, in config order.
+    pub limits: Vec<LimitState>,
+}
+
+impl DescriptorExplanation {
+    /// Whether `cost` hits would be rejected right now (a shadow limit never rejects).
+    pub fn would_reject(&self) -> bool {
+        !self.shadow
+            && self
+                .limits
+                .iter()
+                .any(|limit| u64::from(limit.remaining) < self.cost)
+    }
+}
+
+/// What a query would meet, descriptor by descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Explanation {
+    pub domain_found: bool,
+    pub descriptors: Vec<DescriptorExplanation>,
+}
+
+impl Limiter {
+    /// Explains `query`: per descriptor, the match (or why none), the limits and their
+    /// counters' state, and where they live. Consumes nothing and records no metrics.
+    pub async fn explain(&self, query: &Query<'_>) -> Result<Explanation, Error> {
+        validate(query)?;
+        let snapshot = self.limits.load();
+        let Some(domain) = snapshot.domain(query.domain) else {
+            let unknown = |descriptor: &super::Descriptor<'_>| DescriptorExplanation {
+                matched: Matched::UnknownDomain,
+                path: None,
+                cost: descriptor.cost,
+                shadow: false,
+                replaced: Vec::new(),
+                placement: None,
+                limits: Vec::new(),
+            };
+            return Ok(Explanation {
+                domain_found: false,
+                descriptors: query.descriptors.iter().map(unknown).collect(),
+            });
+        };
+        let overrides = overrides(query);
+        let Planned {
+            nodes,
+            replaced,
+            plans,
+            mut checks,
+        } = self.plan(query, domain, &overrides);
+        for check in &mut checks {
+            check.cost = 0;
+            check.wait = None;
+        }
+        let placements: Vec<Placement> = checks
+            .iter()
+            .map(|check| self.store.placement(Check::route(check)))
+            .collect();
+        let decisions = if checks.is_empty() {
+            Default::default()
+        } else {
+            self.store.peek(checks).wait().await?
+        };
+        let mut placements = placements.into_iter();
+        let mut descriptors = Vec::with_capacity(plans.len());
+        for ((plan, node), descriptor) in plans.iter().zip(&nodes).zip(&query.descriptors) {
+            let dropped = node.map(|node| replacements(node, &replaced, &nodes));
+            let mut explained = DescriptorExplanation {
+                matched: Matched::NoMatch,
+                path: node.map(|node| node.path.clone()),
+                cost: descriptor.cost,
+                shadow: false,
+                replaced: dropped.unwrap_or_default(),
+                placement: None,
+                limits: Vec::new(),
+            };
+            explained.matched = match (plan, node) {
+                (Plan::Unlimited, _) => Matched::Unlimited,
+                (Plan::NoLimit, None) => Matched::NoMatch,
+                (Plan::NoLimit, Some(node)) if node.limits.is_empty() => Matched::AllowListed,
+                (Plan::NoLimit, Some(_)) => Matched::Replaced,
+                (
+                    Plan::Checked {
+                        limits,
+                        node,
+                        shadow,
+                        first,
+                        ..
+                    },
+                    _,
+                ) => {
+                    let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+                    explained.shadow = *shadow;
+                    explained.placement = placements.next();
+                    explained.limits = limits
+                        .iter()
+                        .zip(ours)
+                        .filter_map(|(limit, decision)| limit_state(limit, decision))
+                        .collect();
+                    if node.is_some() {
+                        Matched::Limited
+                    } else {
+                        Matched::RequestLimit
+                    }
+                }
+            };
+            descriptors.push(explained);
+        }
+        Ok(Explanation {
+            domain_found: true,
+            descriptors,
+        })
+    }
+}
+
+fn limit_state(limit: &Limit, decision: &Decision) -> Option<LimitState> {
+    let rate = limit.rate?;
+    Some(LimitState {
+        name: limit.name.clone(),
+        rate,
+        used: rate
+            .capacity()
+            .saturating_sub(u64::from(decision.remaining)),
+        remaining: decision.remaining,
+        reset_after: Duration::from_nanos(decision.reset_after),
+        max_wait: limit.max_wait,
+    })
+}
+
+/// The limits of `node` that `replaced` drops, each with the matched limit that drops it.
+fn replacements(node: &Node, replaced: &[&str], nodes: &[Option<&Node>]) -> Vec<Replacement> {
+    node.limits
+        .iter()
+        .filter(|limit| is_replaced(limit, replaced))
+        .filter_map(|limit| {
+            let name = limit.name.clone()?;
+            let (by, at) = nodes
+                .iter()
+                .flatten()
+                .flat_map(|other| other.limits.iter().map(move |limit| (limit, &other.path)))
+                .find(|(other, _)| other.replaces.contains(&name))?;
+            Some(Replacement {
+                limit: name,
+                by: by.name.clone(),
+                at: at.clone(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

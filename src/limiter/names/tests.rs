@@ -1,0 +1,153 @@
+use std::time::Duration;
+
+use super::*;
+use crate::algorithm::NANOS_PER_SEC;
+use crate::limiter::LimiterOptions;
+use crate::metrics::MetricsOptions;
+
+const LIMITS: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per_key}
+  - key: health
+"#;
+
+/// 2024-01-04T00:00:10Z: 50 s left in the minute.
+const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
+
+fn limiter(counter_names: usize) -> Limiter {
+    Limiter::for_tests(
+        LIMITS,
+        START,
+        LimiterOptions {
+            counter_names,
+            ..LimiterOptions::default()
+        },
+        MetricsOptions::default(),
+    )
+}
+
+async fn hit(limiter: &Limiter, key: &str, value: &str, cost: u64) {
+    let mut query = Query::new("edge");
+    query.descriptor([(key, value)], cost);
+    limiter.decide(&query).await.expect("decides");
+}
+
+/// (value, used) of every listed counter, walking all pages of `size`.
+async fn listed(limiter: &Limiter, size: usize) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let page = limiter
+            .counters("edge", after, size)
+            .await
+            .expect("lists")
+            .expect("names are kept");
+        assert!(page.counters.len() <= size);
+        out.extend(page.counters.iter().map(|listed| {
+            (
+                listed.name.entries[0].1.to_string(),
+                listed.explained.limits[0].used,
+            )
+        }));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => return out,
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn decided_counters_are_listed_with_their_state_and_paged() {
+    let limiter = limiter(100);
+    for (value, hits) in [
+        ("alice", 2),
+        ("bob", 1),
+        ("carol", 3),
+        ("dave", 1),
+        ("eve", 1),
+    ] {
+        for _ in 0..hits {
+            hit(&limiter, "api_key", value, 1).await;
+        }
+    }
+    hit(&limiter, "health", "probe", 1).await;
+    hit(&limiter, "api_key", "peeked", 0).await;
+    let mut all = listed(&limiter, 2).await;
+    assert_eq!(
+        all.len(),
+        5,
+        "{all:?}: no allow-listed or cost-0 descriptor"
+    );
+    all.sort();
+    assert_eq!(
+        all,
+        [
+            ("alice", 2),
+            ("bob", 1),
+            ("carol", 3),
+            ("dave", 1),
+            ("eve", 1)
+        ]
+        .map(|(value, used)| (value.to_owned(), used))
+    );
+    let figures = limiter.counter_names().expect("kept").figures();
+    assert_eq!((figures.kept, figures.dropped), (5, 0), "alice noted once");
+    // The same walk with one big page finds the same counters, in route order.
+    let one_page = limiter
+        .counters("edge", None, 100)
+        .await
+        .expect("lists")
+        .expect("kept");
+    assert_eq!(one_page.next, None);
+    assert_eq!(one_page.counters.len(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_map_is_bounded_and_the_sweep_makes_room_again() {
+    let limiter = limiter(2);
+    for value in ["a", "b", "c"] {
+        hit(&limiter, "api_key", value, 1).await;
+    }
+    let names = limiter.counter_names().expect("kept");
+    assert_eq!(
+        names.figures(),
+        NamesFigures {
+            kept: 2,
+            capacity: 2,
+            dropped: 1
+        }
+    );
+    assert_eq!(
+        limiter.sweep_counter_names().await,
+        Ok(0),
+        "all still counting"
+    );
+    // The window ends: every counter is back to full, and the sweep forgets them.
+    tokio::time::advance(Duration::from_secs(51)).await;
+    assert!(listed(&limiter, 10).await.is_empty(), "nothing counted now");
+    assert_eq!(limiter.sweep_counter_names().await, Ok(2));
+    assert_eq!(names.figures().kept, 0);
+    hit(&limiter, "api_key", "c", 1).await;
+    assert_eq!(listed(&limiter, 10).await, [("c".to_owned(), 1)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn long_descriptors_are_not_kept_and_nothing_is_kept_when_off() {
+    let limiter = limiter(10);
+    let long = "x".repeat(MAX_NAME_BYTES);
+    hit(&limiter, "api_key", &long, 1).await;
+    let names = limiter.counter_names().expect("kept");
+    assert_eq!((names.figures().kept, names.figures().dropped), (0, 1));
+
+    let off = self::limiter(0);
+    hit(&off, "api_key", "a", 1).await;
+    assert!(off.counter_names().is_none());
+    assert!(
+        off.counters("edge", None, 10)
+            .await
+            .expect("answers")
+            .is_none()
+    );
+}

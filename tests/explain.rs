@@ -1,0 +1,262 @@
+//! `POST /debug/explain` and `ratekeeper explain` through the real binary: the match, the
+//! limits and their counters' state without consuming, every no-limit reason, errors that
+//! name the field, and the command line's readable output and failures.
+
+mod support;
+
+use std::net::SocketAddr;
+
+use serde_json::{Value, json};
+use support::{Ratekeeper, TempDir, http_post, run_ratekeeper, write_config};
+
+const LIMITS: &str = "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: day, requests_per_unit: 5}
+  - key: api_key
+    value: healthchecker
+  - key: api_key
+    value: internal
+    rate_limit: {unlimited: true}
+  - key: tenant
+    rate_limit: {name: tenant_wide, unit: day, requests_per_unit: 100}
+    descriptors:
+      - key: path
+        rate_limit: {name: per_path, algorithm: token_bucket, unit: hour, requests_per_unit: 10, burst: 20, replaces: [{name: tenant_wide}]}
+";
+
+fn start() -> (TempDir, Ratekeeper) {
+    let dir = TempDir::new("explain");
+    write_config(dir.path(), "edge.yaml", LIMITS);
+    let server = Ratekeeper::start(dir.path(), &["--shards", "4"]);
+    (dir, server)
+}
+
+fn post_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {
+    let response = http_post(addr, path, &[], &body.to_string()).expect("ratekeeper answers");
+    let parsed = serde_json::from_str(&response.body)
+        .unwrap_or_else(|error| panic!("POST {path}: {error} in {:?}", response.body));
+    (response.status, parsed)
+}
+
+fn request(descriptors: &[&[(&str, &str)]]) -> Value {
+    let descriptors: Vec<Value> = descriptors
+        .iter()
+        .map(|entries| {
+            let entries: Vec<Value> = entries
+                .iter()
+                .map(|(key, value)| json!({"key": key, "value": value}))
+                .collect();
+            json!({ "entries": entries })
+        })
+        .collect();
+    json!({"domain": "edge", "descriptors": descriptors})
+}
+
+#[test]
+fn explain_reports_the_limit_and_counter_and_consumes_nothing() {
+    let (_dir, server) = start();
+    let http = server.http_addr();
+    let alice = request(&[&[("api_key", "alice")]]);
+    for _ in 0..2 {
+        assert_eq!(post_json(http, "/json", &alice).0, 200);
+    }
+    for _ in 0..5 {
+        let (status, body) = post_json(http, "/debug/explain", &alice);
+        assert_eq!(status, 200, "{body}");
+        let descriptor = &body["descriptors"][0];
+        assert_eq!(descriptor["match"], "limited", "{body}");
+        assert_eq!(descriptor["path"], "edge > api_key");
+        assert_eq!(descriptor["would_reject"], false);
+        assert_eq!(descriptor["shards"], 4);
+        assert!(
+            descriptor["shard"].as_u64().is_some_and(|shard| shard < 4),
+            "{body}"
+        );
+        assert_eq!(descriptor.get("owner"), None, "not in cluster mode: {body}");
+        let limit = &descriptor["limits"][0];
+        assert_eq!(limit["name"], "per_key");
+        assert_eq!(limit["requests_per_unit"], 5);
+        assert_eq!(limit["unit"], "day");
+        assert_eq!(limit["algorithm"], "fixed_window");
+        assert_eq!(
+            (&limit["used"], &limit["remaining"]),
+            (&json!(2), &json!(3))
+        );
+        let reset = limit["reset_after_ms"].as_u64().expect("reset_after_ms");
+        assert!(reset > 0 && reset <= 86_400_000, "{reset}");
+    }
+    // Five explanations later, three hits are still left.
+    for _ in 0..3 {
+        assert_eq!(post_json(http, "/json", &alice).0, 200);
+    }
+    assert_eq!(post_json(http, "/json", &alice).0, 429);
+    let (_, body) = post_json(http, "/debug/explain", &alice);
+    assert_eq!(body["descriptors"][0]["would_reject"], true, "{body}");
+    assert_eq!(body["descriptors"][0]["limits"][0]["remaining"], 0);
+}
+
+#[test]
+fn every_reason_for_no_limit_is_reported() {
+    let (_dir, server) = start();
+    let http = server.http_addr();
+    let (status, body) = post_json(
+        http,
+        "/debug/explain",
+        &request(&[
+            &[("api_key", "healthchecker")],
+            &[("api_key", "internal")],
+            &[("user", "x")],
+            &[("tenant", "acme")],
+            &[("tenant", "acme"), ("path", "/v1")],
+        ]),
+    );
+    assert_eq!(status, 200, "{body}");
+    let matches: Vec<&str> = body["descriptors"]
+        .as_array()
+        .expect("descriptors")
+        .iter()
+        .map(|descriptor| descriptor["match"].as_str().expect("match"))
+        .collect();
+    assert_eq!(
+        matches,
+        [
+            "allow_listed",
+            "unlimited",
+            "no_match",
+            "replaced",
+            "limited"
+        ]
+    );
+    let replaced = &body["descriptors"][3];
+    assert_eq!(
+        replaced["replaced"],
+        json!([{"limit": "tenant_wide", "by": "per_path", "at": "edge > tenant > path"}])
+    );
+    assert_eq!(
+        replaced["reason"],
+        "matched edge > tenant, but its limits are replaced by per_path at edge > tenant > path"
+    );
+    let bucket = &body["descriptors"][4]["limits"][0];
+    assert_eq!(
+        (&bucket["algorithm"], &bucket["burst"]),
+        (&json!("token_bucket"), &json!(20))
+    );
+
+    let mut unknown = request(&[&[("api_key", "a")]]);
+    unknown["domain"] = json!("nowhere");
+    let (status, body) = post_json(http, "/debug/explain", &unknown);
+    assert_eq!(status, 200);
+    assert_eq!(body["domain_found"], false);
+    assert_eq!(body["descriptors"][0]["match"], "unknown_domain");
+}
+
+#[test]
+fn bad_bodies_are_refused_naming_the_field() {
+    let (_dir, server) = start();
+    let http = server.http_addr();
+    let cases = [
+        (
+            r#"{"domain": "edge", "descriptors": [{"entries": [{"key": 7}]}]}"#,
+            "descriptors[0].entries[0].key",
+        ),
+        (
+            r#"{"domain": "edge", "descriptors": [{"entries": [{"key": ""}]}]}"#,
+            "descriptors[0].entries[0].key: must not be empty",
+        ),
+        (r#"{"descriptors": []}"#, "missing field `domain`"),
+        (r#"{"domain": "edge", "extra": 1}"#, "unknown field `extra`"),
+        ("not json", "invalid request body"),
+    ];
+    for (body, expected) in cases {
+        let response = http_post(http, "/debug/explain", &[], body).expect("answers");
+        assert_eq!(response.status, 400, "{body}: {}", response.body);
+        assert!(
+            response.body.contains(expected),
+            "{body}: {}",
+            response.body
+        );
+    }
+    let huge = format!(r#"{{"domain": "{}"}}"#, "x".repeat(2 << 20));
+    let response = http_post(http, "/debug/explain", &[], &huge).expect("answers");
+    assert_eq!(response.status, 413, "bounded like /json");
+}
+
+#[test]
+fn the_command_prints_a_readable_explanation() {
+    let (_dir, server) = start();
+    let http = server.http_addr();
+    assert_eq!(
+        post_json(http, "/json", &request(&[&[("api_key", "bob")]])).0,
+        200
+    );
+    let addr = format!("http://{http}");
+    let (status, stdout, stderr) = run_ratekeeper(&[
+        "explain",
+        "--addr",
+        &addr,
+        "--domain",
+        "edge",
+        "--descriptor",
+        "api_key=bob",
+        "--descriptor",
+        "tenant=acme,path=/v1",
+        "--descriptor",
+        "api_key=healthchecker",
+    ]);
+    assert!(status.success(), "{stdout}{stderr}");
+    for expected in [
+        "descriptor 1: api_key=bob (1 hit)",
+        "  matched edge > api_key",
+        "  limit per_key: 5 per day, fixed_window",
+        "    used 1, remaining 4, fully reset in ",
+        "  within the limit: this request would pass now",
+        "descriptor 2: tenant=acme,path=/v1 (1 hit)",
+        "  limit per_path: 10 per hour, token_bucket, burst 20",
+        "descriptor 3: api_key=healthchecker (1 hit)",
+        "  no limit: matched edge > api_key=healthchecker, which has no limit (allow-listed)",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    assert!(stdout.contains("on this node"), "{stdout}");
+    // Explaining consumed nothing.
+    let (_, body) = post_json(http, "/debug/explain", &request(&[&[("api_key", "bob")]]));
+    assert_eq!(body["descriptors"][0]["limits"][0]["used"], 1);
+}
+
+#[test]
+fn the_command_fails_clearly() {
+    let (_dir, server) = start();
+    let addr = format!("http://{}", server.http_addr());
+    let explain = |extra: &[&str]| {
+        let mut args = vec!["explain", "--domain", "edge"];
+        args.extend_from_slice(extra);
+        run_ratekeeper(&args)
+    };
+    let (status, _, stderr) = explain(&["--addr", &addr, "--descriptor", "api_key"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(r#"--descriptor "api_key" (number 1): "api_key" is not key=value"#),
+        "{stderr}"
+    );
+    let long_key = format!("{}=v", "k".repeat(300));
+    let (status, _, stderr) = explain(&["--addr", &addr, "--descriptor", &long_key]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("ratekeeper answered 400: descriptors[0].entries[0].key: 300 bytes"),
+        "{stderr}"
+    );
+    // A port nobody listens on: bind one, note it, let it go.
+    let free = support::free_port();
+    let nowhere = format!("http://127.0.0.1:{free}");
+    let (status, _, stderr) = explain(&["--addr", &nowhere, "--descriptor", "api_key=a"]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains(&format!("cannot reach ratekeeper at 127.0.0.1:{free}")),
+        "{stderr}"
+    );
+}
