@@ -182,6 +182,14 @@ pub struct ServeArgs {
     /// Treat every limit as shadow mode: count and report, never reject.
     #[arg(long, env = "RATEKEEPER_SHADOW_MODE")]
     pub shadow_mode: bool,
+    /// Treat every limit as quota mode: a descriptor over its limit lets the request pass
+    /// (reported in the dynamic metadata) unless every quota-mode descriptor is over.
+    #[arg(long, env = "RATEKEEPER_QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// Return what was decided in the gRPC response's dynamic metadata (domain, descriptors,
+    /// quota-mode violations, the matched entries' `metadata`).
+    #[arg(long, env = "RATEKEEPER_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
     /// Also re-read the limits this often (e.g. `30s`), for filesystems without change events.
     #[arg(long, env = "RATEKEEPER_RELOAD_INTERVAL", value_parser = duration)]
     pub reload_interval: Option<Duration>,
@@ -329,6 +337,8 @@ impl ServeArgs {
             limiter: LimiterOptions {
                 response_headers: self.response_headers,
                 shadow_mode: self.shadow_mode,
+                quota_mode: self.quota_mode,
+                response_dynamic_metadata: self.response_dynamic_metadata,
                 header_names: HeaderNames {
                     limit: self.header_limit.as_str().into(),
                     remaining: self.header_remaining.as_str().into(),
