@@ -379,3 +379,32 @@ fn header_name(text: &str) -> Result<String, String> {
 fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).ok_or_else(|| format!("{text:?} is not a duration like 500ms or 30s"))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn limiter_options(args: &[&str]) -> crate::limiter::LimiterOptions {
+        let cli = Cli::try_parse_from(args).expect("valid flags");
+        let Command::Serve(serve) = cli.command else {
+            panic!("serve expected");
+        };
+        serve.server_options().limiter
+    }
+
+    #[test]
+    fn quota_mode_and_dynamic_metadata_are_off_unless_asked_for() {
+        let plain = limiter_options(&["ratekeeper", "serve"]);
+        assert!(!plain.quota_mode && !plain.response_dynamic_metadata);
+        let both = limiter_options(&[
+            "ratekeeper",
+            "serve",
+            "--quota-mode",
+            "--response-dynamic-metadata",
+        ]);
+        assert!(both.quota_mode && both.response_dynamic_metadata);
+        assert!(!both.shadow_mode && !both.response_headers);
+    }
+}
