@@ -157,7 +157,11 @@ async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response 
             } else {
                 Default::default()
             };
-            (status, axum::Json(json::response(&verdict, &headers))).into_response()
+            let mut body = json::response(&verdict, &headers);
+            if options.response_dynamic_metadata {
+                body["dynamicMetadata"] = request.dynamic_metadata(&verdict);
+            }
+            (status, axum::Json(body)).into_response()
         }
         Err(failed) => error_response(&failed),
     }

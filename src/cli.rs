@@ -228,6 +228,14 @@ pub struct ServeArgs {
     /// Treat every limit as shadow mode: count and report, never reject.
     #[arg(long, env = "RATEKEEPER_SHADOW_MODE")]
     pub shadow_mode: bool,
+    /// Treat every limit as quota mode: a descriptor over its limit lets the request pass
+    /// (reported in the dynamic metadata) unless every quota-mode descriptor is over.
+    #[arg(long, env = "RATEKEEPER_QUOTA_MODE")]
+    pub quota_mode: bool,
+    /// Return what was decided in the gRPC response's dynamic metadata (domain, descriptors,
+    /// quota-mode violations, the matched entries' `metadata`).
+    #[arg(long, env = "RATEKEEPER_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
     /// Also re-read the limits this often (e.g. `30s`), for filesystems without change events.
     #[arg(long, env = "RATEKEEPER_RELOAD_INTERVAL", value_parser = duration)]
     pub reload_interval: Option<Duration>,
@@ -410,6 +418,8 @@ impl ServeArgs {
                 },
                 shadow_mode: self.shadow_mode,
                 counter_names: self.counter_names,
+                quota_mode: self.quota_mode,
+                response_dynamic_metadata: self.response_dynamic_metadata,
                 header_names: HeaderNames {
                     limit: self.header_limit.as_str().into(),
                     remaining: self.header_remaining.as_str().into(),
@@ -449,4 +459,33 @@ fn header_name(text: &str) -> Result<String, String> {
 
 fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).ok_or_else(|| format!("{text:?} is not a duration like 500ms or 30s"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    fn limiter_options(args: &[&str]) -> crate::limiter::LimiterOptions {
+        let cli = Cli::try_parse_from(args).expect("valid flags");
+        let Command::Serve(serve) = cli.command else {
+            panic!("serve expected");
+        };
+        serve.server_options().limiter
+    }
+
+    #[test]
+    fn quota_mode_and_dynamic_metadata_are_off_unless_asked_for() {
+        let plain = limiter_options(&["ratekeeper", "serve"]);
+        assert!(!plain.quota_mode && !plain.response_dynamic_metadata);
+        let both = limiter_options(&[
+            "ratekeeper",
+            "serve",
+            "--quota-mode",
+            "--response-dynamic-metadata",
+        ]);
+        assert!(both.quota_mode && both.response_dynamic_metadata);
+        assert!(!both.shadow_mode && !both.response_headers);
+    }
 }

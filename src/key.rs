@@ -77,6 +77,10 @@ impl Hash for KeyId {
     }
 }
 
+/// The top bit of a length prefix: marks a shared wildcard pattern (see
+/// [`KeyBuilder::shared_entry`]).
+const SHARED_FRAME: u32 = 1 << 31;
+
 /// Builds keys for one request descriptor, hashing as it goes (no allocation).
 #[derive(Clone, Copy, Debug)]
 pub struct KeyBuilder {
@@ -101,10 +105,27 @@ impl KeyBuilder {
         self
     }
 
+    /// Adds one descriptor entry whose values share a counter (`share_threshold`): the
+    /// wildcard `pattern` stands for the request's value. Framed apart from [`entry`]
+    /// (the length prefix has its top bit set), so a request value spelled like the
+    /// pattern never lands on the shared counter by that route.
+    ///
+    /// [`entry`]: KeyBuilder::entry
+    pub fn shared_entry(&mut self, key: &str, pattern: &str) -> &mut KeyBuilder {
+        self.field(key.as_bytes());
+        self.framed(pattern.as_bytes(), SHARED_FRAME);
+        self
+    }
+
     fn field(&mut self, bytes: &[u8]) {
-        // Lengths are bounded by request validation; truncation here would only weaken the
-        // prefix, never break correctness of the hash function itself.
-        let len = (bytes.len() as u32).to_le_bytes();
+        self.framed(bytes, 0);
+    }
+
+    fn framed(&mut self, bytes: &[u8], frame: u32) {
+        // Lengths are bounded by request validation (and patterns by the config's), far
+        // below the frame bit; truncation here would only weaken the prefix, never break
+        // correctness of the hash function itself.
+        let len = (bytes.len() as u32 | frame).to_le_bytes();
         self.route = fnv1a64(fnv1a64(self.route, &len), bytes);
         self.id = fnv1a128(fnv1a128(self.id, &len), bytes);
     }

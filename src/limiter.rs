@@ -27,7 +27,7 @@ use crate::algorithm::{Rate, Unit};
 use crate::check::{Check, Checks, Counter, Decision, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
-use crate::limits::{Domain, Limit, Limits, Node};
+use crate::limits::{Domain, Limit, Limits, Metadata, Node, Walk};
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
 
@@ -150,9 +150,17 @@ impl Status {
 }
 
 /// The answer to a query: one status per descriptor, in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
     pub statuses: SmallVec<[Status; 4]>,
+    /// Whether any limit checked for this query was in quota mode.
+    pub quota_mode: bool,
+    /// The descriptors (by index) whose quota-mode limits were exceeded. They pass (their
+    /// status is not over) unless every quota-mode descriptor of the query was exceeded.
+    pub quota_violations: SmallVec<[usize; 2]>,
+    /// Per descriptor, the `metadata` of the configured entry it matched, when its limits
+    /// were not exceeded (for front ends that hand it back, like Envoy's dynamic metadata).
+    pub metadata: SmallVec<[Option<Arc<Metadata>>; 4]>,
 }
 
 impl Verdict {
@@ -185,6 +193,13 @@ pub struct LimiterOptions {
     /// Every limit acts as if it had `shadow_mode: true`: counted and reported, never
     /// enforced (the reference service's global `SHADOW_MODE`).
     pub shadow_mode: bool,
+    /// Every limit acts as if it had `quota_mode: true` (the reference service's global
+    /// `QUOTA_MODE`): a descriptor over its limit lets the request pass unless every
+    /// quota-mode descriptor of the request is over.
+    pub quota_mode: bool,
+    /// The Envoy front end returns what was decided in the response's dynamic metadata
+    /// (the reference service's `RESPONSE_DYNAMIC_METADATA`).
+    pub response_dynamic_metadata: bool,
     /// The names of the draft-03 `RateLimit-*` headers, on every front end.
     pub header_names: HeaderNames,
     /// Keep the descriptor values of up to this many live counters, for
@@ -231,7 +246,13 @@ enum Plan<'a> {
         limits: SmallVec<[&'a Limit; 2]>,
         /// The configured entry, or `None` for a request-supplied limit.
         node: Option<&'a Node>,
+        /// The configured entries matched, one per request entry (`None`: a
+        /// request-supplied limit).
+        walk: Option<Walk<'a>>,
         shadow: bool,
+        /// Quota mode: over the limit, the request still passes unless every quota-mode
+        /// descriptor is over.
+        quota: bool,
         first: usize,
         /// The descriptor's route hash (its counters' shard and owner).
         route: u64,
@@ -314,11 +335,18 @@ impl Limiter {
         let Some(domain) = snapshot.domain(query.domain) else {
             return Ok(Verdict {
                 statuses: query.descriptors.iter().map(|_| Status::NoLimit).collect(),
+                metadata: query.descriptors.iter().map(|_| None).collect(),
+                ..Verdict::default()
             });
         };
         // Request-supplied limits live as long as this call; `Plan` borrows them.
         let overrides = overrides(query);
-        let Planned { plans, checks, .. } = self.plan(query, domain, &overrides);
+        let Planned {
+            plans,
+            checks,
+            nodes,
+            ..
+        } = self.plan(query, domain, &overrides);
         let decisions = if checks.is_empty() {
             Default::default()
         } else {
@@ -330,7 +358,7 @@ impl Limiter {
         if let Some(names) = &self.names {
             self.note_names(names, query, &plans, &decisions);
         }
-        Ok(respond(&plans, &decisions))
+        Ok(respond(&plans, &decisions, &nodes))
     }
 
     /// Matches every descriptor of `query` in `domain` and builds the checks of the limits
@@ -342,33 +370,43 @@ impl Limiter {
         domain: &'s Domain,
         overrides: &'s [Option<Limit>],
     ) -> Planned<'s> {
-        let nodes: SmallVec<[Option<&Node>; 4]> = query
+        let walks: SmallVec<[Option<Walk<'_>>; 4]> = query
             .descriptors
             .iter()
             .zip(overrides)
             .map(|(descriptor, overridden)| match overridden {
                 Some(_) => None,
-                None => domain.lookup(descriptor.entries.iter().copied()),
+                None => domain.walk(descriptor.entries.iter().copied()),
             })
+            .collect();
+        let nodes: SmallVec<[Option<&Node>; 4]> = walks
+            .iter()
+            .map(|walk| walk.as_ref().map(Walk::node))
             .collect();
         let replaced = replaced_names(&nodes);
         let can_wait = self.store.capabilities().wait;
         let mut plans: SmallVec<[Plan<'_>; 4]> = SmallVec::new();
         let mut checks = Checks::new();
         let mut counters_so_far = 0;
-        for ((descriptor, overridden), node) in query.descriptors.iter().zip(overrides).zip(&nodes)
-        {
-            let (limits, shadow): (SmallVec<[&Limit; 2]>, bool) = match (overridden, node) {
-                (Some(limit), _) => (SmallVec::from_elem(limit, 1), self.options.shadow_mode),
-                (None, Some(node)) => (
-                    node.limits
-                        .iter()
-                        .filter(|limit| !is_replaced(limit, &replaced))
-                        .collect(),
-                    node.shadow_mode || self.options.shadow_mode,
-                ),
-                (None, None) => (SmallVec::new(), false),
-            };
+        for ((descriptor, overridden), walk) in query.descriptors.iter().zip(overrides).zip(walks) {
+            let node = walk.as_ref().map(Walk::node);
+            let (limits, shadow, quota): (SmallVec<[&Limit; 2]>, bool, bool) =
+                match (overridden, node) {
+                    (Some(limit), _) => (
+                        SmallVec::from_elem(limit, 1),
+                        self.options.shadow_mode,
+                        self.options.quota_mode,
+                    ),
+                    (None, Some(node)) => (
+                        node.limits
+                            .iter()
+                            .filter(|limit| !is_replaced(limit, &replaced))
+                            .collect(),
+                        node.shadow_mode || self.options.shadow_mode,
+                        node.quota_mode || self.options.quota_mode,
+                    ),
+                    (None, None) => (SmallVec::new(), false, false),
+                };
             if limits.is_empty() {
                 plans.push(Plan::NoLimit);
                 continue;
@@ -377,10 +415,7 @@ impl Limiter {
                 plans.push(Plan::Unlimited);
                 continue;
             }
-            let mut key = KeyBuilder::new(query.domain);
-            for (name, value) in &descriptor.entries {
-                key.entry(name, value);
-            }
+            let key = counter_key(query.domain, &descriptor.entries, walk.as_ref());
             let counters = limits
                 .iter()
                 .filter_map(|limit| limit.rate)
@@ -389,7 +424,8 @@ impl Limiter {
                     rate,
                 })
                 .collect();
-            let wait = if shadow || !can_wait {
+            // Quota-mode limits let an over request pass (mostly): nothing waits for them.
+            let wait = if shadow || quota || !can_wait {
                 None
             } else {
                 wait_policy(&limits, query.max_wait)
@@ -398,8 +434,10 @@ impl Limiter {
             counters_so_far += limits.len();
             plans.push(Plan::Checked {
                 limits,
-                node: *node,
+                node,
+                walk,
                 shadow,
+                quota,
                 first,
                 route: key.route(),
             });
@@ -429,7 +467,7 @@ impl Limiter {
         for (plan, descriptor) in plans.iter().zip(&query.descriptors) {
             let Plan::Checked {
                 limits,
-                node,
+                walk,
                 shadow,
                 first,
                 ..
@@ -442,11 +480,20 @@ impl Limiter {
             for (limit, decision) in limits.iter().zip(ours) {
                 let Some(rate) = limit.rate else { continue };
                 let owned;
-                let counters = match node {
-                    Some(node) if node.detailed_metric => {
+                let counters = match walk {
+                    Some(walk) if walk.node().detailed_metric => {
                         owned = self.metrics.detailed_counters(
                             query.domain,
                             &descriptor.entries,
+                            limit,
+                        );
+                        &owned
+                    }
+                    Some(walk) if walk.values_in_metrics() => {
+                        owned = self.metrics.value_counters(
+                            query.domain,
+                            &descriptor.entries,
+                            walk.steps(),
                             limit,
                         );
                         &owned
@@ -486,26 +533,51 @@ impl Limiter {
     }
 }
 
-fn respond(plans: &[Plan<'_>], decisions: &[Decision]) -> Verdict {
-    let statuses = plans
+fn respond(plans: &[Plan<'_>], decisions: &[Decision], nodes: &[Option<&Node>]) -> Verdict {
+    let decisions_of =
+        |first: usize, count: usize| decisions.get(first..first + count).unwrap_or(&[]);
+    // Which descriptors exceeded a limit; quota mode needs them all before any status.
+    let exceeded: SmallVec<[bool; 4]> = plans
         .iter()
         .map(|plan| match plan {
+            Plan::Checked { limits, first, .. } => decisions_of(*first, limits.len())
+                .iter()
+                .any(|decision| !decision.allowed),
+            Plan::NoLimit | Plan::Unlimited => false,
+        })
+        .collect();
+    let quota = |plan: &Plan<'_>| matches!(plan, Plan::Checked { quota: true, .. });
+    let quota_violations: SmallVec<[usize; 2]> = plans
+        .iter()
+        .zip(&exceeded)
+        .enumerate()
+        .filter(|(_, (plan, exceeded))| quota(plan) && **exceeded)
+        .map(|(index, _)| index)
+        .collect();
+    let quota_count = plans.iter().filter(|plan| quota(plan)).count();
+    // The reference service's rule: quota-mode descriptors reject only all together.
+    let every_quota_over = quota_count > 0 && quota_violations.len() == quota_count;
+    let statuses = plans
+        .iter()
+        .zip(&exceeded)
+        .map(|(plan, exceeded)| match plan {
             Plan::NoLimit => Status::NoLimit,
             Plan::Unlimited => Status::Unlimited,
             Plan::Checked {
                 limits,
                 shadow,
+                quota,
                 first,
                 ..
             } => {
-                let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+                let ours = decisions_of(*first, limits.len());
                 let Some((limit, decision)) = closest_to_exhaustion(limits, ours) else {
                     return Status::NoLimit;
                 };
                 let Some(rate) = limit.rate else {
                     return Status::NoLimit;
                 };
-                let over = !decision.allowed && !shadow;
+                let over = !decision.allowed && !shadow && (!quota || every_quota_over);
                 // Every denying limit must have room again: the longest wait, if any can.
                 let retry_after = if over {
                     ours.iter()
@@ -517,11 +589,12 @@ fn respond(plans: &[Plan<'_>], decisions: &[Decision]) -> Verdict {
                 } else {
                     None
                 };
+                let spent = over || (*quota && *exceeded);
                 Status::Limited(Limited {
                     name: limit.name.clone(),
                     requests_per_unit: rate.requests_per_unit,
                     unit: rate.unit,
-                    remaining: if over { 0 } else { decision.remaining },
+                    remaining: if spent { 0 } else { decision.remaining },
                     reset_after: Duration::from_nanos(decision.reset_after),
                     over,
                     shadow: *shadow,
@@ -530,7 +603,34 @@ fn respond(plans: &[Plan<'_>], decisions: &[Decision]) -> Verdict {
             }
         })
         .collect();
-    Verdict { statuses }
+    let metadata = nodes
+        .iter()
+        .zip(&exceeded)
+        .map(|(node, exceeded)| match node {
+            Some(node) if !exceeded => node.metadata.clone(),
+            _ => None,
+        })
+        .collect();
+    Verdict {
+        statuses,
+        quota_mode: quota_count > 0,
+        quota_violations,
+        metadata,
+    }
+}
+
+/// The counter key of one descriptor: the domain and the request's entries, where an entry
+/// matched by a `share_threshold` wildcard counts as its pattern.
+fn counter_key(domain: &str, entries: &[(&str, &str)], walk: Option<&Walk<'_>>) -> KeyBuilder {
+    let mut key = KeyBuilder::new(domain);
+    let steps = walk.map_or(&[][..], Walk::steps);
+    for (index, (name, value)) in entries.iter().enumerate() {
+        match steps.get(index).and_then(|node| node.shared.as_deref()) {
+            Some(pattern) => key.shared_entry(name, pattern),
+            None => key.entry(name, value),
+        };
+    }
+    key
 }
 
 /// Counts one limit's share of one descriptor check.
@@ -751,3 +851,6 @@ impl Limiter {
         Limiter::on_engine(limits, engine, options, metrics, Some(reload))
     }
 }
+
+#[cfg(test)]
+mod tests;

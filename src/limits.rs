@@ -33,8 +33,8 @@ use crate::store::Capabilities;
 
 pub use self::compile::{DEFAULT_MAX_QUEUE, MAX_QUEUE_CEILING, MAX_WAIT_CEILING};
 pub use self::error::{ConfigError, ConfigErrors, Position};
-pub use self::schema::{MAX_DEPTH, MAX_DESCRIPTORS, MAX_FILE_BYTES};
-pub use self::tree::{Domain, Limit, Node};
+pub use self::schema::{MAX_DEPTH, MAX_DESCRIPTORS, MAX_FILE_BYTES, METADATA_DEPTH};
+pub use self::tree::{Domain, Limit, Metadata, Node, Walk};
 
 /// One limits file's text, and the name errors call it by (its path, for loaded files).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,7 +257,14 @@ impl fmt::Display for Limits {
                 for limit in &node.limits {
                     write!(f, "{}: ", key.escape_debug())?;
                     dump_limit(f, limit)?;
-                    writeln!(f, ", shadow_mode={}", node.shadow_mode)?;
+                    write!(f, ", shadow_mode={}", node.shadow_mode)?;
+                    if node.quota_mode {
+                        f.write_str(", quota_mode=true")?;
+                    }
+                    if node.shared.is_some() {
+                        f.write_str(", share_threshold=true")?;
+                    }
+                    writeln!(f)?;
                 }
             }
         }

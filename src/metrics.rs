@@ -3,10 +3,12 @@
 //!
 //! Invariants:
 //! - Nothing on the request path does a labelled lookup, except for limits with
-//!   `detailed_metric: true`: request handles are resolved at start-up, per-limit handles
+//!   `detailed_metric: true` or reached through entries with `value_to_metric: true`:
+//!   request handles are resolved at start-up, per-limit handles
 //!   once per limits snapshot ([`LimitTable`]); the same labels give the same counter, so
 //!   counts carry across reloads.
-//! - Labels never carry request values unless the limit has `detailed_metric: true`, and the
+//! - Labels never carry request values unless the limit has `detailed_metric: true` (every
+//!   entry's value) or entries with `value_to_metric: true` (those entries' values), and the
 //!   number of per-limit series is capped (`max_series`); past it, hits are counted under
 //!   `limit="_other"` and in `ratekeeper_limit_series_dropped`.
 //! - Engine and reload figures are plain atomics kept by their owners and read at scrape
@@ -288,6 +290,34 @@ impl Metrics {
         for (index, (key, value)) in entries.iter().enumerate() {
             let separator = if index == 0 { "" } else { "." };
             let _ = write!(label, "{separator}{key}={value}");
+        }
+        self.counters_capped(LimitLabels {
+            domain: domain.to_owned(),
+            limit: label,
+            unit: unit_label(limit),
+        })
+    }
+
+    /// Counters of a limit reached through entries with `value_to_metric: true`: the label
+    /// is the key path with those entries' request values (`route=/api.method=GET.user`).
+    /// A labelled lookup on the request path, bounded by the series cap.
+    pub fn value_counters(
+        &self,
+        domain: &str,
+        entries: &[(&str, &str)],
+        steps: &[&Node],
+        limit: &Limit,
+    ) -> LimitCounters {
+        let mut label = String::new();
+        for (index, (key, value)) in entries.iter().enumerate() {
+            if index > 0 {
+                label.push('.');
+            }
+            label.push_str(key);
+            if steps.get(index).is_some_and(|node| node.value_to_metric) {
+                label.push('=');
+                label.push_str(value);
+            }
         }
         self.counters_capped(LimitLabels {
             domain: domain.to_owned(),

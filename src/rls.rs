@@ -3,9 +3,11 @@
 //! The only module that knows Envoy's rate limit protobufs. It checks what only the proto
 //! can get wrong (an unknown unit, negative hits), turns a `RateLimitRequest` into a
 //! [`Query`] (borrowing its strings), asks the [`Limiter`], and renders the [`Verdict`] as a
-//! `RateLimitResponse` (one `DescriptorStatus` per descriptor, `RateLimit-*` headers when
-//! enabled); errors become a `Status` through their [`ErrorKind`](crate::error::ErrorKind).
+//! `RateLimitResponse` (one `DescriptorStatus` per descriptor, `RateLimit-*` headers and
+//! dynamic metadata when enabled); errors become a `Status` through their
+//! [`ErrorKind`](crate::error::ErrorKind).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -14,7 +16,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{
+    Duration as ProtoDuration, ListValue, NullValue, Struct, Value,
+};
 
 use crate::algorithm::Unit;
 use crate::error::Error;
@@ -36,7 +41,129 @@ pub async fn should_rate_limit(
     } else {
         Default::default()
     };
-    Ok(response(&verdict, &headers))
+    let mut response = response(&verdict, &headers);
+    if options.response_dynamic_metadata {
+        response.dynamic_metadata = Some(dynamic_metadata(request, &verdict));
+    }
+    Ok(response)
+}
+
+/// The response's dynamic metadata (`--response-dynamic-metadata`), in the reference
+/// service's shape, which Envoy's ratelimit filter stores under its own name
+/// (`envoy.filters.http.ratelimit`):
+///
+/// - `domain`; `descriptors`: one struct per request descriptor with `entries`
+///   (`"key=value"` strings), its `limit` (`requestsPerUnit`, `unit`) and `hitsAddend` when
+///   the request set them, plus what was decided: `code` (`OK` or `OVER_LIMIT`) and
+///   `limitName` (the deciding limit's name, when it has one); `hitsAddend` when the request
+///   set it;
+/// - with quota mode: `quotaModeEnabled: true` and `quotaModeViolations` (the indices of the
+///   descriptors over their quota-mode limits);
+/// - the fields of every matched entry's `metadata` whose limits were not exceeded (later
+///   descriptors win a name clash; the fields above win over any of them).
+pub fn dynamic_metadata(request: &RateLimitRequest, verdict: &Verdict) -> Struct {
+    let mut fields: HashMap<String, Value> = HashMap::new();
+    for metadata in verdict.metadata.iter().flatten() {
+        for (name, value) in metadata.iter() {
+            fields.insert(name.clone(), json_value(value));
+        }
+    }
+    fields.insert("domain".to_owned(), string(&request.domain));
+    let descriptors = request
+        .descriptors
+        .iter()
+        .zip(&verdict.statuses)
+        .map(|(descriptor, status)| {
+            let mut fields = HashMap::new();
+            let entries = descriptor
+                .entries
+                .iter()
+                .map(|entry| string(&format!("{}={}", entry.key, entry.value)))
+                .collect();
+            fields.insert("entries".to_owned(), list(entries));
+            if let Some(limit) = &descriptor.limit {
+                let unit = Unit::from_proto(limit.unit).map_or("UNKNOWN".to_owned(), |unit| {
+                    unit.as_str().to_ascii_uppercase()
+                });
+                let limit = HashMap::from([
+                    (
+                        "requestsPerUnit".to_owned(),
+                        number(f64::from(limit.requests_per_unit)),
+                    ),
+                    ("unit".to_owned(), string(&unit)),
+                ]);
+                fields.insert("limit".to_owned(), structure(limit));
+            }
+            if let Some(hits) = descriptor
+                .hits_addend
+                .as_ref()
+                .filter(|hits| hits.value != 0)
+            {
+                // Hits above 2^53 lose precision as a JSON number, as in the reference.
+                fields.insert("hitsAddend".to_owned(), number(hits.value as f64));
+            }
+            let code = if status.is_over() { "OVER_LIMIT" } else { "OK" };
+            fields.insert("code".to_owned(), string(code));
+            if let Some(name) = status.limited().and_then(|limited| limited.name.as_deref()) {
+                fields.insert("limitName".to_owned(), string(name));
+            }
+            structure(fields)
+        })
+        .collect();
+    fields.insert("descriptors".to_owned(), list(descriptors));
+    if request.hits_addend != 0 {
+        fields.insert(
+            "hitsAddend".to_owned(),
+            number(f64::from(request.hits_addend)),
+        );
+    }
+    if verdict.quota_mode {
+        fields.insert("quotaModeEnabled".to_owned(), value(Kind::BoolValue(true)));
+        let violations = verdict
+            .quota_violations
+            .iter()
+            // Descriptor indices are below `limiter::bounds::MAX_DESCRIPTORS`: exact as f64.
+            .map(|&index| number(index as f64))
+            .collect();
+        fields.insert("quotaModeViolations".to_owned(), list(violations));
+    }
+    Struct { fields }
+}
+
+fn value(kind: Kind) -> Value {
+    Value { kind: Some(kind) }
+}
+
+fn string(text: &str) -> Value {
+    value(Kind::StringValue(text.to_owned()))
+}
+
+fn number(number: f64) -> Value {
+    value(Kind::NumberValue(number))
+}
+
+fn list(values: Vec<Value>) -> Value {
+    value(Kind::ListValue(ListValue { values }))
+}
+
+fn structure(fields: HashMap<String, Value>) -> Value {
+    value(Kind::StructValue(Struct { fields }))
+}
+
+/// A configured `metadata` value as a protobuf `Value` (numbers become doubles).
+fn json_value(json: &serde_json::Value) -> Value {
+    match json {
+        serde_json::Value::Null => value(Kind::NullValue(NullValue::NullValue as i32)),
+        serde_json::Value::Bool(flag) => value(Kind::BoolValue(*flag)),
+        serde_json::Value::Number(n) => number(n.as_f64().unwrap_or_default()),
+        serde_json::Value::String(text) => string(text),
+        serde_json::Value::Array(items) => list(items.iter().map(json_value).collect()),
+        serde_json::Value::Object(map) => structure(
+            map.iter()
+                .map(|(name, item)| (name.clone(), json_value(item)))
+                .collect(),
+        ),
+    }
 }
 
 /// The query a request asks; the error names the proto field at fault.

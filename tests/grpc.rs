@@ -29,21 +29,26 @@ struct Running {
 }
 
 async fn start(response_headers: bool) -> Running {
+    let options = LimiterOptions {
+        response_headers,
+        ..LimiterOptions::default()
+    };
+    start_with(LIMITS, options).await
+}
+
+async fn start_with(limits: &str, limiter: LimiterOptions) -> Running {
     let options = ServerOptions {
         engine: EngineConfig {
             shards: 2,
             ..EngineConfig::default()
         },
-        limiter: LimiterOptions {
-            response_headers,
-            ..LimiterOptions::default()
-        },
+        limiter,
         ..ServerOptions::new(
             "127.0.0.1:0".parse().expect("addr"),
             "127.0.0.1:0".parse().expect("addr"),
         )
     };
-    let limits = Limits::parse_str("grpc.yaml", LIMITS).expect("valid");
+    let limits = Limits::parse_str("grpc.yaml", limits).expect("valid");
     let server = Server::bind(&options, limits, 0).await.expect("binds");
     let grpc = server.grpc_addr().expect("grpc on tcp");
     let http = server.http_addr();
@@ -69,14 +74,20 @@ async fn start(response_headers: bool) -> Running {
 }
 
 fn request(domain: &str, users: &[&str]) -> RateLimitRequest {
+    let descriptors: Vec<(&str, &str)> = users.iter().map(|user| ("user", *user)).collect();
+    request_of(domain, &descriptors)
+}
+
+/// A request with one single-entry descriptor per `(key, value)`.
+fn request_of(domain: &str, descriptors: &[(&str, &str)]) -> RateLimitRequest {
     RateLimitRequest {
         domain: domain.to_owned(),
-        descriptors: users
+        descriptors: descriptors
             .iter()
-            .map(|user| RateLimitDescriptor {
+            .map(|(key, value)| RateLimitDescriptor {
                 entries: vec![Entry {
-                    key: "user".to_owned(),
-                    value: (*user).to_owned(),
+                    key: (*key).to_owned(),
+                    value: (*value).to_owned(),
                 }],
                 ..Default::default()
             })
@@ -200,6 +211,95 @@ async fn healthcheck_answers_ok_while_serving() {
     let running = start(false).await;
     let (status, body) = http_get(running.http, "/healthcheck").await;
     assert_eq!((status, body.as_str()), (200, "OK"));
+    running.shutdown().await;
+}
+
+/// The reference service's newer keys, over the wire: a shared wildcard counter, quota mode
+/// and the dynamic metadata that reports it.
+const NEWER_KEYS: &str = "
+domain: grpc
+descriptors:
+  - key: file
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: day, requests_per_unit: 2}
+  - key: model
+    value: gpt-a
+    quota_mode: true
+    metadata: {backend: a}
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: model
+    value: gpt-b
+    quota_mode: true
+    metadata: {backend: b}
+    rate_limit: {unit: day, requests_per_unit: 5}
+";
+
+/// A string field of a protobuf `Struct`, if it is one.
+fn text_field<'a>(
+    fields: &'a envoy_types::pb::google::protobuf::Struct,
+    name: &str,
+) -> Option<&'a str> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    match fields.fields.get(name)?.kind.as_ref()? {
+        Kind::StringValue(text) => Some(text),
+        _ => None,
+    }
+}
+
+/// The numbers in a list field of a protobuf `Struct`.
+fn numbers_field(fields: &envoy_types::pb::google::protobuf::Struct, name: &str) -> Vec<f64> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let Some(Kind::ListValue(list)) = fields.fields.get(name).and_then(|v| v.kind.as_ref()) else {
+        panic!("{name} is not a list in {fields:?}");
+    };
+    list.values
+        .iter()
+        .filter_map(|value| match value.kind {
+            Some(Kind::NumberValue(number)) => Some(number),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn shared_wildcards_and_quota_mode_over_grpc_with_dynamic_metadata() {
+    let options = LimiterOptions {
+        response_dynamic_metadata: true,
+        ..LimiterOptions::default()
+    };
+    let mut running = start_with(NEWER_KEYS, options).await;
+    let mut codes = Vec::new();
+    for file in ["files/a.pdf", "files/b.csv", "files/c.txt"] {
+        let response = running
+            .client
+            .should_rate_limit(request_of("grpc", &[("file", file)]))
+            .await
+            .expect("ok status")
+            .into_inner();
+        codes.push(response.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, over], "three files, one counter of 2");
+
+    let models = request_of("grpc", &[("model", "gpt-a"), ("model", "gpt-b")]);
+    let mut responses = Vec::new();
+    for _ in 0..2 {
+        let response = running
+            .client
+            .should_rate_limit(models.clone())
+            .await
+            .expect("ok status")
+            .into_inner();
+        responses.push(response);
+    }
+    // The second call exceeds gpt-a's quota; gpt-b has some left, so it passes.
+    let second = &responses[1];
+    assert_eq!(second.overall_code, ok);
+    let metadata = second.dynamic_metadata.as_ref().expect("dynamic metadata");
+    assert_eq!(text_field(metadata, "domain"), Some("grpc"));
+    assert_eq!(text_field(metadata, "backend"), Some("b"));
+    assert_eq!(numbers_field(metadata, "quotaModeViolations"), [0.0]);
     running.shutdown().await;
 }
 

@@ -358,6 +358,53 @@ fn json_endpoint_answers_200_429_and_400() {
     assert!(empty.contains("domain: must not be empty"), "{empty}");
 }
 
+/// The reference's `/json` with `RESPONSE_DYNAMIC_METADATA` and `QUOTA_MODE`: the quota
+/// violations and the matched entries' metadata are in the answer, as over gRPC.
+#[test]
+fn json_endpoint_reports_quota_violations_in_dynamic_metadata() {
+    let dir = TempDir::new("json-quota");
+    let limits = "\
+domain: edge
+descriptors:
+  - key: quota
+    rate_limit: {unit: day, requests_per_unit: 1}
+    metadata: {backend: primary}
+";
+    write_config(dir.path(), "edge.yaml", limits);
+    let server = Ratekeeper::start(dir.path(), &["--response-dynamic-metadata", "--quota-mode"]);
+    let body = r#"{"domain": "edge", "descriptors": [
+        {"entries": [{"key": "quota", "value": "q1"}]},
+        {"entries": [{"key": "quota", "value": "q2"}]}]}"#;
+    let (status, first) = http_post(server.http_addr(), "/json", body);
+    assert_eq!(status, 200, "{first}");
+    let first: serde_json::Value = serde_json::from_str(&first).expect("json");
+    let metadata = &first["dynamicMetadata"];
+    assert_eq!(metadata["domain"], "edge", "{first}");
+    assert_eq!(
+        metadata["descriptors"][1]["entries"][0], "quota=q2",
+        "{first}"
+    );
+    assert_eq!(metadata["quotaModeEnabled"], true, "{first}");
+    assert_eq!(
+        metadata["quotaModeViolations"],
+        serde_json::json!([]),
+        "{first}"
+    );
+    assert_eq!(metadata["backend"], "primary", "{first}");
+    // q1 again, with a fresh q3: q1 is over its quota, q3 is not, so the request passes.
+    let body = r#"{"domain": "edge", "descriptors": [
+        {"entries": [{"key": "quota", "value": "q1"}]},
+        {"entries": [{"key": "quota", "value": "q3"}]}]}"#;
+    let (status, second) = http_post(server.http_addr(), "/json", body);
+    assert_eq!(status, 200, "{second}");
+    let second: serde_json::Value = serde_json::from_str(&second).expect("json");
+    assert_eq!(
+        second["dynamicMetadata"]["quotaModeViolations"],
+        serde_json::json!([0]),
+        "{second}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
     // One token per 3 s, and a request may wait up to 8 s for it: the second request is in

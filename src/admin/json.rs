@@ -69,6 +69,63 @@ impl ParsedRequest {
         }
         query
     }
+
+    /// `dynamicMetadata` (`--response-dynamic-metadata`): the fields the gRPC response's
+    /// `dynamic_metadata` has (see `rls::dynamic_metadata`), as JSON.
+    pub fn dynamic_metadata(&self, verdict: &Verdict) -> Value {
+        let request = &self.request;
+        let mut out = serde_json::Map::new();
+        for metadata in verdict.metadata.iter().flatten() {
+            out.extend(
+                metadata
+                    .iter()
+                    .map(|(name, value)| (name.clone(), value.clone())),
+            );
+        }
+        out.insert("domain".to_owned(), json!(request.domain));
+        let descriptors = request
+            .descriptors
+            .iter()
+            .zip(&self.limits)
+            .zip(&verdict.statuses)
+            .map(|((descriptor, limit), status)| {
+                let entries: Vec<String> = descriptor
+                    .entries
+                    .iter()
+                    .map(|entry| format!("{}={}", entry.key, entry.value))
+                    .collect();
+                let mut fields = json!({
+                    "entries": entries,
+                    "code": if status.is_over() { "OVER_LIMIT" } else { "OK" },
+                });
+                if let Some(limit) = limit {
+                    fields["limit"] = json!({
+                        "requestsPerUnit": limit.requests_per_unit,
+                        "unit": limit.unit.as_str().to_uppercase(),
+                    });
+                }
+                if let Some(hits) = descriptor.hits_addend.filter(|hits| *hits != 0) {
+                    fields["hitsAddend"] = json!(hits);
+                }
+                if let Some(name) = status.limited().and_then(|limited| limited.name.as_deref()) {
+                    fields["limitName"] = json!(name);
+                }
+                fields
+            })
+            .collect();
+        out.insert("descriptors".to_owned(), Value::Array(descriptors));
+        if request.hits_addend != 0 {
+            out.insert("hitsAddend".to_owned(), json!(request.hits_addend));
+        }
+        if verdict.quota_mode {
+            out.insert("quotaModeEnabled".to_owned(), json!(true));
+            out.insert(
+                "quotaModeViolations".to_owned(),
+                json!(verdict.quota_violations.as_slice()),
+            );
+        }
+        Value::Object(out)
+    }
 }
 
 /// Parses a request body; the error says what is wrong and where (the field's path, like

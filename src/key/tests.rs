@@ -142,3 +142,17 @@ fn key_hasher_spreads_ids_over_buckets() {
     assert!(low.len() > 1000, "{} distinct low values", low.len());
     assert_eq!(high.len(), 128);
 }
+
+#[test]
+fn a_shared_pattern_is_not_the_same_key_as_a_value_spelled_like_it() {
+    let rate = Rate::fixed(1, Unit::Second);
+    let mut shared = KeyBuilder::new("d");
+    shared.shared_entry("path", "/files/*");
+    let literal = key_of("d", &[("path", "/files/*")], &rate);
+    assert_ne!(shared.key(&rate), literal);
+    assert_ne!(shared.route(), literal.route);
+    // The same pattern always gives the same key.
+    let mut again = KeyBuilder::new("d");
+    again.shared_entry("path", "/files/*");
+    assert_eq!(shared.key(&rate), again.key(&rate));
+}

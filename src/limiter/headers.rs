@@ -264,6 +264,7 @@ mod tests {
             ]
             .into_iter()
             .collect(),
+            ..Verdict::default()
         };
         let [(policy_name, policy), (state_name, state)] =
             verdict.ietf_headers().expect("limits applied");
@@ -291,6 +292,7 @@ mod tests {
             statuses: [limited(Some(name), 5, 5, Unit::Day, Duration::ZERO)]
                 .into_iter()
                 .collect(),
+            ..Verdict::default()
         };
         let [(_, policy), _] = verdict(r#"a "quoted" \ name"#)
             .ietf_headers()
@@ -303,6 +305,7 @@ mod tests {
         );
         let none = Verdict {
             statuses: [Status::NoLimit].into_iter().collect(),
+            ..Verdict::default()
         };
         assert!(none.ietf_headers().is_none());
         assert!(

@@ -18,8 +18,8 @@ use crate::store::Capabilities;
 
 use super::error::{ConfigError, join, name};
 use super::glob::Glob;
-use super::schema::{RawDescriptor, RawFile, RawLimit};
-use super::tree::{Domain, KeyGroup, Level, Limit, Node};
+use super::schema::{METADATA_DEPTH, RawDescriptor, RawFile, RawLimit};
+use super::tree::{Domain, KeyGroup, Level, Limit, Metadata, Node};
 
 /// The longest `max_wait` accepted.
 pub const MAX_WAIT_CEILING: Duration = Duration::from_secs(10);
@@ -154,6 +154,21 @@ impl Compiler<'_> {
                 }
             }
             let limits = self.limits(raw.rate_limit, raw.rate_limits, &place);
+            let glob = value.as_deref().and_then(Glob::new);
+            let shared = match (raw.share_threshold, &glob, &value) {
+                (true, Some(_), Some(value)) => Some(Box::from(value.as_str())),
+                (true, _, _) => {
+                    self.error(
+                        join(&place, "share_threshold"),
+                        "share_threshold needs a wildcard value (a value with *) whose matches share one counter",
+                    );
+                    None
+                }
+                (false, _, _) => None,
+            };
+            let metadata = raw
+                .metadata
+                .and_then(|metadata| self.metadata(metadata, &join(&place, "metadata")));
             let node_path = match &value {
                 Some(value) => format!("{path} > {}={}", name(&key), name(value)),
                 None => format!("{path} > {}", name(&key)),
@@ -172,7 +187,11 @@ impl Compiler<'_> {
             let node = Node {
                 limits,
                 shadow_mode: raw.shadow_mode,
+                quota_mode: raw.quota_mode,
                 detailed_metric: raw.detailed_metric,
+                value_to_metric: raw.value_to_metric,
+                shared,
+                metadata,
                 path: node_path.into(),
                 key_path: key_path.into(),
                 children,
@@ -181,7 +200,7 @@ impl Compiler<'_> {
             let group: &mut KeyGroup = level.entry(key.into()).or_default();
             match value {
                 None => group.default = Some(Box::new(node)),
-                Some(value) => match Glob::new(&value) {
+                Some(value) => match glob {
                     Some(glob) => group.wildcards.push((glob, value.into(), node)),
                     None => {
                         group.exact.insert(value.into(), node);
@@ -190,6 +209,32 @@ impl Compiler<'_> {
             }
         }
         level
+    }
+
+    /// A descriptor's `metadata`: a map, nested at most [`METADATA_DEPTH`] levels. `null`
+    /// (an empty `metadata:`) means none.
+    fn metadata(&mut self, value: serde_json::Value, place: &str) -> Option<Arc<Metadata>> {
+        if value.is_null() {
+            return None;
+        }
+        if !value.is_object() {
+            self.error(
+                place,
+                "expected a map (key: value pairs) of data to return to Envoy",
+            );
+            return None;
+        }
+        if depth(&value) > METADATA_DEPTH {
+            self.error(
+                place,
+                format!("metadata nested deeper than {METADATA_DEPTH} levels"),
+            );
+            return None;
+        }
+        match value {
+            serde_json::Value::Object(map) if !map.is_empty() => Some(Arc::new(map)),
+            _ => None,
+        }
     }
 
     fn limits(
@@ -457,6 +502,15 @@ impl Compiler<'_> {
             unit?,
             raw.burst,
         ))
+    }
+}
+
+/// How deeply `value` nests maps and lists (a scalar is 0, `{a: 1}` is 1).
+fn depth(value: &serde_json::Value) -> usize {
+    match value {
+        serde_json::Value::Object(map) => 1 + map.values().map(depth).max().unwrap_or(0),
+        serde_json::Value::Array(items) => 1 + items.iter().map(depth).max().unwrap_or(0),
+        _ => 0,
     }
 }
 

@@ -3,7 +3,8 @@
 //! Owns the serde schema (envoyproxy/ratelimit's format plus our extensions) and the
 //! input bounds. Invariants:
 //! - Every map rejects unknown fields and duplicate keys, so a typo (`ratelimit:`) fails
-//!   loudly instead of silently dropping a limit.
+//!   loudly instead of silently dropping a limit. The one free-form map is a descriptor's
+//!   `metadata` (user data handed back to Envoy), which still rejects duplicate keys.
 //! - Whole numbers are read as YAML integers only: a float, a negative number or a quoted
 //!   string is a type error, as in the reference service.
 //! - Descriptors are counted and their depth checked while they are read, so an oversized
@@ -29,9 +30,14 @@ pub const MAX_DEPTH: usize = 32;
 pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
 
 /// YAML nesting the parser allows: the root map, then a list and a map per descriptor
-/// level, then `rate_limits`, its items, `replaces` and its items, plus slack so that our
-/// own depth check (with its clearer message) fires first.
-const YAML_MAX_DEPTH: usize = 1 + 2 * (MAX_DEPTH + 1) + 4 + 2;
+/// level, then `rate_limits`, its items, `replaces` and its items (or a `metadata` value
+/// [`METADATA_DEPTH`] deep), plus slack so that our own depth check (with its clearer
+/// message) fires first.
+const YAML_MAX_DEPTH: usize = 1 + 2 * (MAX_DEPTH + 1) + METADATA_DEPTH + 2;
+
+/// How deep a descriptor's `metadata` map may nest (maps and lists inside it), counting the
+/// map itself; `compile` reports deeper ones, the parser's budget stops far deeper ones.
+pub const METADATA_DEPTH: usize = 8;
 
 /// A whole limits file.
 #[derive(Debug, Default)]
@@ -49,6 +55,11 @@ pub(crate) struct RawDescriptor {
     pub rate_limits: Option<Vec<RawLimit>>,
     pub shadow_mode: bool,
     pub detailed_metric: bool,
+    pub quota_mode: bool,
+    pub share_threshold: bool,
+    pub value_to_metric: bool,
+    /// `metadata`: any YAML value here (compile insists on a map).
+    pub metadata: Option<serde_json::Value>,
     pub descriptors: Vec<RawDescriptor>,
 }
 
@@ -239,6 +250,10 @@ enum DescriptorField {
     RateLimits,
     ShadowMode,
     DetailedMetric,
+    QuotaMode,
+    ShareThreshold,
+    ValueToMetric,
+    Metadata,
     Descriptors,
 }
 
@@ -419,6 +434,16 @@ impl<'de> Visitor<'de> for DescriptorSeed<'_> {
                 DescriptorField::DetailedMetric => {
                     descriptor.detailed_metric = map.next_value::<Option<bool>>()?.unwrap_or(false);
                 }
+                DescriptorField::QuotaMode => {
+                    descriptor.quota_mode = map.next_value::<Option<bool>>()?.unwrap_or(false);
+                }
+                DescriptorField::ShareThreshold => {
+                    descriptor.share_threshold = map.next_value::<Option<bool>>()?.unwrap_or(false);
+                }
+                DescriptorField::ValueToMetric => {
+                    descriptor.value_to_metric = map.next_value::<Option<bool>>()?.unwrap_or(false);
+                }
+                DescriptorField::Metadata => descriptor.metadata = map.next_value()?,
                 DescriptorField::Descriptors => {
                     descriptor.descriptors = map.next_value_seed(ListSeed {
                         bounds: self.bounds,

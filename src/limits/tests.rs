@@ -3,6 +3,7 @@
 mod bounds;
 mod loading;
 mod matching;
+mod newer_keys;
 mod validation;
 
 use std::fs;

@@ -14,9 +14,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::algorithm::Rate;
 
 use super::glob::Glob;
+
+/// A descriptor's `metadata`: a map of JSON-like values (strings, numbers, booleans,
+/// null, lists, maps).
+pub type Metadata = serde_json::Map<String, serde_json::Value>;
 
 /// The descriptor keys of one level.
 pub(crate) type Level = HashMap<Box<str>, KeyGroup>;
@@ -40,14 +46,47 @@ impl Domain {
         &self,
         entries: impl IntoIterator<Item = (&'e str, &'e str)>,
     ) -> Option<&Node> {
+        self.walk(entries).map(|walk| walk.node())
+    }
+
+    /// [`Domain::lookup`], keeping the node matched for each entry (`share_threshold` and
+    /// `value_to_metric` apply per entry). Allocates nothing for up to four entries.
+    pub fn walk<'e>(
+        &self,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<Walk<'_>> {
         let mut level = &self.root;
-        let mut node = None;
+        let mut steps = SmallVec::new();
         for (key, value) in entries {
             let found = level.get(key)?.find(value)?;
             level = &found.children;
-            node = Some(found);
+            steps.push(found);
         }
-        node
+        (!steps.is_empty()).then_some(Walk { steps })
+    }
+}
+
+/// The nodes a request descriptor's entries matched, one per entry, in order.
+#[derive(Clone, Debug)]
+pub struct Walk<'t> {
+    steps: SmallVec<[&'t Node; 4]>,
+}
+
+impl<'t> Walk<'t> {
+    /// The node the walk ended on (the one whose limits apply).
+    pub fn node(&self) -> &'t Node {
+        // A walk has at least one step (see `Domain::walk`).
+        self.steps[self.steps.len() - 1]
+    }
+
+    /// The node matched by each entry.
+    pub fn steps(&self) -> &[&'t Node] {
+        &self.steps
+    }
+
+    /// Whether any entry's node asks for its request value in the metrics.
+    pub fn values_in_metrics(&self) -> bool {
+        self.steps.iter().any(|node| node.value_to_metric)
     }
 }
 
@@ -104,7 +143,18 @@ pub struct Node {
     /// Empty for allow-list and intermediate nodes.
     pub limits: Box<[Limit]>,
     pub shadow_mode: bool,
+    /// A limit over here lets the request pass (reported as a quota violation) unless every
+    /// quota-mode descriptor of the request is over.
+    pub quota_mode: bool,
     pub detailed_metric: bool,
+    /// The request value of this entry appears in the metrics label (`key=value`).
+    pub value_to_metric: bool,
+    /// `share_threshold` on a wildcard value: the wildcard pattern, which stands for every
+    /// value it matches in the counter key, so they all share one counter.
+    pub shared: Option<Box<str>>,
+    /// User data returned in the response's dynamic metadata while this entry's limits
+    /// are not exceeded.
+    pub metadata: Option<Arc<Metadata>>,
     /// Where the entry is in the config, for logs and metrics: the domain, then each key,
     /// with `=value` where a value is configured (`edge > api_key=vip > path`).
     pub path: Box<str>,

@@ -176,3 +176,42 @@ fn histogram_buckets_are_cumulative() {
     assert!(text.contains(r#"h_bucket{le="+Inf"} 3"#), "{text}");
     assert!(text.contains("h_count 3"), "{text}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn value_to_metric_puts_only_those_entries_values_in_the_label() {
+    let yaml = r#"
+domain: edge
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: hour, requests_per_unit: 1, name: per_user}
+"#;
+    let start = 1_704_326_400 * NANOS_PER_SEC;
+    let options = MetricsOptions {
+        near_limit_ratio: 0.8,
+        max_series: 3,
+    };
+    let limiter = Limiter::for_tests(yaml, start, LimiterOptions::default(), options);
+    for (route, user) in [("/a", "u1"), ("/a", "u2"), ("/b", "u1"), ("/c", "u1")] {
+        let mut query = Query::new("edge");
+        query.descriptor([("route", route), ("user", user)], 1);
+        limiter.decide(&query).await.expect("answers");
+    }
+    let text = limiter.metrics().encode();
+    let total = |limit: &str| {
+        sample(
+            &text,
+            &format!(
+                r#"ratekeeper_limit_total_hits_total{{domain="edge",limit="{limit}",unit="hour"}}"#
+            ),
+        )
+    };
+    assert_eq!(total("route=/a.user"), Some(2.0), "{text}");
+    assert_eq!(total("route=/b.user"), Some(1.0), "{text}");
+    // The configured `per_user` series and two valued ones fill the cap of 3.
+    assert_eq!(total("route=/c.user"), None, "{text}");
+    assert_eq!(total("_other"), Some(1.0), "{text}");
+    assert!(!text.contains("u1") && !text.contains("u2"), "{text}");
+}

@@ -4,6 +4,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 };
 use envoy_types::pb::google::protobuf::UInt64Value;
 
+mod metadata;
+
 use super::*;
 use crate::algorithm::NANOS_PER_SEC;
 use crate::limiter::{LimiterOptions, bounds};

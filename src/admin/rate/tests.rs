@@ -308,6 +308,7 @@ fn limited(
 fn verdict(statuses: Vec<Status>) -> Verdict {
     Verdict {
         statuses: statuses.into(),
+        ..Verdict::default()
     }
 }
 

@@ -1,0 +1,147 @@
+//! The response's dynamic metadata (`--response-dynamic-metadata`): the reference service's
+//! shape, quota-mode violations and the entries' `metadata`.
+
+use envoy_types::pb::google::protobuf::UInt64Value;
+
+use super::*;
+
+const LIMITS: &str = r#"
+domain: edge
+descriptors:
+  - key: model
+    value: gpt-a
+    quota_mode: true
+    metadata: {backend: a, domain: spoofed}
+    rate_limit: {unit: hour, requests_per_unit: 1, name: model_a}
+  - key: model
+    value: gpt-b
+    quota_mode: true
+    metadata: {backend: b, weight: 2, tags: [x], extra: {on: true}}
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1, name: per_user}
+"#;
+
+fn metadata_limiter(response_dynamic_metadata: bool) -> Limiter {
+    Limiter::for_tests(
+        LIMITS,
+        START,
+        LimiterOptions {
+            response_dynamic_metadata,
+            ..LimiterOptions::default()
+        },
+        crate::metrics::MetricsOptions::default(),
+    )
+}
+
+/// The response's dynamic metadata as JSON, for readable assertions.
+fn json(response: &RateLimitResponse) -> serde_json::Value {
+    let metadata = response
+        .dynamic_metadata
+        .as_ref()
+        .expect("dynamic metadata");
+    to_json(&Value {
+        kind: Some(Kind::StructValue(metadata.clone())),
+    })
+}
+
+fn to_json(value: &Value) -> serde_json::Value {
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+        Some(Kind::BoolValue(flag)) => serde_json::Value::Bool(*flag),
+        Some(Kind::NumberValue(number)) => serde_json::json!(number),
+        Some(Kind::StringValue(text)) => serde_json::Value::String(text.clone()),
+        Some(Kind::ListValue(list)) => list.values.iter().map(to_json).collect(),
+        Some(Kind::StructValue(fields)) => fields
+            .fields
+            .iter()
+            .map(|(name, value)| (name.clone(), to_json(value)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_dynamic_metadata_unless_enabled() {
+    let limiter = metadata_limiter(false);
+    let response = ask(&limiter, &request(vec![descriptor(&[("model", "gpt-a")])])).await;
+    assert_eq!(response.dynamic_metadata, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_reference_shape_with_what_was_decided() {
+    let limiter = metadata_limiter(true);
+    let mut with_hits = descriptor(&[("user", "u1")]);
+    with_hits.hits_addend = Some(UInt64Value { value: 1 });
+    let mut overridden = descriptor(&[("user", "u2"), ("tier", "gold")]);
+    overridden.limit = Some(RateLimitOverride {
+        requests_per_unit: 7,
+        unit: Unit::Minute.to_proto(),
+    });
+    let mut request = request(vec![with_hits, overridden]);
+    request.hits_addend = 1;
+    let first = ask(&limiter, &request).await;
+    assert_eq!(
+        json(&first),
+        serde_json::json!({
+            "domain": "edge",
+            "hitsAddend": 1.0,
+            "descriptors": [
+                {"entries": ["user=u1"], "hitsAddend": 1.0, "code": "OK", "limitName": "per_user"},
+                {
+                    "entries": ["user=u2", "tier=gold"],
+                    "limit": {"requestsPerUnit": 7.0, "unit": "MINUTE"},
+                    "code": "OK"
+                }
+            ]
+        })
+    );
+    let second = ask(&limiter, &request).await;
+    assert_eq!(second.overall_code, Code::OverLimit as i32);
+    let codes = &json(&second)["descriptors"];
+    assert_eq!(codes[0]["code"], "OVER_LIMIT");
+    assert_eq!(codes[1]["code"], "OK");
+}
+
+#[tokio::test(start_paused = true)]
+async fn quota_violations_and_the_metadata_of_entries_with_quota_left() {
+    let limiter = metadata_limiter(true);
+    let models = request(vec![
+        descriptor(&[("model", "gpt-a")]),
+        descriptor(&[("model", "gpt-b")]),
+    ]);
+    let first = ask(&limiter, &models).await;
+    let first = json(&first);
+    assert_eq!(first["quotaModeEnabled"], true);
+    assert_eq!(first["quotaModeViolations"], serde_json::json!([]));
+    // Both entries had quota: both maps merged, the later one winning a clash; a rule's
+    // metadata never replaces the reference's own fields.
+    assert_eq!(first["backend"], "b");
+    assert_eq!(first["weight"], 2.0);
+    assert_eq!(first["tags"], serde_json::json!(["x"]));
+    assert_eq!(first["extra"], serde_json::json!({"on": true}));
+    assert_eq!(first["domain"], "edge");
+
+    // gpt-a is out of quota: the request passes, and the metadata says why and which
+    // backend still has quota.
+    let second = ask(&limiter, &models).await;
+    assert_eq!(second.overall_code, Code::Ok as i32);
+    assert_eq!(codes(&second), [Code::Ok, Code::Ok]);
+    assert_eq!(second.statuses[0].limit_remaining, 0);
+    let second = json(&second);
+    assert_eq!(second["quotaModeViolations"], serde_json::json!([0.0]));
+    assert_eq!(second["backend"], "b");
+    assert_eq!(second["descriptors"][0]["limitName"], "model_a");
+
+    // Only gpt-a asked for: its only quota descriptor is over, so the request is.
+    let alone = ask(&limiter, &request(vec![descriptor(&[("model", "gpt-a")])])).await;
+    assert_eq!(alone.overall_code, Code::OverLimit as i32);
+    let alone = json(&alone);
+    assert_eq!(alone["quotaModeViolations"], serde_json::json!([0.0]));
+    assert_eq!(
+        alone["backend"],
+        serde_json::Value::Null,
+        "no quota left anywhere"
+    );
+    assert_eq!(alone["descriptors"][0]["code"], "OVER_LIMIT");
+}
