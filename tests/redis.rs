@@ -567,3 +567,46 @@ fn explain_reads_the_counter_in_redis_and_says_so_when_redis_is_down() {
         response.body
     );
 }
+
+#[test]
+fn nginx_rate_and_hot_reload_work_unchanged_on_the_redis_store() {
+    let dir = TempDir::new("redis-front-ends");
+    let server = RedisServer::start(dir.path(), &[]);
+    let limits = |per_hour: u32| {
+        format!(
+            "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit:
+      name: per_key
+      unit: hour
+      requests_per_unit: {per_hour}
+"
+        )
+    };
+    let config = write_config(dir.path(), "limits.yaml", &limits(3));
+    let node = Ratekeeper::start(&config, &["--store", &server.url()]);
+    let http = node.http_addr();
+    let nginx = |key: &str| {
+        let descriptor = format!("api_key={key}");
+        support::http_get(http, "/nginx/edge", &[("X-Ratelimit-Descriptor", &descriptor)])
+            .expect("answers")
+            .status
+    };
+    let rate = |key: &str| {
+        http_post(http, &format!("/rate/edge/per_key/{key}"), &[], "")
+            .expect("answers")
+            .status
+    };
+    // One counter in Redis, whichever front end asks.
+    assert_eq!([nginx("k"), rate("k"), nginx("k")], [204, 200, 204]);
+    assert_eq!([rate("k"), nginx("k")], [429, 403]);
+    // A reload raises the limit: the same counter, now with room.
+    write_config(dir.path(), "limits.yaml", &limits(5));
+    let reloaded = eventually(WAIT, || rate("k") == 200);
+    assert!(reloaded, "the new limit applies: {}", node.stderr());
+    assert_eq!(rate("k"), 200, "the fifth hit");
+    assert_eq!(nginx("k"), 403, "5 of 5 used");
+    assert!(metric(http, "ratekeeper_store_calls_total") >= 5.0);
+}
