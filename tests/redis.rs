@@ -52,6 +52,23 @@ fn ask(http: SocketAddr, value: &str) -> Option<bool> {
     }
 }
 
+/// One descriptor (`user` = `user` in `domain`) with a counter per rate.
+fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Check {
+    let mut key = KeyBuilder::new(domain);
+    key.entry("user", user);
+    Check {
+        counters: rates
+            .iter()
+            .map(|rate| Counter {
+                key: key.key(rate),
+                rate: *rate,
+            })
+            .collect(),
+        cost,
+        wait: None,
+    }
+}
+
 /// Unix nanoseconds the manual clock of the conformance test reads.
 static TIME: AtomicU64 = AtomicU64::new(1_800_000_000_123_456_789);
 
@@ -120,19 +137,9 @@ async fn every_algorithm_answers_exactly_like_the_in_memory_store() {
         let mut checks = Checks::new();
         for _ in 0..=steps.next(2) {
             let rates = &descriptors[steps.next(descriptors.len() as u64) as usize];
-            let mut key = KeyBuilder::new("conformance");
-            key.entry("user", &steps.next(3).to_string());
-            checks.push(Check {
-                counters: rates
-                    .iter()
-                    .map(|rate| Counter {
-                        key: key.key(rate),
-                        rate: *rate,
-                    })
-                    .collect(),
-                cost: costs[steps.next(costs.len() as u64) as usize],
-                wait: None,
-            });
+            let user = steps.next(3).to_string();
+            let cost = costs[steps.next(costs.len() as u64) as usize];
+            checks.push(check("conformance", &user, rates, cost));
         }
         let expected = Store::check(&memory, checks.clone())
             .wait()
@@ -172,19 +179,7 @@ async fn concurrent_requests_batched_together_admit_exactly_the_limit() {
         Rate::fixed(50, Unit::Hour),
         Rate::new(Algorithm::Gcra, 1000, Unit::Hour, Some(80)),
     ];
-    let mut key = KeyBuilder::new("batched");
-    key.entry("user", "one");
-    let check = Check {
-        counters: rates
-            .iter()
-            .map(|rate| Counter {
-                key: key.key(rate),
-                rate: *rate,
-            })
-            .collect(),
-        cost: 1,
-        wait: None,
-    };
+    let check = check("batched", "one", &rates, 1);
     let tasks: Vec<_> = (0..400)
         .map(|_| {
             let (store, check) = (Arc::clone(&store), check.clone());
@@ -590,9 +585,13 @@ descriptors:
     let http = node.http_addr();
     let nginx = |key: &str| {
         let descriptor = format!("api_key={key}");
-        support::http_get(http, "/nginx/edge", &[("X-Ratelimit-Descriptor", &descriptor)])
-            .expect("answers")
-            .status
+        support::http_get(
+            http,
+            "/nginx/edge",
+            &[("X-Ratelimit-Descriptor", &descriptor)],
+        )
+        .expect("answers")
+        .status
     };
     let rate = |key: &str| {
         http_post(http, &format!("/rate/edge/per_key/{key}"), &[], "")

@@ -22,14 +22,24 @@
 -- store refuses at load (sliding windows up to 9,007,199 per unit, buckets refilling
 -- within 2^53 ns). math.fmod is exact; `%` is not.
 --
--- Written for speed: it runs once per request, so it defines no functions and builds no
--- table per counter.
+-- Written for speed: it runs once per batch of requests, so it defines one function and
+-- builds no table per counter.
 
 local E9 = 1000000000
 local MARGIN_MS = 1000
 local fmod, floor, min = math.fmod, math.floor, math.min
 local pack, unpack = struct.pack, struct.unpack
 local call = redis.call
+
+-- (s, n) + d nanoseconds, 0 <= d < 2^53.
+local function plus(s, n, d)
+  local dn = fmod(d, E9)
+  s, n = s + (d - dn) / E9, n + dn
+  if n >= E9 then
+    return s + 1, n - E9
+  end
+  return s, n
+end
 
 local now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out, o = {}, 0
@@ -123,12 +133,7 @@ while arg <= nargs do
         end
       end
       -- Full again at last + burst * interval.
-      local d = burst * interval
-      local dn = fmod(d, E9)
-      local fs, fn = ls + (d - dn) / E9, ln + dn
-      if fn >= E9 then
-        fs, fn = fs + 1, fn - E9
-      end
+      local fs, fn = plus(ls, ln, burst * interval)
       if not (fs > es or (fs == es and fn > en)) then
         tokens, ls, ln = burst, es, en
       else
@@ -138,12 +143,7 @@ while arg <= nargs do
           tokens, ls, ln = burst, es, en
         else
           tokens = tokens + earned
-          d = earned * interval
-          dn = fmod(d, E9)
-          ls, ln = ls + (d - dn) / E9, ln + dn
-          if ln >= E9 then
-            ls, ln = ls + 1, ln - E9
-          end
+          ls, ln = plus(ls, ln, earned * interval)
         end
       end
       if cost > tokens then
@@ -166,12 +166,7 @@ while arg <= nargs do
       if cost > burst or ahead > interval * burst then
         admitted = false
       else
-        local d = interval * cost
-        local dn = fmod(d, E9)
-        local ns, nn = ts + (d - dn) / E9, tn + dn
-        if nn >= E9 then
-          ns, nn = ns + 1, nn - E9
-        end
+        local ns, nn = plus(ts, tn, interval * cost)
         state = pack('<dddd', es, en, ns, nn)
         ttl = floor(ahead / 1000000) + 1 + MARGIN_MS
       end
