@@ -242,7 +242,7 @@ impl Store for RedisStore {
             let answer = tokio::time::timeout(inner.options.timeout, inner.call(&checks, now))
                 .await
                 .map_err(|_| unavailable(format!("no answer within {:?}", inner.options.timeout)))?
-                .map_err(unavailable)?;
+                .map_err(|error| unavailable(error.to_string()))?;
             let (at, replies) = answer;
             inner
                 .read(&checks, at, &replies)
@@ -276,7 +276,12 @@ impl Inner {
                 }
                 None => "a reply of the wrong shape".to_owned(),
             },
-            Ok(Err(error)) => {
+            Ok(Err(CallError::Busy)) => {
+                // This node is overloaded, not Redis: the breaker is not told.
+                self.stats.busy.fetch_add(1, Ordering::Relaxed);
+                return self.by_policy(checks);
+            }
+            Ok(Err(CallError::Failed(error))) => {
                 self.stats.errors.fetch_add(1, Ordering::Relaxed);
                 error
             }
@@ -303,7 +308,7 @@ impl Inner {
     /// The script's answer for `checks` and the time it decided them at: batched with
     /// other requests' checks on one server, or one call per check on a Redis Cluster (a
     /// check's keys share a hash slot; different checks may not), sent together.
-    async fn call(&self, checks: &Checks, now: u64) -> batch::Answer {
+    async fn call(&self, checks: &Checks, now: u64) -> Result<(u64, Vec<redis::Value>), CallError> {
         if let Some(batches) = &self.batches {
             let (reply, answer) = tokio::sync::oneshot::channel();
             let pending = batch::Pending {
@@ -311,19 +316,18 @@ impl Inner {
                 now,
                 reply,
             };
-            batches
-                .try_send(pending)
-                .map_err(|_| format!("{} requests already wait for redis", batch::QUEUE))?;
+            batches.try_send(pending).map_err(|_| CallError::Busy)?;
             return answer
                 .await
-                .map_err(|_| "the redis batcher stopped".to_owned())?;
+                .map_err(|_| CallError::Failed("the redis batcher stopped".to_owned()))?
+                .map_err(CallError::Failed);
         }
         let caller = &self.caller;
         let connection = caller
             .backend
             .connection()
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| CallError::Failed(error.to_string()))?;
         let calls = checks.iter().map(|check| {
             let mut connection = connection.clone();
             let invocation = caller.invocation(std::iter::once(check), now);
@@ -331,7 +335,7 @@ impl Inner {
         });
         let replies = futures_util::future::try_join_all(calls)
             .await
-            .map_err(|error| error.to_string())?;
+            .map_err(|error| CallError::Failed(error.to_string()))?;
         Ok((now, replies.into_iter().flatten().collect()))
     }
 
@@ -407,6 +411,24 @@ impl Inner {
                 },
             })
             .collect()
+    }
+}
+
+/// Why a script call got no answer.
+#[derive(Debug)]
+enum CallError {
+    /// Redis, or the way to it, failed.
+    Failed(String),
+    /// The queue to the batcher is full: this node is overloaded, Redis is not at fault.
+    Busy,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Failed(problem) => f.write_str(problem),
+            CallError::Busy => write!(f, "{} requests already wait for redis", batch::QUEUE),
+        }
     }
 }
 

@@ -19,6 +19,7 @@ pub(super) struct RedisStats {
     pub calls: AtomicU64,
     pub errors: AtomicU64,
     pub timeouts: AtomicU64,
+    pub busy: AtomicU64,
     pub breaker_opened: AtomicU64,
     pub policy_decisions: AtomicU64,
     pub blocked_hits: AtomicU64,
@@ -44,7 +45,7 @@ impl std::fmt::Debug for RedisCollector {
 impl Collector for RedisCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = &self.inner.stats;
-        let totals: [(&str, &str, &AtomicU64); 8] = [
+        let totals: [(&str, &str, &AtomicU64); 9] = [
             ("store_calls", "Redis script calls answered", &stats.calls),
             (
                 "store_errors",
@@ -60,6 +61,11 @@ impl Collector for RedisCollector {
                 "store_breaker_opened",
                 "Times the Redis circuit breaker opened",
                 &stats.breaker_opened,
+            ),
+            (
+                "store_busy",
+                "Requests decided by --store-failure because the queue to Redis was full (this node is overloaded; the breaker is not told)",
+                &stats.busy,
             ),
             (
                 "store_policy_decisions",
