@@ -23,163 +23,28 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
-use crate::algorithm::{Rate, Unit};
+use crate::algorithm::Rate;
 use crate::check::{Check, Checks, Counter, Decision, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
-use crate::limits::{Domain, Limit, Limits, Metadata, Node, Walk};
+use crate::limits::{Domain, Limit, Limits, Node, Walk};
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
 
 mod explain;
 mod headers;
 mod names;
+mod query;
+mod verdict;
 
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
 pub use self::headers::{HeaderNames, HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
 pub use self::names::{
     CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, NamesFigures,
 };
-
-/// Bounds on one query; larger input is rejected with [`Error::Invalid`].
-pub mod bounds {
-    pub const MAX_DOMAIN_LEN: usize = 256;
-    pub const MAX_DESCRIPTORS: usize = 64;
-    pub const MAX_ENTRIES: usize = 32;
-    pub const MAX_KEY_LEN: usize = 256;
-    pub const MAX_VALUE_LEN: usize = 4096;
-}
-
-/// A limit the request brings itself instead of the configured ones (Envoy's descriptor
-/// `limit` field).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LimitOverride {
-    pub requests_per_unit: u32,
-    pub unit: Unit,
-}
-
-/// One descriptor's entries, in order: `(key, value)`.
-pub type Entries<'a> = SmallVec<[(&'a str, &'a str); 2]>;
-
-/// One descriptor of a query.
-#[derive(Clone, Debug)]
-pub struct Descriptor<'a> {
-    pub entries: Entries<'a>,
-    /// Hits to count (0 reports without consuming).
-    pub cost: u64,
-    pub limit: Option<LimitOverride>,
-}
-
-/// What a front end asks: may these descriptors pass in `domain`?
-#[derive(Clone, Debug)]
-pub struct Query<'a> {
-    pub domain: &'a str,
-    pub descriptors: SmallVec<[Descriptor<'a>; 4]>,
-    /// The caller's bound on waiting for capacity: never longer than a limit's `max_wait`
-    /// allows; `None` keeps the configured bound, `Some(ZERO)` never waits.
-    pub max_wait: Option<Duration>,
-}
-
-impl<'a> Query<'a> {
-    pub fn new(domain: &'a str) -> Query<'a> {
-        Query {
-            domain,
-            descriptors: SmallVec::new(),
-            max_wait: None,
-        }
-    }
-
-    /// Adds a descriptor counting `cost` hits.
-    pub fn descriptor(
-        &mut self,
-        entries: impl IntoIterator<Item = (&'a str, &'a str)>,
-        cost: u64,
-    ) -> &mut Descriptor<'a> {
-        self.descriptors.push(Descriptor {
-            entries: entries.into_iter().collect(),
-            cost,
-            limit: None,
-        });
-        let last = self.descriptors.len() - 1;
-        &mut self.descriptors[last]
-    }
-}
-
-/// The limit a descriptor was decided by, and where its counter stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Limited {
-    /// The limit's `name`, if it has one.
-    pub name: Option<Arc<str>>,
-    pub requests_per_unit: u32,
-    pub unit: Unit,
-    /// Hits still admissible right now; 0 when over the limit (like the reference service,
-    /// even if a smaller request would still fit).
-    pub remaining: u32,
-    /// Until the limit has fully recovered (the window ends, the bucket is full).
-    pub reset_after: Duration,
-    /// Over the limit (and not in shadow mode): the request must not pass.
-    pub over: bool,
-    /// The limit is in shadow mode: counted and reported, never enforced.
-    pub shadow: bool,
-    /// When over: how long until the same request would pass (`None`: never can).
-    pub retry_after: Option<Duration>,
-}
-
-/// What was decided for one descriptor.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// No limit applies (unknown domain, no match, allow-list entry, replaced limits).
-    NoLimit,
-    /// An `unlimited` limit matched.
-    Unlimited,
-    /// Decided by a limit: with several on the descriptor, the one closest to exhaustion.
-    Limited(Limited),
-}
-
-impl Status {
-    pub fn is_over(&self) -> bool {
-        matches!(self, Status::Limited(limited) if limited.over)
-    }
-
-    pub fn limited(&self) -> Option<&Limited> {
-        match self {
-            Status::Limited(limited) => Some(limited),
-            _ => None,
-        }
-    }
-}
-
-/// The answer to a query: one status per descriptor, in order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Verdict {
-    pub statuses: SmallVec<[Status; 4]>,
-    /// Whether any limit checked for this query was in quota mode.
-    pub quota_mode: bool,
-    /// The descriptors (by index) whose quota-mode limits were exceeded. They pass (their
-    /// status is not over) unless every quota-mode descriptor of the query was exceeded.
-    pub quota_violations: SmallVec<[usize; 2]>,
-    /// Per descriptor, the `metadata` of the configured entry it matched, when its limits
-    /// were not exceeded (for front ends that hand it back, like Envoy's dynamic metadata).
-    pub metadata: SmallVec<[Option<Arc<Metadata>>; 4]>,
-}
-
-impl Verdict {
-    /// Whether any descriptor is over its limit: the request must not pass.
-    pub fn is_over(&self) -> bool {
-        self.statuses.iter().any(Status::is_over)
-    }
-
-    /// How long until the whole request would pass: the longest wait of its descriptors
-    /// that are over and can pass at all (`None` when none is over, or none can pass).
-    pub fn retry_after(&self) -> Option<Duration> {
-        self.statuses
-            .iter()
-            .filter_map(Status::limited)
-            .filter(|limited| limited.over)
-            .filter_map(|limited| limited.retry_after)
-            .max()
-    }
-}
+use self::query::validate;
+pub use self::query::{Descriptor, LimitOverride, Query, bounds};
+pub use self::verdict::{Limited, Status, Verdict};
 
 /// Switches of the limiter.
 #[derive(Clone, Debug, Default)]
@@ -658,53 +523,6 @@ fn record(
             counters.over_limit.inc_by(cost);
         }
     }
-}
-
-/// Checks the query against [`bounds`]; the error names the field as the query's own
-/// structure does (`descriptors[1].entries[0].key`).
-fn validate(query: &Query<'_>) -> Result<(), Error> {
-    use bounds::*;
-    let too_long = |len: usize, max: usize| format!("{len} bytes, at most {max} allowed");
-    let too_many = |len: usize, max: usize| format!("{len} given, at most {max} allowed");
-    if query.domain.is_empty() {
-        return Err(Error::invalid("domain", "must not be empty"));
-    }
-    if query.domain.len() > MAX_DOMAIN_LEN {
-        let problem = too_long(query.domain.len(), MAX_DOMAIN_LEN);
-        return Err(Error::invalid("domain", problem));
-    }
-    if query.descriptors.is_empty() {
-        return Err(Error::invalid("descriptors", "must not be empty"));
-    }
-    if query.descriptors.len() > MAX_DESCRIPTORS {
-        let problem = too_many(query.descriptors.len(), MAX_DESCRIPTORS);
-        return Err(Error::invalid("descriptors", problem));
-    }
-    for (index, descriptor) in query.descriptors.iter().enumerate() {
-        let field = |name: &str| format!("descriptors[{index}].{name}");
-        if descriptor.entries.is_empty() {
-            return Err(Error::invalid(field("entries"), "must not be empty"));
-        }
-        if descriptor.entries.len() > MAX_ENTRIES {
-            let problem = too_many(descriptor.entries.len(), MAX_ENTRIES);
-            return Err(Error::invalid(field("entries"), problem));
-        }
-        for (position, (key, value)) in descriptor.entries.iter().enumerate() {
-            let entry_field = |name: &str| field(&format!("entries[{position}].{name}"));
-            if key.is_empty() {
-                return Err(Error::invalid(entry_field("key"), "must not be empty"));
-            }
-            if key.len() > MAX_KEY_LEN {
-                let problem = too_long(key.len(), MAX_KEY_LEN);
-                return Err(Error::invalid(entry_field("key"), problem));
-            }
-            if value.len() > MAX_VALUE_LEN {
-                let problem = too_long(value.len(), MAX_VALUE_LEN);
-                return Err(Error::invalid(entry_field("value"), problem));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Each descriptor's request-supplied limit, as a configured limit would be.

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::algorithm::NANOS_PER_SEC;
+use crate::limits::Metadata;
 use crate::metrics::MetricsOptions;
 
 /// 2024-01-04T00:00:10Z.
