@@ -32,3 +32,4 @@ pub mod server;
 pub mod shard;
 pub mod store;
 pub mod tls;
+pub mod xds;
