@@ -12,13 +12,14 @@ use crate::admin::explain::client::ExplainRequest;
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
 use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
-use crate::limits::{Limits, LoadOptions, parse_duration};
+use crate::limits::{ConfigErrors, Limits, LoadOptions, parse_duration};
 use crate::metrics::MetricsOptions;
-use crate::reload::ReloadOptions;
+use crate::reload::{self as reloader, ReloadOptions};
 use crate::server::ServerOptions;
 use crate::store::Capabilities;
 use crate::store::redis::{self, FailurePolicy, RedisOptions, Target};
 use crate::tls::TlsOptions;
+use crate::xds::XdsOptions;
 
 /// Envoy rate limit service sidecar.
 #[derive(Parser)]
@@ -154,9 +155,39 @@ pub enum FailureArg {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Limits: a YAML file, or a directory of *.yaml / *.yml files.
+    /// Limits: a YAML file, or a directory of *.yaml / *.yml files (with --config-source
+    /// file).
     #[arg(long, env = "RATEKEEPER_CONFIG", default_value = "config/")]
     pub config: PathBuf,
+    /// Where the limits come from: `file` (--config, watched and reloaded) or `xds` (an
+    /// xDS management server, --xds-server; no limits until its first valid response).
+    #[arg(long, env = "RATEKEEPER_CONFIG_SOURCE", value_enum, default_value_t = ConfigSource::File)]
+    pub config_source: ConfigSource,
+    /// The xDS management server (`http://host:port`, or `host:port`), with
+    /// --config-source xds.
+    #[arg(
+        long,
+        env = "RATEKEEPER_XDS_SERVER",
+        required_if_eq("config_source", "xds")
+    )]
+    pub xds_server: Option<String>,
+    /// The node id in xDS requests (the management server keys its snapshots by it).
+    #[arg(long, env = "RATEKEEPER_XDS_NODE_ID", default_value = "default")]
+    pub xds_node_id: String,
+    /// Node metadata in xDS requests: `key=value` (or `key:value`) pairs, comma-separated
+    /// or repeated.
+    #[arg(long, env = "RATEKEEPER_XDS_NODE_METADATA", value_delimiter = ',', value_parser = pair)]
+    pub xds_node_metadata: Vec<(String, String)>,
+    /// Extra gRPC metadata on the xDS stream (an auth token, say): `name=value` (or
+    /// `name:value`) pairs, comma-separated or repeated.
+    #[arg(long, env = "RATEKEEPER_XDS_HEADERS", value_delimiter = ',', value_parser = grpc_header)]
+    pub xds_header: Vec<(String, String)>,
+    /// The first delay before reconnecting to the xDS server; it doubles per failed
+    /// attempt (with jitter) up to --xds-backoff-max.
+    #[arg(long, env = "RATEKEEPER_XDS_BACKOFF_INITIAL", value_parser = duration, default_value = "1s")]
+    pub xds_backoff_initial: Duration,
+    #[arg(long, env = "RATEKEEPER_XDS_BACKOFF_MAX", value_parser = duration, default_value = "60s")]
+    pub xds_backoff_max: Duration,
     /// Merge files that name the same domain into one domain (else a duplicate domain is
     /// an error); a top-level descriptor defined in two of them is an error.
     #[arg(long, env = "RATEKEEPER_MERGE_DOMAIN_CONFIG")]
@@ -327,6 +358,15 @@ fn response_headers(text: &str) -> Result<ResponseHeaders, String> {
     }
 }
 
+/// `--config-source` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ConfigSource {
+    /// The files under --config.
+    File,
+    /// An xDS management server (--xds-server), state of the world.
+    Xds,
+}
+
 /// `--peer-fallback` values.
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum FallbackArg {
@@ -343,6 +383,37 @@ impl ServeArgs {
             merge_domains: self.merge_domain_config,
             store: self.store.capabilities(),
         }
+    }
+
+    /// The limits to start with: the files' (see `reload::load_at_start`), or none for
+    /// xDS, which brings them once the server answers.
+    pub fn initial_limits(&self) -> Result<(Limits, u64), ConfigErrors> {
+        match self.config_source {
+            ConfigSource::File => reloader::load_at_start(
+                &self.config,
+                self.load_options(),
+                self.start_without_config,
+            ),
+            ConfigSource::Xds => Ok((Limits::default(), 0)),
+        }
+    }
+
+    /// The xDS subscription, with --config-source xds.
+    fn xds_options(&self) -> Option<XdsOptions> {
+        if self.config_source != ConfigSource::Xds {
+            return None;
+        }
+        // clap requires --xds-server with --config-source xds.
+        let server = self.xds_server.clone().unwrap_or_default();
+        Some(XdsOptions {
+            node_id: self.xds_node_id.clone(),
+            node_metadata: self.xds_node_metadata.clone(),
+            headers: self.xds_header.clone(),
+            backoff_initial: self.xds_backoff_initial,
+            backoff_max: self.xds_backoff_max.max(self.xds_backoff_initial),
+            load: self.load_options(),
+            ..XdsOptions::new(server)
+        })
     }
 
     /// Whether any cluster flag was given.
@@ -430,7 +501,8 @@ impl ServeArgs {
                 near_limit_ratio: self.near_limit_ratio,
                 max_series: self.metrics_max_series,
             },
-            watch: Some(self.config.clone()),
+            watch: (self.config_source == ConfigSource::File).then(|| self.config.clone()),
+            xds: self.xds_options(),
             reload: ReloadOptions {
                 recheck_every: self.reload_interval,
                 load: self.load_options(),
@@ -451,6 +523,29 @@ fn store(text: &str) -> Result<StoreArg, String> {
         "memory" => Ok(StoreArg::Memory),
         _ => Target::parse(text).map(|target| StoreArg::Redis(Box::new(target))),
     }
+}
+
+/// `key=value` or `key:value` (split at the first `=`, else the first `:`).
+fn pair(text: &str) -> Result<(String, String), String> {
+    let split = text.find('=').or_else(|| text.find(':'));
+    match split {
+        Some(at) if at > 0 => Ok((
+            text[..at].trim().to_owned(),
+            text[at + 1..].trim().to_owned(),
+        )),
+        _ => Err(format!("{text:?} is not a key=value pair")),
+    }
+}
+
+/// A [`pair`] that is valid gRPC metadata (a lowercase ASCII name, a visible ASCII value).
+fn grpc_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = pair(text)?;
+    let name = name.to_ascii_lowercase();
+    tonic::metadata::MetadataKey::<tonic::metadata::Ascii>::from_bytes(name.as_bytes())
+        .map_err(|_| format!("{name:?} is not a valid gRPC metadata name"))?;
+    tonic::metadata::MetadataValue::try_from(value.as_str())
+        .map_err(|_| format!("the value of {name:?} is not valid gRPC metadata"))?;
+    Ok((name, value))
 }
 
 fn header_name(text: &str) -> Result<String, String> {

@@ -5,7 +5,8 @@
 //! [`limits`], [`key`] turns each matched limit into a key, and the [`store`] decides the
 //! resulting [`check`]s: in memory, [`cluster`] routes keys to their owner node and
 //! [`engine`] to the [`shard`] that owns them, which decides with the pure [`algorithm`]s.
-//! [`error`] says how every failure is answered. [`reload`] keeps the limits current,
+//! [`error`] says how every failure is answered. [`reload`] keeps the limits current (or
+//! [`xds`], when they come from an xDS management server),
 //! [`metrics`] counts, [`server`] wires the listeners ([`listener`]: the gRPC socket, TCP or
 //! Unix, with [`tls`] when configured). See ARCHITECTURE.md.
 
@@ -32,3 +33,4 @@ pub mod server;
 pub mod shard;
 pub mod store;
 pub mod tls;
+pub mod xds;

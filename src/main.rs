@@ -6,7 +6,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
-use ratekeeper::reload;
 use ratekeeper::server::Server;
 
 fn main() -> ExitCode {
@@ -26,14 +25,13 @@ fn main() -> ExitCode {
 }
 
 fn serve(args: Box<ServeArgs>) -> ExitCode {
-    let (limits, version) =
-        match reload::load_at_start(&args.config, args.load_options(), args.start_without_config) {
-            Ok(loaded) => loaded,
-            Err(errors) => {
-                eprintln!("invalid limits, not starting:\n{errors}");
-                return ExitCode::FAILURE;
-            }
-        };
+    let (limits, version) = match args.initial_limits() {
+        Ok(loaded) => loaded,
+        Err(errors) => {
+            eprintln!("invalid limits, not starting:\n{errors}");
+            return ExitCode::FAILURE;
+        }
+    };
     let options = args.server_options();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

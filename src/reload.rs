@@ -192,13 +192,41 @@ fn reload_serialized(
     if stopped.is_some_and(|stopped| stopped.load(Ordering::SeqCst)) {
         return Ok(false);
     }
+    install(&path.display(), load(path, options), live, stats)
+}
+
+/// [`reload_now`] for limits that arrive as text rather than files (the xDS client's
+/// resources, see `xds`): compile `sources` -> same version? nothing : swap, all or nothing,
+/// counted and logged like a file reload. `origin` names where they came from in the logs.
+/// Blocking (CPU: a compile of up to a few MiB); call it from `spawn_blocking`.
+pub fn reload_sources(
+    origin: &dyn fmt::Display,
+    sources: &[Source],
+    options: LoadOptions,
+    live: &ArcSwap<Limits>,
+    stats: &ReloadStats,
+) -> Result<bool, ConfigErrors> {
+    let _serial = stats.serialize();
+    let loaded =
+        Limits::from_sources_with(sources, options).map(|limits| (limits, version_of(sources)));
+    install(origin, loaded, live, stats)
+}
+
+/// The common end of every reload, under the serializing lock: count, then keep the live
+/// limits (error or same version) or swap `loaded` in.
+fn install(
+    origin: &dyn fmt::Display,
+    loaded: Result<(Limits, u64), ConfigErrors>,
+    live: &ArcSwap<Limits>,
+    stats: &ReloadStats,
+) -> Result<bool, ConfigErrors> {
     stats.checks.fetch_add(1, Ordering::Relaxed);
-    let (limits, version) = match load(path, options) {
+    let (limits, version) = match loaded {
         Ok(loaded) => loaded,
         Err(errors) => {
             stats.failures.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
-                path = %path.display(),
+                path = %origin,
                 problems = errors.errors().len(),
                 "cannot reload the limits, keeping the previous ones:\n{errors}"
             );
@@ -206,7 +234,7 @@ fn reload_serialized(
         }
     };
     if version == stats.version.load(Ordering::Relaxed) {
-        tracing::debug!(path = %path.display(), "limits unchanged");
+        tracing::debug!(path = %origin, "limits unchanged");
         return Ok(false);
     }
     let domains: Vec<&str> = limits.domains().map(Domain::name).collect();
@@ -219,7 +247,7 @@ fn reload_serialized(
         .last_success_unix_seconds
         .store(unix_now(), Ordering::Relaxed);
     tracing::info!(
-        path = %path.display(),
+        path = %origin,
         version = %format_args!("{version:016x}"),
         domains = %domains,
         limits = limit_count,

@@ -39,6 +39,7 @@ use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
 use crate::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::store::Store;
 use crate::store::redis::{RedisOptions, RedisStore};
+use crate::xds::{XdsClient, XdsOptions, XdsStats};
 
 /// The gRPC health service names answered besides the RLS service's full name: the whole
 /// server (`""`) and the reference service's `ratelimit`.
@@ -134,6 +135,8 @@ pub struct ServerOptions {
     pub cluster: Option<(SocketAddr, ClusterOptions)>,
     /// Counters in Redis instead of this process's engine (`None`: in memory).
     pub store: Option<RedisOptions>,
+    /// Take the limits from an xDS management server (instead of `watch`).
+    pub xds: Option<XdsOptions>,
 }
 
 impl ServerOptions {
@@ -153,6 +156,7 @@ impl ServerOptions {
             healthy_only_with_config: false,
             cluster: None,
             store: None,
+            xds: None,
         }
     }
 }
@@ -203,6 +207,9 @@ pub struct Server {
     _watcher: Option<Watcher>,
     /// Kept alive while serving; dropping it stops watching the TLS files.
     _tls_watch: Option<TlsWatch>,
+    /// The xDS subscription, stopped when the server is dropped.
+    _xds: Option<AbortOnDrop>,
+    xds_stats: Arc<XdsStats>,
 }
 
 impl Server {
@@ -249,18 +256,25 @@ impl Server {
             }
         };
         let reload_stats = Arc::new(ReloadStats::with_version(version));
-        reload_stats.successes.fetch_add(1, Ordering::Relaxed);
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| elapsed.as_secs());
-        reload_stats
-            .last_success_unix_seconds
-            .store(now, Ordering::Relaxed);
+        // The start-up load counts as a success; with xDS there is none until it answers.
+        if options.xds.is_none() {
+            reload_stats.successes.fetch_add(1, Ordering::Relaxed);
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |elapsed| elapsed.as_secs());
+            reload_stats
+                .last_success_unix_seconds
+                .store(now, Ordering::Relaxed);
+        }
+        let xds_stats = Arc::new(XdsStats::default());
         // Each owner of figures registers its own collector.
         let mut registry = Metrics::registry();
         cluster.engine().register_metrics(&mut registry);
         cluster.register_metrics(&mut registry);
         reload_stats.register_metrics(&mut registry);
+        if options.xds.is_some() {
+            xds_stats.register_metrics(&mut registry);
+        }
         if let Some(tls) = &tls {
             tls.stats().register_metrics(&mut registry);
         }
@@ -289,6 +303,15 @@ impl Server {
             None => None,
         };
         let tls_watch = tls.as_ref().map(Tls::watch).transpose()?;
+        let xds = options.xds.clone().map(|xds| {
+            let client = XdsClient::new(
+                xds,
+                Arc::clone(&limits),
+                Arc::clone(&reload_stats),
+                Arc::clone(&xds_stats),
+            );
+            AbortOnDrop(client.spawn().abort_handle())
+        });
         let limiter = Arc::new(Limiter::new(
             limits,
             store,
@@ -313,6 +336,8 @@ impl Server {
             shutdown_grace: options.shutdown_grace,
             _watcher: watcher,
             _tls_watch: tls_watch,
+            _xds: xds,
+            xds_stats,
         })
     }
 
@@ -349,6 +374,11 @@ impl Server {
 
     pub fn reload_stats(&self) -> &Arc<ReloadStats> {
         &self.reload_stats
+    }
+
+    /// The xDS client's figures (all zero without `--config-source xds`).
+    pub fn xds_stats(&self) -> &Arc<XdsStats> {
+        &self.xds_stats
     }
 
     /// Serves until `shutdown` resolves, then drains (see the module docs).
