@@ -34,12 +34,14 @@ use crate::store::Store;
 mod explain;
 mod headers;
 mod names;
+mod reset;
 
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
 pub use self::headers::{HeaderNames, HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
 pub use self::names::{
     CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, NamesFigures,
 };
+pub use self::reset::ResetOutcome;
 
 /// Bounds on one query; larger input is rejected with [`Error::Invalid`].
 pub mod bounds {
@@ -285,6 +287,17 @@ impl Limiter {
 
     pub fn limits(&self) -> &Arc<ArcSwap<Limits>> {
         &self.limits
+    }
+
+    /// Per limit of `domain` in the live limits, by [`Limit::index`]: the hits counted and
+    /// those over the limit, since start (what `/metrics` reports; read for the dashboard).
+    pub fn limit_totals(&self, domain: &str) -> Vec<(u64, u64)> {
+        let snapshot = self.limits.load_full();
+        self.table_for(&snapshot)
+            .domain(domain)
+            .iter()
+            .map(|counters| (counters.total_hits.get(), counters.over_limit.get()))
+            .collect()
     }
 
     pub fn options(&self) -> &LimiterOptions {
