@@ -190,3 +190,28 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
     screenshot(&url, BUDGET, &png);
     println!("dashboard screenshot: {}", png.display());
 }
+
+#[test]
+fn the_dashboard_and_the_counters_can_be_turned_off() {
+    let dir = TempDir::new("dashboard-off");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let off = Ratekeeper::start(&config, &["--admin-ui=false"]);
+    for path in ["/ui", "/ui/data"] {
+        let response = http_get(off.http_addr(), path, &[]).expect("answers");
+        assert_eq!(response.status, 404, "{path}");
+    }
+    let no_counters = Ratekeeper::start(
+        &config,
+        &["--admin-counters=false", "--counter-names", "10"],
+    );
+    let response = http_get(no_counters.http_addr(), "/ui/data", &[]).expect("answers");
+    assert_eq!(response.status, 200);
+    let data: Value = serde_json::from_str(&response.body).expect("json");
+    assert_eq!(data["hot"]["enabled"], false, "{data}");
+    assert_eq!(data["counters_enabled"], false, "{data}");
+    assert_eq!(data["cluster"]["mode"], "single", "{data}");
+    assert_eq!(
+        data["limits"]["rows"][1]["path"], "edge > api_key",
+        "{data}"
+    );
+}
