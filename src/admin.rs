@@ -11,7 +11,12 @@
 //! - `POST /debug/explain`: the `/json` body, answered with what each descriptor would meet,
 //!   consuming nothing (see [`explain`]);
 //! - `GET /counters/{domain}`: the live counters of a domain on this node, paged, with
-//!   `--counter-names` (see [`counters`]).
+//!   `--counter-names` (see [`counters`]);
+//! - `DELETE /counters/{domain}?descriptor=k=v,k=v`: resets one descriptor's counters
+//!   wherever they live (see [`counters`]); both `/counters` routes answer 404 with
+//!   `--admin-counters=false`;
+//! - `GET /ui`: the dashboard, one self-contained page polling `GET /ui/data` (see [`ui`]),
+//!   unless `--admin-ui=false`.
 //!
 //! Handlers only read shared state; `/json` goes through the same [`Limiter`] as gRPC.
 
@@ -27,9 +32,11 @@ use axum::routing::{get, post};
 
 use arc_swap::ArcSwap;
 
+use crate::cluster::Cluster;
 use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::limits::Limits;
+use crate::reload::ReloadStats;
 use crate::rls::MAX_MESSAGE_BYTES;
 
 mod counters;
@@ -37,6 +44,36 @@ pub mod explain;
 mod json;
 mod nginx;
 mod rate;
+mod ui;
+
+/// Which operator endpoints the admin listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdminOptions {
+    /// `GET` and `DELETE /counters/{domain}` (`--admin-counters`).
+    pub counters: bool,
+    /// `GET /ui` and `/ui/data` (`--admin-ui`).
+    pub ui: bool,
+}
+
+impl Default for AdminOptions {
+    fn default() -> AdminOptions {
+        AdminOptions {
+            counters: true,
+            ui: true,
+        }
+    }
+}
+
+/// What the admin listener reads: everything is shared with the rest of the process.
+#[derive(Clone, Debug)]
+pub struct Admin {
+    pub health: Arc<Health>,
+    pub limiter: Arc<Limiter>,
+    /// The in-memory store and its ring (a single node outside cluster mode).
+    pub cluster: Cluster,
+    pub reload: Arc<ReloadStats>,
+    pub options: AdminOptions,
+}
 
 /// Whether the process is ready for traffic: serving (false once shutdown began) and, when
 /// that is required, holding limits with at least one domain.
@@ -97,8 +134,15 @@ struct AdminState {
     limiter: Arc<Limiter>,
 }
 
-pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
-    Router::new()
+pub fn router(admin: Admin) -> Router {
+    let Admin {
+        health,
+        limiter,
+        cluster,
+        reload,
+        options,
+    } = admin;
+    let mut router = Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
@@ -110,8 +154,16 @@ pub fn router(health: Arc<Health>, limiter: Arc<Limiter>) -> Router {
             limiter: Arc::clone(&limiter),
         })
         .merge(rate::router(Arc::clone(&limiter)))
-        .merge(counters::router(Arc::clone(&limiter)))
-        .merge(nginx::router(limiter))
+        .merge(counters::router(Arc::clone(&limiter), options.counters));
+    if options.ui {
+        router = router.merge(ui::router(ui::UiState {
+            limiter: Arc::clone(&limiter),
+            cluster,
+            reload,
+            counters: options.counters,
+        }));
+    }
+    router.merge(nginx::router(limiter))
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::admin::AdminOptions;
 use crate::admin::explain::client::ExplainRequest;
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::engine::EngineConfig;
@@ -306,6 +307,13 @@ pub struct ServeArgs {
     /// GET /counters/{domain} can list them (0: keep none, the endpoint answers 404).
     #[arg(long, env = "RATEKEEPER_COUNTER_NAMES", default_value_t = 0)]
     pub counter_names: usize,
+    /// Serve GET and DELETE /counters/{domain} (listing and resetting counters) on the
+    /// HTTP listener; `--admin-counters=false` answers 404 there.
+    #[arg(long, env = "RATEKEEPER_ADMIN_COUNTERS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub admin_counters: bool,
+    /// Serve the dashboard (GET /ui and /ui/data) on the HTTP listener.
+    #[arg(long, env = "RATEKEEPER_ADMIN_UI", default_value_t = true, action = clap::ArgAction::Set)]
+    pub admin_ui: bool,
     /// Most per-limit metric series (label sets).
     #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
     pub metrics_max_series: usize,
@@ -510,6 +518,10 @@ impl ServeArgs {
             },
             shutdown_grace: self.shutdown_grace,
             healthy_only_with_config: self.healthy_only_with_config,
+            admin: AdminOptions {
+                counters: self.admin_counters,
+                ui: self.admin_ui,
+            },
             cluster: self.cluster_options(),
             grpc_uds: self.grpc_uds.clone(),
             grpc_tls: self.tls_options(),

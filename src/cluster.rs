@@ -37,7 +37,7 @@ use crate::error::StoreError;
 use crate::key::KeyId;
 use crate::key::shard_of;
 use crate::ring::{DEFAULT_VNODES, Ring};
-use crate::store::{Capabilities, Checked, Placement, Store};
+use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
 
 /// What a node does with a check whose owner cannot answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -486,6 +486,46 @@ impl Store for Cluster {
             return Checked::Pending(Box::pin(self.check_distributed(node, checks, false)));
         }
         Store::check(self, checks)
+    }
+
+    /// Forgets the counters here (where a fallback may have counted them) and on their
+    /// owner; an owner that cannot be reached is an error.
+    fn reset(&self, keys: Vec<KeyId>) -> ResetFuture<'_> {
+        Box::pin(async move {
+            let here = self.engine.reset(&keys);
+            let Some(node) = &self.node else {
+                return Ok(here);
+            };
+            let remote = {
+                let topology = node.topology.load();
+                keys.first()
+                    .and_then(|key| topology.ring.owner_index(key.route))
+                    .and_then(|owner| topology.remotes.get(owner).cloned().flatten())
+            };
+            let Some(remote) = remote else {
+                return Ok(here);
+            };
+            match remote.reset(&keys).await {
+                Ok(removed) => Ok(here + removed as usize),
+                Err(PeerError::Remote {
+                    peer,
+                    kind,
+                    message,
+                }) => Err(ClusterError::Owner {
+                    peer,
+                    kind,
+                    message,
+                }
+                .into()),
+                Err(error) => {
+                    tracing::warn!(%error, "cannot reset counters on their owner");
+                    Err(ClusterError::Unreachable {
+                        peer: Arc::clone(remote.address()),
+                    }
+                    .into())
+                }
+            }
+        })
     }
 }
 

@@ -217,6 +217,28 @@ impl Engine {
         out
     }
 
+    /// Forgets the counters of `keys` on their shards (one lock at a time); returns how
+    /// many were held.
+    pub fn reset(&self, keys: &[KeyId]) -> usize {
+        let cells = &self.inner.cells;
+        cells
+            .iter()
+            .enumerate()
+            .map(|(index, cell)| {
+                let mine: Vec<KeyId> = keys
+                    .iter()
+                    .filter(|key| key.shard(cells.len()) == index)
+                    .copied()
+                    .collect();
+                if mine.is_empty() {
+                    0
+                } else {
+                    cell.lock().reset(&mine)
+                }
+            })
+            .sum()
+    }
+
     /// Hands counters from another node to their shards; returns how many were kept.
     pub fn import(&self, counters: Vec<(KeyId, Slot)>) -> usize {
         let cells = &self.inner.cells;

@@ -106,6 +106,9 @@ pub enum StoreError {
     Remote { store: String, problem: String },
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// The store offers no such operation (a reset on a store that cannot forget).
+    #[error("this store does not support {what}")]
+    Unsupported { what: &'static str },
 }
 
 impl StoreError {
@@ -113,6 +116,7 @@ impl StoreError {
         match self {
             StoreError::KeyCapacity { .. } => ErrorKind::Full,
             StoreError::Stopped | StoreError::Remote { .. } => ErrorKind::Unavailable,
+            StoreError::Unsupported { .. } => ErrorKind::Internal,
             StoreError::Cluster(error) => error.kind(),
         }
     }

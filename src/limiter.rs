@@ -35,6 +35,7 @@ mod explain;
 mod headers;
 mod names;
 mod query;
+mod reset;
 mod verdict;
 
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
@@ -43,7 +44,8 @@ pub use self::names::{
     CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, NamesFigures,
 };
 use self::query::validate;
-pub use self::query::{Descriptor, LimitOverride, Query, bounds};
+pub use self::query::{Descriptor, Entries, LimitOverride, Query, bounds};
+pub use self::reset::ResetOutcome;
 pub use self::verdict::{Limited, Status, Verdict};
 
 /// Switches of the limiter.
@@ -150,6 +152,17 @@ impl Limiter {
 
     pub fn limits(&self) -> &Arc<ArcSwap<Limits>> {
         &self.limits
+    }
+
+    /// Per limit of `domain` in the live limits, by [`Limit::index`]: the hits counted and
+    /// those over the limit, since start (what `/metrics` reports; read for the dashboard).
+    pub fn limit_totals(&self, domain: &str) -> Vec<(u64, u64)> {
+        let snapshot = self.limits.load_full();
+        self.table_for(&snapshot)
+            .domain(domain)
+            .iter()
+            .map(|counters| (counters.total_hits.get(), counters.over_limit.get()))
+            .collect()
     }
 
     pub fn options(&self) -> &LimiterOptions {

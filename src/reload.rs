@@ -84,7 +84,13 @@ pub struct ReloadStats {
     pub version: AtomicU64,
     /// Held for a whole reload: reloads never overlap.
     serial: Mutex<()>,
+    /// The last failed reload (Unix seconds) and its errors, cleared by a success; its
+    /// text is bounded by [`MAX_ERROR_TEXT`].
+    last_error: Mutex<Option<(u64, String)>>,
 }
+
+/// The most bytes of a failed reload's errors kept for the dashboard.
+pub const MAX_ERROR_TEXT: usize = 8 * 1024;
 
 impl ReloadStats {
     /// Stats for limits already live at `version` (as returned by [`load`]).
@@ -102,6 +108,34 @@ impl ReloadStats {
         registry.register_collector(Box::new(metrics::ReloadCollector {
             stats: Arc::clone(self),
         }));
+    }
+
+    /// The last failed reload, when it failed (Unix seconds) and why, unless a reload
+    /// succeeded since.
+    pub fn last_error(&self) -> Option<(u64, String)> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_last_error(&self, error: Option<String>) {
+        let error = error.map(|mut text| {
+            if text.len() > MAX_ERROR_TEXT {
+                let mut end = MAX_ERROR_TEXT;
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                text.truncate(end);
+                text.push_str("\n...");
+            }
+            (unix_now(), text)
+        });
+        // The guarded value is replaced whole: a poisoned lock holds nothing half-written.
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = error;
     }
 
     fn serialize(&self) -> MutexGuard<'_, ()> {
@@ -225,6 +259,7 @@ fn install(
         Ok(loaded) => loaded,
         Err(errors) => {
             stats.failures.fetch_add(1, Ordering::Relaxed);
+            stats.set_last_error(Some(errors.to_string()));
             tracing::error!(
                 path = %origin,
                 problems = errors.errors().len(),
@@ -233,6 +268,8 @@ fn install(
             return Err(errors);
         }
     };
+    // The files load again: whatever failed before is fixed.
+    stats.set_last_error(None);
     if version == stats.version.load(Ordering::Relaxed) {
         tracing::debug!(path = %origin, "limits unchanged");
         return Ok(false);

@@ -27,7 +27,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::listener::{GrpcEndpoint, GrpcListener, ListenError};
 use crate::tls::{Tls, TlsError, TlsOptions, TlsWatch};
 
-use crate::admin::{self, Health};
+use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
 use crate::cluster::service::PeerService;
 use crate::cluster::{Cluster, ClusterOptions};
@@ -137,6 +137,8 @@ pub struct ServerOptions {
     pub store: Option<RedisOptions>,
     /// Take the limits from an xDS management server (instead of `watch`).
     pub xds: Option<XdsOptions>,
+    /// Which operator endpoints the HTTP listener serves.
+    pub admin: AdminOptions,
 }
 
 impl ServerOptions {
@@ -157,6 +159,7 @@ impl ServerOptions {
             cluster: None,
             store: None,
             xds: None,
+            admin: AdminOptions::default(),
         }
     }
 }
@@ -202,6 +205,7 @@ pub struct Server {
     cluster: Cluster,
     health: Arc<Health>,
     reload_stats: Arc<ReloadStats>,
+    admin: AdminOptions,
     shutdown_grace: Duration,
     /// Kept alive while serving; dropping it stops the watch.
     _watcher: Option<Watcher>,
@@ -333,6 +337,7 @@ impl Server {
             cluster,
             health,
             reload_stats,
+            admin: options.admin,
             shutdown_grace: options.shutdown_grace,
             _watcher: watcher,
             _tls_watch: tls_watch,
@@ -416,7 +421,13 @@ impl Server {
         // 503 (not a refused connection), metrics can be scraped while requests drain, and
         // peers' forwards are still answered until the counters are handed over.
         let (grpc_done_tx, grpc_done_rx) = tokio::sync::watch::channel(false);
-        let app = admin::router(Arc::clone(&self.health), Arc::clone(&self.limiter));
+        let app = admin::router(admin::Admin {
+            health: Arc::clone(&self.health),
+            limiter: Arc::clone(&self.limiter),
+            cluster: self.cluster.clone(),
+            reload: Arc::clone(&self.reload_stats),
+            options: self.admin,
+        });
         let http =
             axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let cluster = self.cluster.clone();

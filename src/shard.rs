@@ -336,6 +336,18 @@ impl Shard {
     pub fn import(&mut self, counters: Vec<(KeyId, Slot)>) -> usize {
         self.counters.import(counters)
     }
+
+    /// Forgets the counters of `keys` (and handed-over states waiting for them); returns
+    /// how many were held. Waiters stay queued: their next look finds the room.
+    pub fn reset(&mut self, keys: &[KeyId]) -> usize {
+        keys.iter()
+            .filter(|key| {
+                let held = self.counters.keys.remove(key).is_some();
+                let pending = self.counters.pending.remove(key).is_some();
+                held || pending
+            })
+            .count()
+    }
 }
 
 impl Counters {

@@ -15,6 +15,9 @@
 //! ([`Store::peek`]: checks of cost 0, decided where `check` would decide them, with no
 //! fallback standing in for an owner that cannot answer).
 //!
+//! An operator's reset (`DELETE /counters/{domain}`) asks [`Store::reset`] to forget a
+//! descriptor's counters wherever they live; a store that cannot says so (the default).
+//!
 //! [`Store::check`] answers [`Checked::Ready`] when it decided without waiting (the
 //! in-memory store, for keys this node owns: no allocation, no task hop), and
 //! [`Checked::Pending`] with a future otherwise (a forward to another node, a check queued
@@ -27,6 +30,7 @@ use std::time::Duration;
 
 use crate::check::{Checks, Decisions};
 use crate::error::StoreError;
+use crate::key::KeyId;
 
 /// What a store decided, or the future that will.
 pub enum Checked<'a> {
@@ -45,6 +49,9 @@ impl Checked<'_> {
 }
 
 pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decisions, StoreError>> + Send + 'a>>;
+
+/// What [`Store::reset`] answers: how many of the keys held a counter.
+pub type ResetFuture<'a> = Pin<Box<dyn Future<Output = Result<usize, StoreError>> + Send + 'a>>;
 
 /// What a store can do beyond counting, and the limits it can count exactly. Limits files
 /// are validated against the selected store's capabilities, so a limit the store cannot
@@ -111,6 +118,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// instead, so the state reported is always the real one.
     fn peek(&self, checks: Checks) -> Checked<'_> {
         self.check(checks)
+    }
+
+    /// Forgets the counters of `keys` (all limits of one descriptor: one route) wherever
+    /// they live, so the descriptor starts afresh; answers how many existed. An owner that
+    /// cannot be reached is an error, never a silent success. A store that cannot reset
+    /// answers [`StoreError::Unsupported`].
+    fn reset(&self, _keys: Vec<KeyId>) -> ResetFuture<'_> {
+        Box::pin(std::future::ready(Err(StoreError::Unsupported {
+            what: "resetting counters",
+        })))
     }
 }
 

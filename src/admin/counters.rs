@@ -17,9 +17,27 @@
 //! recovered meanwhile. `limit` is 1 to 1000 (default 100). Errors: 400 naming the
 //! parameter, 404 for an unknown domain or when names are not kept, 503 when the store
 //! cannot answer.
+//!
+//! `DELETE /counters/{domain}?descriptor=key=value,key=value`: forgets the counters of that
+//! descriptor (every limit it matches) wherever they live: this node's engine, the key's
+//! owner in cluster mode, or Redis. It needs no `--counter-names`. Keys and values are
+//! percent-decoded after splitting on `,` and `=`, so `%2C` and `%3D` stand for a comma or
+//! an equals sign inside them. Answer, 200:
+//!
+//! ```json
+//! {"domain": "edge", "entries": [{"key": "api_key", "value": "k1"}],
+//!  "path": "edge > api_key", "limits": ["per_key"], "removed": 1}
+//! ```
+//!
+//! `removed` counts the counters that existed (0: nothing was counted yet). Errors: 400
+//! naming the parameter, 404 for an unknown domain or a descriptor that matches no limit,
+//! 503 when the store or the owner cannot answer.
+//!
+//! With `--admin-counters=false` both routes answer 404 saying so.
 
 use std::sync::Arc;
 
+use crate::limiter::{Query, ResetOutcome};
 use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
@@ -36,10 +54,113 @@ use crate::limiter::{CounterPage, Limiter, MAX_PAGE};
 /// Counters per page unless `limit` says otherwise.
 const DEFAULT_PAGE: usize = 100;
 
-pub(super) fn router(limiter: Arc<Limiter>) -> Router {
+pub(super) fn router(limiter: Arc<Limiter>, enabled: bool) -> Router {
+    if !enabled {
+        return Router::new().route("/counters/{domain}", get(off).delete(off));
+    }
     Router::new()
-        .route("/counters/{domain}", get(list))
+        .route("/counters/{domain}", get(list).delete(reset))
         .with_state(limiter)
+}
+
+async fn off() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "the counters endpoints are off: ratekeeper runs with --admin-counters=false",
+    )
+}
+
+async fn reset(
+    State(limiter): State<Arc<Limiter>>,
+    domain: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let Path(domain) = match domain {
+        Ok(domain) => domain,
+        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
+    };
+    let entries = match reset_params(query.as_deref().unwrap_or_default()) {
+        Ok(entries) => entries,
+        Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
+    };
+    let mut query = Query::new(&domain);
+    query.descriptor(
+        entries
+            .iter()
+            .map(|(key, value)| (key.as_str(), value.as_str())),
+        0,
+    );
+    let unknown = || error(StatusCode::NOT_FOUND, &format!("unknown domain {domain:?}"));
+    match limiter.reset(&query).await {
+        Ok(ResetOutcome::Reset {
+            path,
+            limits,
+            removed,
+        }) => {
+            let entries: Vec<Value> = entries
+                .iter()
+                .map(|(key, value)| json!({"key": key, "value": value}))
+                .collect();
+            let limits: Vec<Option<&str>> = limits.iter().map(Option::as_deref).collect();
+            let body = json!({
+                "domain": domain,
+                "entries": entries,
+                "path": path.as_deref(),
+                "limits": limits,
+                "removed": removed,
+            });
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
+        Ok(ResetOutcome::UnknownDomain) => unknown(),
+        Ok(ResetOutcome::NoLimit) => error(
+            StatusCode::NOT_FOUND,
+            &format!("descriptor: matches no limit with a counter in domain {domain:?}"),
+        ),
+        Err(failed) => error(failed.http_status(), &failed.to_string()),
+    }
+}
+
+/// The most entries a reset's descriptor may have (the limiter bounds them again).
+const MAX_RESET_ENTRIES: usize = 64;
+
+/// `descriptor=key=value,key=value`, exactly once, nothing else: the entries, decoded.
+fn reset_params(query: &str) -> Result<Vec<(String, String)>, String> {
+    let mut descriptor: Option<Vec<(String, String)>> = None;
+    for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+        let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "descriptor" if descriptor.is_none() => descriptor = Some(entries(raw)?),
+            "descriptor" => return Err("descriptor: given more than once".to_owned()),
+            _ => return Err(format!("unknown parameter {name:?} (expected descriptor)")),
+        }
+    }
+    descriptor
+        .ok_or_else(|| "descriptor: missing (expected descriptor=key=value,key=value)".to_owned())
+}
+
+fn entries(raw: &str) -> Result<Vec<(String, String)>, String> {
+    let decode = |text: &str| -> Result<String, String> {
+        String::from_utf8(percent_decode(text.as_bytes()).into_owned())
+            .map_err(|_| "descriptor: not UTF-8 once percent-decoded".to_owned())
+    };
+    let mut out = Vec::new();
+    for piece in raw.split(',') {
+        let Some((key, value)) = piece.split_once('=') else {
+            return Err(format!(
+                "descriptor: expected key=value pairs separated by commas, got {:?}",
+                decode(piece).unwrap_or_else(|_| piece.to_owned())
+            ));
+        };
+        let key = decode(key)?;
+        if key.is_empty() {
+            return Err(format!("descriptor: an entry has an empty key ({piece:?})"));
+        }
+        out.push((key, decode(value)?));
+        if out.len() > MAX_RESET_ENTRIES {
+            return Err(format!("descriptor: more than {MAX_RESET_ENTRIES} entries"));
+        }
+    }
+    Ok(out)
 }
 
 async fn list(
@@ -148,6 +269,41 @@ fn render(domain: &str, page: &CounterPage) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reset_names_its_bad_parameter() {
+        let entries = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+            list.iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            reset_params("descriptor=api_key=k1,path=%2Fv1%2Cx"),
+            Ok(entries(&[("api_key", "k1"), ("path", "/v1,x")]))
+        );
+        assert_eq!(
+            reset_params("descriptor=api_key="),
+            Ok(entries(&[("api_key", "")]))
+        );
+        for (query, problem) in [
+            ("", "descriptor: missing"),
+            ("descriptor=api_key", "descriptor: expected key=value pairs"),
+            (
+                "descriptor=a=1,,b=2",
+                "descriptor: expected key=value pairs",
+            ),
+            ("descriptor==v", "descriptor: an entry has an empty key"),
+            ("descriptor=a=%FF", "descriptor: not UTF-8"),
+            (
+                "descriptor=a=1&descriptor=a=2",
+                "descriptor: given more than once",
+            ),
+            ("key=a", "unknown parameter \"key\""),
+        ] {
+            let error = reset_params(query).expect_err(query);
+            assert!(error.starts_with(problem), "{query}: {error}");
+        }
+    }
 
     #[test]
     fn parameters_are_checked_and_named() {

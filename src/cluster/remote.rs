@@ -176,6 +176,32 @@ impl Remote {
         }
     }
 
+    /// Asks this peer (the keys' owner) to forget the counters of `keys`; answers how
+    /// many it held. A node without the call (an older version) is reported as such.
+    pub async fn reset(&self, keys: &[KeyId]) -> Result<u32, PeerError> {
+        let message = wire::ResetRequest {
+            version: VERSION,
+            sender: self.me.to_string(),
+            keys: keys.iter().map(convert::key_to_wire).collect(),
+        };
+        let deadline = self.timeout.max(Duration::from_secs(1));
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(deadline);
+        let mut client = self.client.clone();
+        match tokio::time::timeout(deadline, client.reset(request)).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner().removed),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                Err(PeerError::Remote {
+                    peer: Arc::clone(&self.address),
+                    kind: ErrorKind::Internal,
+                    message: "this node's version cannot reset counters (upgrade it)".to_owned(),
+                })
+            }
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable("reset timed out")),
+        }
+    }
+
     /// Tells this peer we joined; returns the members it knows.
     pub async fn join(&self) -> Result<Vec<String>, PeerError> {
         self.membership(true).await

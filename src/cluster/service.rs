@@ -141,6 +141,33 @@ impl Peer for PeerService {
         }))
     }
 
+    async fn reset(
+        &self,
+        request: Request<wire::ResetRequest>,
+    ) -> Result<Response<wire::ResetReply>, Status> {
+        self.node()?;
+        let message = request.into_inner();
+        same_version(message.version)?;
+        if message.keys.is_empty() || message.keys.len() > convert::MAX_COUNTERS_PER_CHECK {
+            return Err(Status::invalid_argument(format!(
+                "keys: {} given, expected 1 to {}",
+                message.keys.len(),
+                convert::MAX_COUNTERS_PER_CHECK
+            )));
+        }
+        let keys = message
+            .keys
+            .iter()
+            .map(|key| convert::key_from_wire(Some(key)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(Status::invalid_argument)?;
+        let removed = self.cluster.engine().reset(&keys);
+        tracing::info!(from = %message.sender, removed, "counters reset on a peer's request");
+        Ok(Response::new(wire::ResetReply {
+            removed: u32::try_from(removed).unwrap_or(u32::MAX),
+        }))
+    }
+
     async fn join(
         &self,
         request: Request<wire::Member>,

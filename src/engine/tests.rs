@@ -136,3 +136,47 @@ async fn the_timer_tasks_end_when_the_last_handle_drops() {
     }
     assert!(cells.iter().all(|cell| cell.upgrade().is_none()));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_forgets_only_the_keys_named() {
+    let engine = engine(4);
+    let rate = Rate::fixed(1, Unit::Hour);
+    let check = |route: u64| {
+        let key = KeyId {
+            route,
+            id: [route, 7],
+        };
+        let mut checks = Checks::new();
+        checks.push(Check {
+            counters: smallvec![Counter { key, rate }],
+            cost: 1,
+            wait: None,
+        });
+        (key, checks)
+    };
+    for route in 1..=8 {
+        let (_, checks) = check(route);
+        assert!(engine.check(checks).await.expect("decided")[0].allowed);
+    }
+    let (key, blocked) = check(3);
+    assert!(!engine.check(blocked).await.expect("decided")[0].allowed);
+    assert_eq!(
+        engine.reset(&[key, key]),
+        1,
+        "a key held once is removed once"
+    );
+    assert_eq!(engine.reset(&[key]), 0);
+    let (_, again) = check(3);
+    assert!(
+        engine.check(again).await.expect("decided")[0].allowed,
+        "room again"
+    );
+    let (_, untouched) = check(4);
+    assert!(!engine.check(untouched).await.expect("decided")[0].allowed);
+    let live: usize = engine
+        .figures()
+        .iter()
+        .map(|figures| figures.live_keys)
+        .sum();
+    assert_eq!(live, 8);
+}

@@ -159,7 +159,7 @@ impl CounterNames {
     }
 
     /// Forgets `routes`.
-    fn forget(&self, routes: &[u64]) {
+    pub(super) fn forget(&self, routes: &[u64]) {
         for route in routes {
             let mut map = self
                 .map(*route)

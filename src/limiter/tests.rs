@@ -183,3 +183,51 @@ async fn metadata_comes_back_only_for_entries_whose_limits_held() {
     let unknown = limiter.decide(&unknown).await.expect("valid");
     assert_eq!(unknown.metadata.as_slice(), [None]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_forgets_every_counter_of_one_descriptor_and_only_those() {
+    let limiter = limiter(SHARED, LimiterOptions::default());
+    for _ in 0..2 {
+        decide(&limiter, &[&[("file", "files/a.pdf")]]).await;
+        decide(&limiter, &[&[("path", "api/x")]]).await;
+    }
+    assert_eq!(
+        overs(&decide(&limiter, &[&[("file", "files/a.pdf")]]).await),
+        [true]
+    );
+    // A value sharing the wildcard's counter resets that shared counter.
+    let mut query = Query::new("edge");
+    query.descriptor([("file", "files/other")], 1);
+    let outcome = limiter.reset(&query).await.expect("a valid reset");
+    let ResetOutcome::Reset { path, removed, .. } = outcome else {
+        panic!("not reset: {outcome:?}");
+    };
+    assert_eq!((path.as_deref(), removed), (Some("edge > file=files/*"), 1));
+    assert_eq!(
+        overs(&decide(&limiter, &[&[("file", "files/a.pdf")]]).await),
+        [false]
+    );
+    assert_eq!(
+        overs(&decide(&limiter, &[&[("path", "api/x")]]).await),
+        [true],
+        "untouched"
+    );
+    // Nothing to reset, or no such domain: told apart; two descriptors: refused.
+    let mut none = Query::new("edge");
+    none.descriptor([("user", "u")], 1);
+    assert_eq!(limiter.reset(&none).await, Ok(ResetOutcome::NoLimit));
+    let mut elsewhere = Query::new("nowhere");
+    elsewhere.descriptor([("path", "api/x")], 1);
+    assert_eq!(
+        limiter.reset(&elsewhere).await,
+        Ok(ResetOutcome::UnknownDomain)
+    );
+    let mut two = Query::new("edge");
+    two.descriptor([("path", "api/x")], 1);
+    two.descriptor([("path", "api/y")], 1);
+    let refused = limiter.reset(&two).await.expect_err("two descriptors");
+    assert_eq!(
+        refused.to_string(),
+        "descriptors: 2 given, a reset takes exactly one"
+    );
+}

@@ -333,6 +333,12 @@ async fn an_invalid_file_keeps_the_old_limits_until_it_is_fixed() {
     assert_eq!(live_rate(&running.live, "edge"), Some(10));
     assert_eq!(running.stats.version.load(Ordering::Relaxed), version);
     assert_eq!(successes(&running.stats), 0);
+    // The dashboard shows why, naming the file and the place.
+    let (_, errors) = running.stats.last_error().expect("the last error is kept");
+    assert!(
+        errors.contains("edge.yaml") && errors.contains("unknown unit \"fortnight\""),
+        "{errors}"
+    );
 
     write(&file, &limits_yaml("edge", 25));
     eventually("requests_per_unit 25", || {
@@ -341,6 +347,7 @@ async fn an_invalid_file_keeps_the_old_limits_until_it_is_fixed() {
     .await;
     assert_eq!(successes(&running.stats), 1);
     assert_ne!(running.stats.version.load(Ordering::Relaxed), version);
+    assert_eq!(running.stats.last_error(), None, "a success clears it");
 }
 
 #[tokio::test]

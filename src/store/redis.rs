@@ -49,7 +49,7 @@ use crate::check::{Check, Checks, Decision, Decisions, States};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
-use crate::store::{Capabilities, Checked, Placement, Store};
+use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
 
 /// What the Redis store can count exactly: no `max_wait`; sliding windows up to 2^53 / 10^9
 /// per unit and buckets that refill within 2^53 ns (104 days), so the script's double
@@ -248,6 +248,32 @@ impl Store for RedisStore {
                 .read(&checks, at, &replies)
                 .ok_or_else(|| unavailable("a reply of the wrong shape".to_owned()))
         }))
+    }
+
+    /// Deletes the descriptor's keys in Redis (one `DEL`: they share a hash slot) and
+    /// forgets them in this process's blocked cache. Other processes' blocked caches keep
+    /// answering "over" for the descriptor until it would have had room anyway.
+    fn reset(&self, keys: Vec<KeyId>) -> ResetFuture<'_> {
+        let inner = &*self.inner;
+        Box::pin(async move {
+            let unavailable = |problem: String| StoreError::Remote {
+                store: inner.options.target.describe(),
+                problem,
+            };
+            inner.blocked.forget_keys(&keys);
+            let names: Vec<String> = keys.iter().map(redis_key).collect();
+            let delete = async {
+                let mut connection = inner.caller.backend.connection().await?;
+                connection.delete(&names).await
+            };
+            let deleted = tokio::time::timeout(inner.options.timeout, delete)
+                .await
+                .map_err(|_| unavailable(format!("no answer within {:?}", inner.options.timeout)))?
+                .map_err(|error| unavailable(error.to_string()))?;
+            // A check racing the reset may have put the keys back in the cache meanwhile.
+            inner.blocked.forget_keys(&keys);
+            Ok(deleted)
+        })
     }
 }
 

@@ -11,6 +11,7 @@
 )]
 
 mod certs;
+mod chromium;
 mod envoy;
 mod http;
 mod nginx;
@@ -28,6 +29,6 @@ mod upstream;
     reason = "each test binary uses only some of these names; the rest are unused there"
 )]
 pub use self::{
-    certs::*, envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*, redis::*, repo::*,
-    temp::*, tools::*, upstream::*,
+    certs::*, chromium::*, envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*,
+    redis::*, repo::*, temp::*, tools::*, upstream::*,
 };

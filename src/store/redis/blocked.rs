@@ -148,6 +148,16 @@ impl BlockedCache {
         }
     }
 
+    /// Drops every entry stored under one of `keys` (their counters were reset).
+    pub fn forget_keys(&self, keys: &[KeyId]) {
+        for key in keys {
+            let removed = self.shard(key).and_then(|mut map| map.remove(key));
+            if let Some(entry) = removed {
+                self.forget_entry(&entry);
+            }
+        }
+    }
+
     fn forget_entry(&self, entry: &Arc<Blocked>) {
         for key in &entry.keys {
             if let Some(mut map) = self.shard(key)

@@ -329,6 +329,17 @@ impl Backend {
 }
 
 impl Connection {
+    /// `DEL keys`: how many existed. On a Redis Cluster the keys must share a hash slot
+    /// (one descriptor's keys do: `rk:{ROUTE}:ID`).
+    pub async fn delete(&mut self, keys: &[String]) -> RedisResult<usize> {
+        let mut command = redis::cmd("DEL");
+        command.arg(keys);
+        match self {
+            Connection::Server(connection) => command.query_async(connection).await,
+            Connection::Cluster(connection) => command.query_async(connection).await,
+        }
+    }
+
     pub async fn invoke(
         &mut self,
         invocation: &redis::ScriptInvocation<'_>,

@@ -1,0 +1,241 @@
+//! `GET /ui`: the operator's dashboard, one self-contained HTML page (inline CSS and JS, no
+//! external assets, works offline), and `GET /ui/data`, the JSON it polls:
+//!
+//! - `limits`: the live limits as a tree (one row per configured entry, `depth` from the
+//!   path), each limit with its hits and over-limit hits since start (`/metrics`' figures);
+//! - `hot`: the most used counters of this node (from `/counters`' names: needs
+//!   `--counter-names N`, and `--admin-counters` on), at most [`HOT_KEYS`];
+//! - `cluster`: the ring's members, each with its health as this node sees it (a peer's
+//!   circuit breaker open: down);
+//! - `reload`: reload counts, the last success and the last failure's errors.
+//!
+//! The page computes the over-limit rate per limit from successive polls and charts the
+//! last minutes (kept in the page, bounded); it explains a descriptor with
+//! `POST /debug/explain` and resets one with `DELETE /counters/{domain}`. Nothing here is
+//! on the request path: `/ui/data` reads atomics, the limits snapshot, and (for `hot`) the
+//! same cost-0 checks `/counters` makes, bounded by [`HOT_DOMAINS`] x [`HOT_PAGE`].
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use crate::cluster::Cluster;
+use crate::limiter::Limiter;
+use crate::limits::Limits;
+use crate::reload::ReloadStats;
+
+/// The page: `ui/dashboard.html`, compiled in.
+const PAGE: &str = include_str!("ui/dashboard.html");
+/// Configured entries listed at most (the rest is counted in `limits_truncated`).
+pub(super) const MAX_ROWS: usize = 1000;
+/// Hottest counters reported.
+pub(super) const HOT_KEYS: usize = 10;
+/// Domains and counters per domain looked at for the hottest counters.
+const HOT_DOMAINS: usize = 20;
+const HOT_PAGE: usize = 100;
+
+#[derive(Clone)]
+pub(super) struct UiState {
+    pub limiter: Arc<Limiter>,
+    pub cluster: Cluster,
+    pub reload: Arc<ReloadStats>,
+    /// `--admin-counters`: the page may list and reset counters.
+    pub counters: bool,
+}
+
+pub(super) fn router(state: UiState) -> Router {
+    Router::new()
+        .route("/ui", get(page))
+        .route("/ui/data", get(data))
+        .with_state(state)
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            // Everything is inline; nothing may be loaded from elsewhere.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src data:",
+            ),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+async fn data(State(state): State<UiState>) -> Response {
+    let snapshot = state.limiter.limits().load_full();
+    let body = json!({
+        "now": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs()),
+        "limits": limits(&state.limiter, &snapshot),
+        "hot": hot(&state, &snapshot).await,
+        "cluster": cluster(&state.cluster),
+        "reload": reload(&state.reload),
+        "counters_enabled": state.counters,
+    });
+    ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
+}
+
+/// The configured entries of every domain, in config order, with their limits' figures.
+fn limits(limiter: &Limiter, snapshot: &Limits) -> Value {
+    let mut rows = Vec::new();
+    let mut truncated = 0usize;
+    let mut domains: Vec<_> = snapshot.domains().collect();
+    domains.sort_by(|a, b| a.name().cmp(b.name()));
+    for domain in domains {
+        let totals = limiter.limit_totals(domain.name());
+        let mut nodes = domain.nodes();
+        nodes.sort_by_key(|node| node.order);
+        if rows.len() >= MAX_ROWS {
+            truncated += nodes.len() + 1;
+            continue;
+        }
+        rows.push(
+            json!({"domain": domain.name(), "path": domain.name(), "depth": 0, "limits": []}),
+        );
+        for node in nodes {
+            if rows.len() >= MAX_ROWS {
+                truncated += 1;
+                continue;
+            }
+            let limits: Vec<Value> = node
+                .limits
+                .iter()
+                .map(|limit| {
+                    let (hits, over) = totals.get(limit.index).copied().unwrap_or_default();
+                    let rate = limit.rate.map(|rate| {
+                        json!({
+                            "requests_per_unit": rate.requests_per_unit,
+                            "unit": rate.unit.as_str(),
+                            "algorithm": rate.algorithm.as_str(),
+                        })
+                    });
+                    json!({
+                        "name": limit.name.as_deref(),
+                        "rate": rate,
+                        "hits": hits,
+                        "over_limit": over,
+                    })
+                })
+                .collect();
+            rows.push(json!({
+                "domain": domain.name(),
+                "path": &*node.path,
+                "depth": node.path.matches(" > ").count(),
+                "shadow": node.shadow_mode,
+                "quota": node.quota_mode,
+                "limits": limits,
+            }));
+        }
+    }
+    json!({"rows": rows, "truncated": truncated})
+}
+
+/// The most used counters this node holds, when it keeps their names.
+async fn hot(state: &UiState, snapshot: &Limits) -> Value {
+    if !state.counters {
+        return json!({"enabled": false, "reason": "--admin-counters=false"});
+    }
+    if state.limiter.counter_names().is_none() {
+        return json!({"enabled": false, "reason": "start ratekeeper with --counter-names N to see the hottest counters"});
+    }
+    let mut found: Vec<(f64, Value)> = Vec::new();
+    for domain in snapshot.domains().take(HOT_DOMAINS) {
+        let page = match state.limiter.counters(domain.name(), None, HOT_PAGE).await {
+            Ok(Some(page)) => page,
+            Ok(None) => break,
+            Err(error) => {
+                return json!({"enabled": true, "error": error.to_string(), "counters": []});
+            }
+        };
+        for listed in page.counters {
+            let limits: Vec<Value> = listed
+                .explained
+                .limits
+                .iter()
+                .map(|limit| {
+                    json!({"name": limit.name.as_deref(), "used": limit.used,
+                           "remaining": limit.remaining, "capacity": limit.rate.capacity()})
+                })
+                .collect();
+            let heat = listed
+                .explained
+                .limits
+                .iter()
+                .map(|limit| limit.used as f64 / limit.rate.capacity().max(1) as f64)
+                .fold(0.0, f64::max);
+            let entries: Vec<Value> = listed
+                .name
+                .entries
+                .iter()
+                .map(|(key, value)| json!({"key": &**key, "value": &**value}))
+                .collect();
+            found.push((
+                heat,
+                json!({
+                    "domain": domain.name(),
+                    "entries": entries,
+                    "path": listed.explained.path.as_deref(),
+                    "limits": limits,
+                }),
+            ));
+        }
+    }
+    found.sort_by(|a, b| b.0.total_cmp(&a.0));
+    found.truncate(HOT_KEYS);
+    json!({"enabled": true, "counters": found.into_iter().map(|(_, value)| value).collect::<Vec<_>>()})
+}
+
+/// The ring's members and their health as this node sees it.
+fn cluster(cluster: &Cluster) -> Value {
+    let Some(me) = cluster.me() else {
+        return json!({"mode": "single", "members": [{"address": "this node", "me": true, "healthy": true}]});
+    };
+    let peers = cluster.stats().map(|(_, peers)| peers).unwrap_or_default();
+    let members: Vec<Value> = cluster
+        .members()
+        .iter()
+        .map(|member| {
+            if &**member == me {
+                return json!({"address": &**member, "me": true, "healthy": true});
+            }
+            match peers.iter().find(|peer| peer.address() == member) {
+                Some(peer) => json!({
+                    "address": &**member,
+                    "me": false,
+                    "healthy": !peer.breaker.is_open(),
+                    "forwarded": peer.stats.forwarded.load(Ordering::Relaxed),
+                    "errors": peer.stats.errors.load(Ordering::Relaxed),
+                }),
+                None => json!({"address": &**member, "me": false, "healthy": false}),
+            }
+        })
+        .collect();
+    json!({"mode": "cluster", "me": me, "members": members})
+}
+
+fn reload(stats: &ReloadStats) -> Value {
+    let last_error = stats
+        .last_error()
+        .map(|(at, errors)| json!({"at": at, "errors": errors}));
+    json!({
+        "checks": stats.checks.load(Ordering::Relaxed),
+        "successes": stats.successes.load(Ordering::Relaxed),
+        "failures": stats.failures.load(Ordering::Relaxed),
+        "last_success": stats.last_success_unix_seconds.load(Ordering::Relaxed),
+        "version": format!("{:016x}", stats.version.load(Ordering::Relaxed)),
+        "last_error": last_error,
+    })
+}

@@ -1,0 +1,217 @@
+//! `GET /ui` in a real headless browser (Debian's chromium): a cluster of two ratekeeper
+//! processes under traffic, some of it over the limit, and a broken config reload; the
+//! page, once its scripts ran, shows the live figures: the limits with a non-zero
+//! over-limit count, a chart per limit, the hottest counter, both ring members healthy,
+//! the reload error, and the explain form's answer. A screenshot is kept under
+//! `<target>/test-artifacts/`.
+
+mod support;
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{
+    Ratekeeper, TempDir, artifacts_dir, dump_dom, eventually, http_get, http_post, metric,
+    screenshot, write_config,
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// Virtual time for the page's scripts: the first poll, the explain call, and a few polls
+/// more (one every 2 s) so the charts have points.
+const BUDGET: Duration = Duration::from_secs(7);
+
+const LIMITS: &str = "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {name: per_key, unit: day, requests_per_unit: 2}
+  - key: tenant
+    descriptors:
+      - key: path
+        rate_limit: {name: per_path, unit: hour, requests_per_unit: 100}
+";
+
+fn ask(http: SocketAddr, value: &str) -> u16 {
+    let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
+    let response = http_post(http, "/json", &[], &body.to_string()).expect("answers");
+    response.status
+}
+
+/// Whether `http`'s node owns `value`'s counter, by `/debug/explain`.
+fn owns(http: SocketAddr, value: &str) -> bool {
+    let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
+    let response = http_post(http, "/debug/explain", &[], &body.to_string()).expect("answers");
+    let explained: Value = serde_json::from_str(&response.body).expect("json");
+    explained["descriptors"][0]["local"] == true
+}
+
+fn start(config: &Path, peers: &[SocketAddr]) -> Ratekeeper {
+    let joined = peers
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args = vec![
+        "--peer-addr",
+        "127.0.0.1:0",
+        "--peer-timeout",
+        "2s",
+        "--counter-names",
+        "100",
+    ];
+    if !peers.is_empty() {
+        args.extend(["--peers", joined.as_str()]);
+    }
+    Ratekeeper::start(config, &args)
+}
+
+/// The numbers in `data-over="N"` attributes of `dom`.
+fn over_figures(dom: &str) -> Vec<u64> {
+    dom.split("data-over=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next()?.parse().ok())
+        .collect()
+}
+
+#[test]
+fn the_dashboard_shows_live_figures_in_a_real_browser() {
+    let dir = TempDir::new("dashboard");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let first = start(&config, &[]);
+    let second = start(&config, &[first.peer_addr()]);
+    for node in [&first, &second] {
+        let agreed = eventually(WAIT, || {
+            metric(node.http_addr(), "ratekeeper_cluster_members") == 2.0
+        });
+        assert!(agreed, "a node never saw 2 members: {}", node.stderr());
+    }
+    let http = first.http_addr();
+    // Traffic through the first node: every key over its limit of 2 once.
+    let values: Vec<String> = (0..12).map(|n| format!("user-{n}")).collect();
+    for value in &values {
+        let statuses: Vec<u16> = (0..3).map(|_| ask(http, value)).collect();
+        assert_eq!(statuses, [200, 200, 429], "{value}");
+    }
+    // The hottest counters are those this node holds.
+    let local = values
+        .iter()
+        .find(|value| owns(http, value))
+        .expect("the first node owns one of 12 keys");
+    // A broken reload: the old limits stay, the page shows why.
+    fs::write(
+        &config,
+        "domain: edge\ndescriptors: [{key: api_key, rate_limit: {unit: fortnight}}]\n",
+    )
+    .expect("write the broken config");
+    let failed = eventually(WAIT, || {
+        let response = http_get(http, "/ui/data", &[]).expect("answers");
+        let data: Value = serde_json::from_str(&response.body).expect("json");
+        !data["reload"]["last_error"].is_null()
+    });
+    assert!(failed, "the broken reload is reported: {}", first.stderr());
+
+    let page = http_get(http, "/ui", &[]).expect("answers");
+    assert_eq!(page.status, 200);
+    assert!(
+        page.header("content-type")
+            .is_some_and(|value| value.starts_with("text/html")),
+        "{:?}",
+        page.headers
+    );
+    assert!(
+        !page.body.contains("src=\"http") && !page.body.contains("href=\"http"),
+        "no external assets"
+    );
+
+    let url = format!("http://{http}/ui?domain=edge&descriptor=api_key={local}");
+    let dom = dump_dom(&url, BUDGET);
+    let context = || format!("DOM:\n{dom}");
+    assert!(
+        dom.contains("data-loaded=\"true\""),
+        "the page loaded its data: {}",
+        context()
+    );
+    assert!(
+        dom.contains("per_key") && dom.contains("per_path"),
+        "limit names: {}",
+        context()
+    );
+    assert!(
+        dom.contains("2/day (fixed_window)"),
+        "the rate: {}",
+        context()
+    );
+    let over = over_figures(&dom);
+    assert!(over.contains(&12), "12 hits over per_key: {over:?}");
+    assert!(
+        dom.contains("class=\"chart\""),
+        "a chart per limit: {}",
+        context()
+    );
+    for node in [&first, &second] {
+        let address = node.peer_addr().to_string();
+        assert!(
+            dom.contains(&format!("class=\"node up\" data-address=\"{address}\"")),
+            "{address} listed healthy: {}",
+            context()
+        );
+    }
+    assert!(
+        dom.contains(&format!("edge: api_key={local}")),
+        "the hottest counter: {}",
+        context()
+    );
+    assert!(
+        dom.contains("id=\"reload-error\""),
+        "the reload error: {}",
+        context()
+    );
+    assert!(
+        dom.contains("fortnight"),
+        "the reload error's text: {}",
+        context()
+    );
+    let explained = dom
+        .split("class=\"explained\">")
+        .nth(1)
+        .and_then(|rest| rest.split('<').next())
+        .unwrap_or_else(|| panic!("the explain answer: {}", context()));
+    assert!(
+        explained.contains(&format!("api_key={local}"))
+            && explained.contains("per_key: used 2, remaining 0")
+            && explained.contains("would reject"),
+        "{explained}"
+    );
+
+    let png = artifacts_dir().join("dashboard.png");
+    screenshot(&url, BUDGET, &png);
+    println!("dashboard screenshot: {}", png.display());
+}
+
+#[test]
+fn the_dashboard_and_the_counters_can_be_turned_off() {
+    let dir = TempDir::new("dashboard-off");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let off = Ratekeeper::start(&config, &["--admin-ui=false"]);
+    for path in ["/ui", "/ui/data"] {
+        let response = http_get(off.http_addr(), path, &[]).expect("answers");
+        assert_eq!(response.status, 404, "{path}");
+    }
+    let no_counters = Ratekeeper::start(
+        &config,
+        &["--admin-counters=false", "--counter-names", "10"],
+    );
+    let response = http_get(no_counters.http_addr(), "/ui/data", &[]).expect("answers");
+    assert_eq!(response.status, 200);
+    let data: Value = serde_json::from_str(&response.body).expect("json");
+    assert_eq!(data["hot"]["enabled"], false, "{data}");
+    assert_eq!(data["counters_enabled"], false, "{data}");
+    assert_eq!(data["cluster"]["mode"], "single", "{data}");
+    assert_eq!(
+        data["limits"]["rows"][1]["path"], "edge > api_key",
+        "{data}"
+    );
+}
