@@ -93,7 +93,8 @@ pub struct Placement {
     pub shard: Option<(usize, usize)>,
     /// The node owning them (cluster mode), by its peer address.
     pub owner: Option<Arc<str>>,
-    /// Whether this node owns them.
+    /// Whether this node reaches them itself (its own engine, or a store every node shares,
+    /// like Redis) rather than through another node that owns them.
     pub local: bool,
 }
 

@@ -609,3 +609,31 @@ descriptors:
     assert_eq!(nginx("k"), 403, "5 of 5 used");
     assert!(metric(http, "ratekeeper_store_calls_total") >= 5.0);
 }
+
+#[test]
+fn counters_counted_in_redis_are_listed_with_their_state() {
+    let dir = TempDir::new("redis-counters");
+    let server = RedisServer::start(dir.path(), &[]);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let node = Ratekeeper::start(
+        &config,
+        &["--store", &server.url(), "--counter-names", "100"],
+    );
+    let http = node.http_addr();
+    for _ in 0..4 {
+        assert_eq!(ask(http, "listed"), Some(true));
+    }
+    let response = support::http_get(http, "/counters/edge", &[]).expect("answers");
+    assert_eq!(response.status, 200, "{}", response.body);
+    let page: serde_json::Value = serde_json::from_str(&response.body).expect("json");
+    let counter = &page["counters"][0];
+    assert_eq!(counter["entries"][0]["value"], "listed", "{page}");
+    assert_eq!(
+        (
+            &counter["limits"][0]["used"],
+            &counter["limits"][0]["remaining"]
+        ),
+        (&4.into(), &6.into()),
+        "the state in Redis: {page}"
+    );
+}

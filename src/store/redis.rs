@@ -219,10 +219,12 @@ impl Store for RedisStore {
         }))
     }
 
-    /// Where the counters live: in Redis, shared by every process using it.
+    /// Where the counters live: in Redis, shared by every process using it, and reached
+    /// by this one directly (so `/counters` can list the ones it counted).
     fn placement(&self, _route: u64) -> Placement {
         Placement {
             owner: Some(Arc::from(self.inner.options.target.describe())),
+            local: true,
             ..Placement::default()
         }
     }
