@@ -32,8 +32,33 @@ pub struct Cli {
     /// Log format.
     #[arg(long, env = "RATEKEEPER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// Trace every `ShouldRateLimit` call to this OTLP/gRPC collector (e.g.
+    /// `http://otel-collector:4317`), as a child of the caller's W3C trace context. Off
+    /// when not given.
+    #[arg(long, env = "RATEKEEPER_OTLP_ENDPOINT", global = true)]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the traced spans.
+    #[arg(
+        long,
+        env = "RATEKEEPER_OTLP_SERVICE_NAME",
+        default_value = "ratekeeper",
+        global = true
+    )]
+    pub otlp_service_name: String,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Where spans go, if tracing is on.
+    pub fn otlp(&self) -> Option<crate::telemetry::OtlpOptions> {
+        self.otlp_endpoint
+            .as_ref()
+            .map(|endpoint| crate::telemetry::OtlpOptions {
+                endpoint: endpoint.clone(),
+                service_name: self.otlp_service_name.clone(),
+            })
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]

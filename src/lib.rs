@@ -32,5 +32,6 @@ pub mod rls;
 pub mod server;
 pub mod shard;
 pub mod store;
+pub mod telemetry;
 pub mod tls;
 pub mod xds;

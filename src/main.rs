@@ -7,24 +7,36 @@ use std::process::ExitCode;
 use clap::Parser;
 use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
 use ratekeeper::server::Server;
+use ratekeeper::telemetry;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Text => logs.init(),
-        LogFormat::Json => logs.json().init(),
-    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the tokio runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let json = matches!(cli.log_format, LogFormat::Json);
+    // The span exporter needs the runtime; it flushes what is queued when dropped.
+    let telemetry =
+        runtime.block_on(async { telemetry::init(&cli.log, json, cli.otlp().as_ref()) });
+    let _telemetry = match telemetry {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
     match cli.command {
         Command::Validate(args) => args.run(),
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(args, &runtime),
         Command::Explain(args) => ratekeeper::admin::explain::client::command(&args.request()),
     }
 }
 
-fn serve(args: Box<ServeArgs>) -> ExitCode {
+fn serve(args: Box<ServeArgs>, runtime: &tokio::runtime::Runtime) -> ExitCode {
     let (limits, version) = match args.initial_limits() {
         Ok(loaded) => loaded,
         Err(errors) => {
@@ -33,13 +45,6 @@ fn serve(args: Box<ServeArgs>) -> ExitCode {
         }
     };
     let options = args.server_options();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("cannot start the tokio runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
     let result = runtime.block_on(async {
         let server = Server::bind(&options, limits, version).await?;
         // Tests and scripts read this line to learn the bound addresses.
