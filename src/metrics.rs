@@ -20,7 +20,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, MetricEncoder, NoLabelSet};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -377,6 +378,48 @@ pub fn encode_gauge(mut metric: MetricEncoder<'_>, value: u64) -> Result<(), std
 /// Encodes `value` as a counter (for collectors that read atomics at scrape time).
 pub fn encode_counter(mut metric: MetricEncoder<'_>, value: u64) -> Result<(), std::fmt::Error> {
     metric.encode_counter::<NoLabelSet, _, u64>(&value, None)
+}
+
+/// One unlabelled counter family, `name` = `value` (for collectors reading atomics at
+/// scrape time).
+pub fn scrape_counter(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    encode_counter(
+        encoder.encode_descriptor(name, help, None, MetricType::Counter)?,
+        value,
+    )
+}
+
+/// One unlabelled gauge family, `name` = `value`.
+pub fn scrape_gauge(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> Result<(), std::fmt::Error> {
+    encode_gauge(
+        encoder.encode_descriptor(name, help, None, MetricType::Gauge)?,
+        value,
+    )
+}
+
+/// One counter family with a sample per `(label value, count)` of one label.
+pub fn scrape_counters_by(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    label: &str,
+    samples: &[(&str, u64)],
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value, count) in samples {
+        encode_counter(family.encode_family(&[(label, *value)])?, *count)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

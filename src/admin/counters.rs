@@ -49,7 +49,7 @@ use serde_json::{Value, json};
 use super::error;
 use super::explain::limit;
 use super::rate::percent_decode;
-use crate::limiter::{CounterPage, Limiter, MAX_PAGE};
+use crate::limiter::{CounterName, CounterPage, Limiter, MAX_PAGE};
 
 /// Counters per page unless `limit` says otherwise.
 const DEFAULT_PAGE: usize = 100;
@@ -226,19 +226,21 @@ fn params(query: &str) -> Result<(Option<u64>, usize), String> {
     Ok((after, page_size.unwrap_or(DEFAULT_PAGE)))
 }
 
+/// A counter's descriptor entries as `[{"key": .., "value": ..}]`.
+pub(super) fn entries_json(name: &CounterName) -> Value {
+    name.entries
+        .iter()
+        .map(|(key, value)| json!({"key": &**key, "value": &**value}))
+        .collect()
+}
+
 fn render(domain: &str, page: &CounterPage) -> Value {
     let counters: Vec<Value> = page
         .counters
         .iter()
         .map(|listed| {
-            let entries: Vec<Value> = listed
-                .name
-                .entries
-                .iter()
-                .map(|(key, value)| json!({"key": &**key, "value": &**value}))
-                .collect();
             let mut out = json!({
-                "entries": entries,
+                "entries": entries_json(&listed.name),
                 "path": listed.explained.path.as_deref(),
                 "shadow": listed.explained.shadow,
                 "limits": listed.explained.limits.iter().map(limit).collect::<Vec<_>>(),

@@ -176,17 +176,11 @@ async fn hot(state: &UiState, snapshot: &Limits) -> Value {
                 .iter()
                 .map(|limit| limit.used as f64 / limit.rate.capacity().max(1) as f64)
                 .fold(0.0, f64::max);
-            let entries: Vec<Value> = listed
-                .name
-                .entries
-                .iter()
-                .map(|(key, value)| json!({"key": &**key, "value": &**value}))
-                .collect();
             found.push((
                 heat,
                 json!({
                     "domain": domain.name(),
-                    "entries": entries,
+                    "entries": super::counters::entries_json(&listed.name),
                     "path": listed.explained.path.as_deref(),
                     "limits": limits,
                 }),

@@ -8,7 +8,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
 use super::Cluster;
-use crate::metrics::{encode_counter, encode_gauge};
+use crate::metrics::{encode_counter, encode_gauge, scrape_counter, scrape_gauge};
 
 /// Reads the cluster's figures at scrape time.
 #[derive(Debug)]
@@ -21,13 +21,12 @@ impl Collector for ClusterCollector {
         let Some((stats, remotes)) = self.cluster.stats() else {
             return Ok(());
         };
-        let members = encoder.encode_descriptor(
+        scrape_gauge(
+            &mut encoder,
             "cluster_members",
             "Nodes on this node's hash ring, itself included",
-            None,
-            MetricType::Gauge,
+            self.cluster.members().len() as u64,
         )?;
-        encode_gauge(members, self.cluster.members().len() as u64)?;
         let totals: [(&str, &str, &AtomicU64); 5] = [
             (
                 "cluster_fallbacks",
@@ -56,8 +55,7 @@ impl Collector for ClusterCollector {
             ),
         ];
         for (name, help, value) in totals {
-            let counter = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            encode_counter(counter, value.load(Ordering::Relaxed))?;
+            scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
         }
         type Read = fn(&super::remote::Remote) -> u64;
         let per_peer: [(&str, &str, MetricType, Read); 4] = [

@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
 use super::ReloadStats;
-use crate::metrics::encode_gauge;
+use crate::metrics::{encode_gauge, scrape_counters_by, scrape_gauge};
 
 /// Reads the reloader's figures at scrape time.
 #[derive(Debug)]
@@ -19,29 +19,20 @@ pub(super) struct ReloadCollector {
 impl Collector for ReloadCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = &self.stats;
-        let mut loads = encoder.encode_descriptor(
+        scrape_counters_by(
+            &mut encoder,
             "config_loads",
             "Limits loads by result (the start-up load counts as a success)",
-            None,
-            MetricType::Counter,
+            "result",
+            &[
+                ("success", stats.successes.load(Ordering::Relaxed)),
+                ("failure", stats.failures.load(Ordering::Relaxed)),
+            ],
         )?;
-        for (result, value) in [
-            ("success", stats.successes.load(Ordering::Relaxed)),
-            ("failure", stats.failures.load(Ordering::Relaxed)),
-        ] {
-            let labels = [("result", result)];
-            loads
-                .encode_family(&labels)?
-                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
-        }
-        let last = encoder.encode_descriptor(
+        scrape_gauge(
+            &mut encoder,
             "config_last_success_timestamp_seconds",
             "Unix time of the last successful limits load",
-            None,
-            MetricType::Gauge,
-        )?;
-        encode_gauge(
-            last,
             stats.last_success_unix_seconds.load(Ordering::Relaxed),
         )?;
         let mut info = encoder.encode_descriptor(

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use notify::{Event, RecommendedWatcher, RecursiveMode, Watcher as _};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::{Tls, TlsError, TlsStats};
+use crate::metrics::{scrape_counter, scrape_counters_by};
 use crate::reload::is_read;
 
 /// Quiet time after the last event before the files are read again. Writers often replace
@@ -140,30 +140,21 @@ pub(super) struct TlsCollector {
 impl Collector for TlsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = &self.stats;
-        let mut loads = encoder.encode_descriptor(
+        scrape_counters_by(
+            &mut encoder,
             "grpc_tls_loads",
             "Loads of the gRPC TLS certificate files by result (the start-up load counts)",
-            None,
-            MetricType::Counter,
+            "result",
+            &[
+                ("success", stats.loads.load(Ordering::Relaxed)),
+                ("failure", stats.load_failures.load(Ordering::Relaxed)),
+            ],
         )?;
-        for (result, value) in [
-            ("success", stats.loads.load(Ordering::Relaxed)),
-            ("failure", stats.load_failures.load(Ordering::Relaxed)),
-        ] {
-            let labels = [("result", result)];
-            loads
-                .encode_family(&labels)?
-                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
-        }
-        let mut handshakes = encoder.encode_descriptor(
+        scrape_counter(
+            &mut encoder,
             "grpc_tls_handshake_failures",
             "gRPC connections whose TLS handshake failed or timed out",
-            None,
-            MetricType::Counter,
-        )?;
-        handshakes.encode_counter::<NoLabelSet, _, u64>(
-            &stats.handshake_failures.load(Ordering::Relaxed),
-            None,
+            stats.handshake_failures.load(Ordering::Relaxed),
         )
     }
 }

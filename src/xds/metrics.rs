@@ -1,14 +1,13 @@
 //! The xDS client's metrics, read at scrape time.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::DescriptorEncoder;
 
 use super::XdsStats;
-use crate::metrics::encode_gauge;
+use crate::metrics::{scrape_counter, scrape_counters_by, scrape_gauge};
 
 /// Reads the xDS client's figures at scrape time.
 #[derive(Debug)]
@@ -19,43 +18,31 @@ pub(super) struct XdsCollector {
 impl Collector for XdsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = &self.stats;
-        let connected = encoder.encode_descriptor(
+        let read = |value: &AtomicU64| value.load(Ordering::Relaxed);
+        scrape_gauge(
+            &mut encoder,
             "xds_connected",
             "1 while a stream to the xDS management server is open",
-            None,
-            MetricType::Gauge,
-        )?;
-        encode_gauge(
-            connected,
             u64::from(stats.connected.load(Ordering::Relaxed)),
         )?;
-        for (name, help, value) in [
-            (
-                "xds_streams",
-                "Streams opened to the xDS management server",
-                &stats.connects,
-            ),
-            (
-                "xds_disconnects",
-                "Streams to the xDS management server that ended or failed to open",
-                &stats.disconnects,
-            ),
-        ] {
-            let mut counter = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            counter.encode_counter::<NoLabelSet, _, u64>(&value.load(Ordering::Relaxed), None)?;
-        }
-        let mut responses = encoder.encode_descriptor(
+        scrape_counter(
+            &mut encoder,
+            "xds_streams",
+            "Streams opened to the xDS management server",
+            read(&stats.connects),
+        )?;
+        scrape_counter(
+            &mut encoder,
+            "xds_disconnects",
+            "Streams to the xDS management server that ended or failed to open",
+            read(&stats.disconnects),
+        )?;
+        scrape_counters_by(
+            &mut encoder,
             "xds_responses",
             "RateLimitConfig responses from the xDS management server by answer (ack: applied, nack: rejected)",
-            None,
-            MetricType::Counter,
-        )?;
-        for (result, value) in [("ack", &stats.acks), ("nack", &stats.nacks)] {
-            let labels = [("result", result)];
-            responses
-                .encode_family(&labels)?
-                .encode_counter::<NoLabelSet, _, u64>(&value.load(Ordering::Relaxed), None)?;
-        }
-        Ok(())
+            "result",
+            &[("ack", read(&stats.acks)), ("nack", read(&stats.nacks))],
+        )
     }
 }

@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 
 use super::Inner;
 use crate::histogram::AtomicHistogram;
-use crate::metrics::{encode_counter, encode_gauge};
+use crate::metrics::{scrape_counter, scrape_gauge};
 
 /// The store's figures, written on the request path with relaxed atomics.
 #[derive(Debug, Default)]
@@ -89,23 +89,20 @@ impl Collector for RedisCollector {
             ),
         ];
         for (name, help, value) in totals {
-            let counter = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            encode_counter(counter, value.load(Ordering::Relaxed))?;
+            scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
         }
-        let open = encoder.encode_descriptor(
+        scrape_gauge(
+            &mut encoder,
             "store_circuit_open",
             "1 while the Redis circuit breaker is open (checks use --store-failure)",
-            None,
-            MetricType::Gauge,
+            u64::from(self.inner.breaker.is_open()),
         )?;
-        encode_gauge(open, u64::from(self.inner.breaker.is_open()))?;
-        let blocked = encoder.encode_descriptor(
+        scrape_gauge(
+            &mut encoder,
             "store_blocked_cache_entries",
-            "Over-limit descriptors held in the cache",
-            None,
-            MetricType::Gauge,
+            "Key slots held by the over-limit cache (a descriptor with several limits takes one per limit)",
+            self.inner.blocked.len() as u64,
         )?;
-        encode_gauge(blocked, self.inner.blocked.len() as u64)?;
         let latency = encoder.encode_descriptor(
             "store_call_seconds",
             "Time of one Redis script call, failures included",
