@@ -118,6 +118,38 @@ pub fn peek(rate: &Rate, mut state: State, now: u64, cost: u64) -> Decision {
 /// The states of one check's counters, in order.
 pub type States = SmallVec<[State; 4]>;
 
+/// What a store can do beyond counting, and the limits it can count exactly. Limits files
+/// are validated against the selected store's capabilities, so a limit the store cannot
+/// honour is refused at load, naming the file and the place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How config errors name the store (`--store redis`).
+    pub name: &'static str,
+    /// It can hold a check back in a FIFO queue until capacity frees up (`max_wait`).
+    pub wait: bool,
+    /// The most `requests_per_unit` a `sliding_window` limit may have (`None`: any).
+    pub max_sliding_per_unit: Option<u32>,
+    /// The longest a `token_bucket` or `gcra` limit may take to refill from empty
+    /// (`unit / requests_per_unit * burst`; `None`: any).
+    pub max_refill: Option<Duration>,
+}
+
+impl Default for Capabilities {
+    fn default() -> Capabilities {
+        Capabilities::MEMORY
+    }
+}
+
+impl Capabilities {
+    /// The in-memory engine, alone or clustered: everything.
+    pub const MEMORY: Capabilities = Capabilities {
+        name: "--store memory",
+        wait: true,
+        max_sliding_per_unit: None,
+        max_refill: None,
+    };
+}
+
 /// The checks of one request, in request order.
 pub type Checks = SmallVec<[Check; 4]>;
 

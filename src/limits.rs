@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
 
-use crate::store::Capabilities;
+use crate::check::Capabilities;
 
 pub use self::compile::{DEFAULT_MAX_QUEUE, MAX_QUEUE_CEILING, MAX_WAIT_CEILING};
 pub use self::error::{ConfigError, ConfigErrors, Position};

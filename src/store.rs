@@ -26,8 +26,8 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
+pub use crate::check::Capabilities;
 use crate::check::{Checks, Decisions};
 use crate::error::StoreError;
 use crate::key::KeyId;
@@ -52,38 +52,6 @@ pub type StoreFuture<'a> = Pin<Box<dyn Future<Output = Result<Decisions, StoreEr
 
 /// What [`Store::reset`] answers: how many of the keys held a counter.
 pub type ResetFuture<'a> = Pin<Box<dyn Future<Output = Result<usize, StoreError>> + Send + 'a>>;
-
-/// What a store can do beyond counting, and the limits it can count exactly. Limits files
-/// are validated against the selected store's capabilities, so a limit the store cannot
-/// honour is refused at load, naming the file and the place.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capabilities {
-    /// How config errors name the store (`--store redis`).
-    pub name: &'static str,
-    /// It can hold a check back in a FIFO queue until capacity frees up (`max_wait`).
-    pub wait: bool,
-    /// The most `requests_per_unit` a `sliding_window` limit may have (`None`: any).
-    pub max_sliding_per_unit: Option<u32>,
-    /// The longest a `token_bucket` or `gcra` limit may take to refill from empty
-    /// (`unit / requests_per_unit * burst`; `None`: any).
-    pub max_refill: Option<Duration>,
-}
-
-impl Default for Capabilities {
-    fn default() -> Capabilities {
-        Capabilities::MEMORY
-    }
-}
-
-impl Capabilities {
-    /// The in-memory engine, alone or clustered: everything.
-    pub const MEMORY: Capabilities = Capabilities {
-        name: "--store memory",
-        wait: true,
-        max_sliding_per_unit: None,
-        max_refill: None,
-    };
-}
 
 /// Where the counters of one route live, as far as the store knows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

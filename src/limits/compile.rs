@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Rate, Unit};
-use crate::store::Capabilities;
+use crate::check::Capabilities;
 
 use super::error::{ConfigError, join, name};
 use super::glob::Glob;
