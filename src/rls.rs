@@ -284,28 +284,36 @@ impl RateLimitService for RlsService {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        if !crate::telemetry::tracing_enabled() {
-            return should_rate_limit(&self.limiter, request.get_ref())
-                .await
-                .map(tonic::Response::new)
-                .map_err(|error| error.to_grpc());
-        }
-        use tracing::Instrument;
-        let span = crate::telemetry::request_span(request.metadata(), &request.get_ref().domain);
-        let answer = should_rate_limit(&self.limiter, request.get_ref())
-            .instrument(span.clone())
-            .await;
-        let code = match &answer {
-            Ok(response) => {
-                Code::try_from(response.overall_code).map_or("UNKNOWN", |code| code.as_str_name())
-            }
-            Err(error) => error.kind().as_str(),
+        let answer = if crate::telemetry::tracing_enabled() {
+            traced(&self.limiter, &request).await
+        } else {
+            should_rate_limit(&self.limiter, request.get_ref()).await
         };
-        span.record("ratelimit.code", code);
         answer
             .map(tonic::Response::new)
             .map_err(|error| error.to_grpc())
     }
+}
+
+/// [`should_rate_limit`] inside its `ShouldRateLimit` span (`--otlp-endpoint`), the span
+/// recording the overall code.
+async fn traced(
+    limiter: &Limiter,
+    request: &tonic::Request<RateLimitRequest>,
+) -> Result<RateLimitResponse, Error> {
+    use tracing::Instrument;
+    let span = crate::telemetry::request_span(request.metadata(), &request.get_ref().domain);
+    let answer = should_rate_limit(limiter, request.get_ref())
+        .instrument(span.clone())
+        .await;
+    let code = match &answer {
+        Ok(response) => {
+            Code::try_from(response.overall_code).map_or("UNKNOWN", |code| code.as_str_name())
+        }
+        Err(error) => error.kind().as_str(),
+    };
+    span.record("ratelimit.code", code);
+    answer
 }
 
 #[cfg(test)]

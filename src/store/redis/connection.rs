@@ -318,8 +318,9 @@ impl Backend {
             } => pool.store(None),
             Backend::Server { .. } => {}
             Backend::Cluster { connection, .. } => {
-                // The cluster connection refreshes its slots itself; a fresh one is only
-                // needed when every node it knew went away.
+                // The cluster connection refreshes its slots itself, but one whose nodes all
+                // went away never recovers: after a failure the next call connects afresh
+                // (the breaker keeps that to a probe per cooldown).
                 if let Ok(mut slot) = connection.try_lock() {
                     *slot = None;
                 }
