@@ -681,6 +681,19 @@ impl Limiter {
         let reload = Arc::new(crate::reload::ReloadStats::with_version(0xabc));
         Limiter::on_engine(limits, engine, options, metrics, Some(reload))
     }
+
+    /// [`Limiter::for_tests`] with default metrics options and the clock at
+    /// 2024-01-04T00:00:10Z (a Thursday; 50 s left in the minute): the setup of the
+    /// limiter's and its front ends' unit tests.
+    pub(crate) fn at_test_start(yaml: &str, options: LimiterOptions) -> Limiter {
+        const START: u64 = (1_704_326_400 + 10) * crate::algorithm::NANOS_PER_SEC;
+        Limiter::for_tests(
+            yaml,
+            START,
+            options,
+            crate::metrics::MetricsOptions::default(),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
-use support::{Ratekeeper, TempDir, http_get, http_post, write_config};
+use support::{Ratekeeper, TempDir, http_get, http_post, serve_limits};
 
 const LIMITS: &str = "\
 domain: edge
@@ -22,10 +22,7 @@ descriptors:
 ";
 
 fn start(args: &[&str]) -> (TempDir, Ratekeeper) {
-    let dir = TempDir::new("counters");
-    write_config(dir.path(), "edge.yaml", LIMITS);
-    let server = Ratekeeper::start(dir.path(), args);
-    (dir, server)
+    serve_limits("counters", LIMITS, args)
 }
 
 fn hit(http: SocketAddr, entries: &[(&str, &str)], hits: u32) {

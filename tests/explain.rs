@@ -7,7 +7,7 @@ mod support;
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
-use support::{Ratekeeper, TempDir, http_post, run_ratekeeper, write_config};
+use support::{Ratekeeper, TempDir, http_post, run_ratekeeper, serve_limits};
 
 const LIMITS: &str = "\
 domain: edge
@@ -27,10 +27,7 @@ descriptors:
 ";
 
 fn start() -> (TempDir, Ratekeeper) {
-    let dir = TempDir::new("explain");
-    write_config(dir.path(), "edge.yaml", LIMITS);
-    let server = Ratekeeper::start(dir.path(), &["--shards", "4"]);
-    (dir, server)
+    serve_limits("explain", LIMITS, &["--shards", "4"])
 }
 
 fn post_json(addr: SocketAddr, path: &str, body: &Value) -> (u16, Value) {

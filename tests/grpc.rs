@@ -1,5 +1,7 @@
 //! The real gRPC server, driven by a tonic client: what Envoy sees on the wire.
 
+mod support;
+
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -10,7 +12,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::engine::EngineConfig;
 use ratekeeper::limiter::LimiterOptions;
 use ratekeeper::limits::Limits;
-use ratekeeper::server::{Server, ServerOptions};
+use ratekeeper::server::{ServeError, Server, ServerOptions};
+use support::spawn_server;
 use tonic::transport::Channel;
 
 const LIMITS: &str = "
@@ -25,7 +28,7 @@ struct Running {
     grpc: std::net::SocketAddr,
     http: std::net::SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    done: tokio::task::JoinHandle<()>,
+    done: tokio::task::JoinHandle<Result<(), ServeError>>,
 }
 
 async fn start(response_headers: bool) -> Running {
@@ -52,15 +55,7 @@ async fn start_with(limits: &str, limiter: LimiterOptions) -> Running {
     let server = Server::bind(&options, limits, 0).await.expect("binds");
     let grpc = server.grpc_addr().expect("grpc on tcp");
     let http = server.http_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(async move {
-        server
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("serves");
-    });
+    let (stop, done) = spawn_server(server);
     let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("connects");
@@ -331,6 +326,7 @@ impl Running {
         tokio::time::timeout(Duration::from_secs(10), self.done)
             .await
             .expect("drains within 10 s")
-            .expect("server task");
+            .expect("server task")
+            .expect("serves");
     }
 }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{HttpResponse, Ratekeeper, TempDir, http_post, http_request, metric, write_config};
+use support::{HttpResponse, Ratekeeper, TempDir, http_post, http_request, metric, serve_limits};
 
 /// Token buckets, so no window boundary can reset a count mid-test. `paced` and friends
 /// gain one token every 3 s, with a bucket of one.
@@ -34,10 +34,7 @@ descriptors:
 ";
 
 fn start() -> (TempDir, Ratekeeper) {
-    let dir = TempDir::new("http-api");
-    write_config(dir.path(), "api.yaml", LIMITS);
-    let server = Ratekeeper::start(dir.path(), &[]);
-    (dir, server)
+    serve_limits("http-api", LIMITS, &[])
 }
 
 /// `POST path`, returning the response and its JSON body.

@@ -16,7 +16,9 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use support::{Ratekeeper, TempDir, eventually, eventually_async, http_get, metric, write_config};
+use support::{
+    Ratekeeper, TempDir, eventually, eventually_async, http_get, metric, serve_limits, write_config,
+};
 use tonic::transport::Channel;
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -240,9 +242,7 @@ async fn no_request_fails_while_the_limits_reload_repeatedly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_as_requests_are_made() {
-    let dir = TempDir::new("metrics");
-    write_config(dir.path(), "edge.yaml", &limits("edge", 2));
-    let server = Ratekeeper::start(dir.path(), &[]);
+    let (_dir, server) = serve_limits("metrics", &limits("edge", 2), &[]);
     let mut client = client(server.grpc_addr()).await;
     let http = server.http_addr();
     let labels = r#"{domain="edge",limit="api_key",unit="day"}"#;
@@ -331,9 +331,7 @@ fn http_post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
 
 #[test]
 fn json_endpoint_answers_200_429_and_400() {
-    let dir = TempDir::new("json");
-    write_config(dir.path(), "edge.yaml", &limits("edge", 1));
-    let server = Ratekeeper::start(dir.path(), &[]);
+    let (_dir, server) = serve_limits("json", &limits("edge", 1), &[]);
     let body =
         r#"{"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": "j1"}]}]}"#;
     let (status, first) = http_post(server.http_addr(), "/json", body);
@@ -362,7 +360,6 @@ fn json_endpoint_answers_200_429_and_400() {
 /// violations and the matched entries' metadata are in the answer, as over gRPC.
 #[test]
 fn json_endpoint_reports_quota_violations_in_dynamic_metadata() {
-    let dir = TempDir::new("json-quota");
     let limits = "\
 domain: edge
 descriptors:
@@ -370,8 +367,11 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1}
     metadata: {backend: primary}
 ";
-    write_config(dir.path(), "edge.yaml", limits);
-    let server = Ratekeeper::start(dir.path(), &["--response-dynamic-metadata", "--quota-mode"]);
+    let (_dir, server) = serve_limits(
+        "json-quota",
+        limits,
+        &["--response-dynamic-metadata", "--quota-mode"],
+    );
     let body = r#"{"domain": "edge", "descriptors": [
         {"entries": [{"key": "quota", "value": "q1"}]},
         {"entries": [{"key": "quota", "value": "q2"}]}]}"#;
@@ -409,13 +409,11 @@ descriptors:
 async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
     // One token per 3 s, and a request may wait up to 8 s for it: the second request is in
     // flight (waiting) for about 3 s, long enough to send SIGTERM and look around.
-    let dir = TempDir::new("shutdown");
-    write_config(
-        dir.path(),
-        "edge.yaml",
+    let (_dir, mut server) = serve_limits(
+        "shutdown",
         "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: minute, requests_per_unit: 20, algorithm: token_bucket, burst: 1, max_wait: 8s}\n",
+        &[],
     );
-    let mut server = Ratekeeper::start(dir.path(), &[]);
     let http = server.http_addr();
     let mut client = client(server.grpc_addr()).await;
     assert_eq!(

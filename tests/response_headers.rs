@@ -10,7 +10,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::{Value, json};
 use support::{
-    Ratekeeper, TempDir, http_get, http_post, run_ratekeeper, structured_list, write_config,
+    Ratekeeper, TempDir, http_get, http_post, run_ratekeeper, serve_limits_with_env,
+    structured_list, write_config,
 };
 
 /// Token buckets refilling one token every 20 minutes: no window boundary mid-test.
@@ -24,10 +25,7 @@ descriptors:
 ";
 
 fn start(args: &[&str], env: &[(&str, &str)]) -> (TempDir, Ratekeeper) {
-    let dir = TempDir::new("response-headers");
-    write_config(dir.path(), "edge.yaml", LIMITS);
-    let server = Ratekeeper::start_with_env(dir.path(), args, env);
-    (dir, server)
+    serve_limits_with_env("response-headers", LIMITS, args, env)
 }
 
 type Members = Vec<(String, Vec<(String, i64)>)>;

@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
 use ratekeeper::tls::TlsOptions;
-use support::{Leaf, TempDir, TestCa, eventually_async, http_get, write_atomically};
+use support::{Leaf, TempDir, TestCa, eventually_async, http_get, spawn_server, write_atomically};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 const LIMITS: &str = "
@@ -50,14 +50,7 @@ async fn start(tls: TlsOptions) -> Running {
         .unwrap_or_else(|error| panic!("binds: {error}"));
     let grpc = server.grpc_addr().expect("grpc on tcp");
     let http = server.http_addr();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = server
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let (stop, _) = spawn_server(server);
     Running {
         grpc,
         http,

@@ -264,14 +264,7 @@ async fn start_ratekeeper(xds: &XdsServer) -> Running {
     let server = Server::bind(&options, limits, 0).await.expect("binds");
     let grpc = server.grpc_addr().expect("tcp");
     let stats = Arc::clone(server.xds_stats());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = server
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
+    let (stop, _) = support::spawn_server(server);
     let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("connects");

@@ -2,15 +2,10 @@
 //! the entries' metadata (the Envoy rendering is tested in `rls`).
 
 use super::*;
-use crate::algorithm::NANOS_PER_SEC;
 use crate::limits::Metadata;
-use crate::metrics::MetricsOptions;
-
-/// 2024-01-04T00:00:10Z.
-const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
 
 fn limiter(yaml: &str, options: LimiterOptions) -> Limiter {
-    Limiter::for_tests(yaml, START, options, MetricsOptions::default())
+    Limiter::at_test_start(yaml, options)
 }
 
 /// Decides one query with a descriptor per entry list, one hit each.

@@ -7,7 +7,6 @@ use envoy_types::pb::google::protobuf::UInt64Value;
 mod metadata;
 
 use super::*;
-use crate::algorithm::NANOS_PER_SEC;
 use crate::limiter::{LimiterOptions, bounds};
 
 const LIMITS: &str = r#"
@@ -38,9 +37,6 @@ descriptors:
   - key: health
 "#;
 
-/// 2024-01-04T00:00:10Z.
-const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
-
 fn limiter(response_headers: bool) -> Limiter {
     limiter_with(LimiterOptions {
         response_headers,
@@ -49,12 +45,7 @@ fn limiter(response_headers: bool) -> Limiter {
 }
 
 fn limiter_with(options: LimiterOptions) -> Limiter {
-    Limiter::for_tests(
-        LIMITS,
-        START,
-        options,
-        crate::metrics::MetricsOptions::default(),
-    )
+    Limiter::at_test_start(LIMITS, options)
 }
 
 fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {

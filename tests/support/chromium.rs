@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::process::run_to_end;
 use super::temp::TempDir;
-use super::tools::{InstallLock, apt_install, target_dir};
+use super::tools::{InstallLock, apt_install, find_program, target_dir, tool_from_env};
 
 /// How long one chromium run may take (its virtual time runs faster than real time).
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
@@ -17,13 +17,7 @@ const RUN_TIMEOUT: Duration = Duration::from_secs(90);
 /// `$RATEKEEPER_CHROMIUM` if set, else `chromium` on `PATH`, else Debian's `chromium`
 /// installed with apt-get (as root; one test binary installs while the others wait).
 pub fn chromium_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("RATEKEEPER_CHROMIUM") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "RATEKEEPER_CHROMIUM={} is not a file",
-            path.display()
-        );
+    if let Some(path) = tool_from_env("RATEKEEPER_CHROMIUM") {
         return path;
     }
     if let Some(chromium) = find_chromium() {
@@ -44,10 +38,7 @@ pub fn chromium_binary() -> PathBuf {
 }
 
 fn find_chromium() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .flat_map(|dir| ["chromium", "chromium-browser"].map(|name| dir.join(name)))
-        .find(|candidate| candidate.is_file())
+    find_program(&["chromium", "chromium-browser"], &[])
 }
 
 /// Headless chromium loading `url`, with `budget` of virtual time for the page's scripts,

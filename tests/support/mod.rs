@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests: real processes (ratekeeper, Envoy, nginx) on
-//! `127.0.0.1:0`, bounded polling, temp dirs, a raw HTTP/1.1 client and a tiny upstream.
+//! `127.0.0.1:0`, the library's server in-process, bounded polling, temp dirs, a raw HTTP/1.1 client and a tiny upstream.
 //!
 //! Everything waits with a bound and panics with the child's stderr when it gives up, so a
 //! hung or crashed process fails the test with a reason instead of hanging it. Children are
@@ -20,6 +20,7 @@ mod process;
 mod ratekeeper;
 mod redis;
 mod repo;
+mod server;
 mod temp;
 mod tools;
 mod upstream;
@@ -30,5 +31,5 @@ mod upstream;
 )]
 pub use self::{
     certs::*, chromium::*, envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*,
-    redis::*, repo::*, temp::*, tools::*, upstream::*,
+    redis::*, repo::*, server::*, temp::*, tools::*, upstream::*,
 };

@@ -12,20 +12,14 @@ use std::time::Duration;
 use super::http::{HTTP_TIMEOUT, free_port};
 use super::poll::eventually;
 use super::process::{Process, START_TIMEOUT, run_to_end};
-use super::tools::{InstallLock, apt_install, target_dir};
+use super::tools::{InstallLock, apt_install, find_program, target_dir, tool_from_env};
 
 /// The nginx binary: `$RATEKEEPER_NGINX` if set, else `nginx` on `PATH` (or in the usual
 /// `sbin` directories), else Debian's `nginx` package installed with apt-get (as root; one
 /// test binary installs while the others wait on a lock file). It must have the
 /// auth_request module. Any failure panics: an nginx test never silently skips.
 pub fn nginx_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("RATEKEEPER_NGINX") {
-        let path = PathBuf::from(path);
-        assert!(
-            path.is_file(),
-            "RATEKEEPER_NGINX={} is not a file",
-            path.display()
-        );
+    if let Some(path) = tool_from_env("RATEKEEPER_NGINX") {
         check_auth_request(&path);
         return path;
     }
@@ -53,15 +47,10 @@ pub fn nginx_binary() -> PathBuf {
 
 /// `nginx` on `PATH`, or in the `sbin` directories that a non-root `PATH` often lacks.
 fn find_nginx() -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(
-            ["/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin"]
-                .into_iter()
-                .map(PathBuf::from),
-        )
-        .map(|dir| dir.join("nginx"))
-        .find(|candidate| candidate.is_file())
+    find_program(
+        &["nginx"],
+        &["/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin"],
+    )
 }
 
 /// `apt-get install nginx` (Debian and Ubuntu build it with auth_request).

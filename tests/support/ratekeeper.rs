@@ -12,6 +12,7 @@ use std::process::{Child, Command, ExitStatus};
 use super::http::http_get;
 use super::poll::eventually;
 use super::process::{Process, START_TIMEOUT, run_to_end};
+use super::temp::{TempDir, write_config};
 
 /// A real `ratekeeper serve` on ephemeral ports.
 #[derive(Debug)]
@@ -111,6 +112,26 @@ impl Ratekeeper {
     pub fn stderr(&self) -> String {
         self.process.stderr()
     }
+}
+
+/// `ratekeeper serve` over a fresh [`TempDir`] (labelled `label`) that holds `limits` as
+/// `limits.yaml`, with `extra_args`; the process reads the directory, so a test may write
+/// more files into it. Keep the dir as long as the process.
+pub fn serve_limits(label: &str, limits: &str, extra_args: &[&str]) -> (TempDir, Ratekeeper) {
+    serve_limits_with_env(label, limits, extra_args, &[])
+}
+
+/// [`serve_limits`] with `env` variables set (see [`Ratekeeper::start_with_env`]).
+pub fn serve_limits_with_env(
+    label: &str,
+    limits: &str,
+    extra_args: &[&str],
+    env: &[(&str, &str)],
+) -> (TempDir, Ratekeeper) {
+    let dir = TempDir::new(label);
+    write_config(dir.path(), "limits.yaml", limits);
+    let server = Ratekeeper::start_with_env(dir.path(), extra_args, env);
+    (dir, server)
 }
 
 /// Where the gRPC listener is: `grpc=ADDR` or `grpc=unix:PATH`.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use super::http::free_port;
 use super::poll::eventually;
 use super::process::{Process, START_TIMEOUT, run_to_end};
-use super::tools::{InstallLock, apt_install, target_dir};
+use super::tools::{InstallLock, apt_install, find_program, target_dir};
 
 /// `redis-server` on `PATH` (or in `/usr/bin`, `/usr/local/bin`), else Debian's
 /// `redis-server` package installed with apt-get (one test binary installs while the others
@@ -43,15 +43,7 @@ pub fn redis_cli_binary() -> PathBuf {
 }
 
 fn find(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(
-            ["/usr/bin", "/usr/local/bin"]
-                .into_iter()
-                .map(PathBuf::from),
-        )
-        .map(|dir| dir.join(program))
-        .find(|candidate| candidate.is_file())
+    find_program(&[program], &["/usr/bin", "/usr/local/bin"])
 }
 
 /// A running `redis-server` on `127.0.0.1:port`.

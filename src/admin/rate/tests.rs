@@ -50,17 +50,9 @@ descriptors:
     rate_limit: {name: unpaced, algorithm: token_bucket, unit: minute, requests_per_unit: 20, burst: 1}
 "#;
 
-/// 2024-01-04T00:00:10Z.
-const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
-
 fn state() -> RateState {
     RateState {
-        limiter: Arc::new(Limiter::for_tests(
-            LIMITS,
-            START,
-            LimiterOptions::default(),
-            crate::metrics::MetricsOptions::default(),
-        )),
+        limiter: Arc::new(Limiter::at_test_start(LIMITS, LimiterOptions::default())),
         index: Arc::new(ArcSwapOption::empty()),
     }
 }

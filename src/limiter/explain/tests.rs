@@ -1,7 +1,6 @@
 use super::*;
-use crate::algorithm::{Algorithm, NANOS_PER_SEC, Unit};
+use crate::algorithm::{Algorithm, Unit};
 use crate::limiter::{LimitOverride, LimiterOptions};
-use crate::metrics::MetricsOptions;
 
 const LIMITS: &str = r#"
 domain: edge
@@ -28,16 +27,8 @@ descriptors:
   - key: health
 "#;
 
-/// 2024-01-04T00:00:10Z: 50 s left in the minute.
-const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
-
 fn limiter() -> Limiter {
-    Limiter::for_tests(
-        LIMITS,
-        START,
-        LimiterOptions::default(),
-        MetricsOptions::default(),
-    )
+    Limiter::at_test_start(LIMITS, LimiterOptions::default())
 }
 
 fn query<'a>(domain: &'a str, descriptors: &[&'a [(&'a str, &'a str)]], cost: u64) -> Query<'a> {

@@ -1,9 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::algorithm::NANOS_PER_SEC;
 use crate::limiter::LimiterOptions;
-use crate::metrics::MetricsOptions;
 
 const LIMITS: &str = r#"
 domain: edge
@@ -13,18 +11,13 @@ descriptors:
   - key: health
 "#;
 
-/// 2024-01-04T00:00:10Z: 50 s left in the minute.
-const START: u64 = (1_704_326_400 + 10) * NANOS_PER_SEC;
-
 fn limiter(counter_names: usize) -> Limiter {
-    Limiter::for_tests(
+    Limiter::at_test_start(
         LIMITS,
-        START,
         LimiterOptions {
             counter_names,
             ..LimiterOptions::default()
         },
-        MetricsOptions::default(),
     )
 }
 

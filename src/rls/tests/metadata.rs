@@ -23,14 +23,12 @@ descriptors:
 "#;
 
 fn metadata_limiter(response_dynamic_metadata: bool) -> Limiter {
-    Limiter::for_tests(
+    Limiter::at_test_start(
         LIMITS,
-        START,
         LimiterOptions {
             response_dynamic_metadata,
             ..LimiterOptions::default()
         },
-        crate::metrics::MetricsOptions::default(),
     )
 }
 
