@@ -31,6 +31,7 @@ const WORKLOADS: [(&str, Workload); 2] = [
         Workload {
             descriptors: 1,
             keys: 100_000,
+            first: 0,
         },
     ),
     (
@@ -38,6 +39,7 @@ const WORKLOADS: [(&str, Workload); 2] = [
         Workload {
             descriptors: 4,
             keys: 100_000,
+            first: 0,
         },
     ),
 ];

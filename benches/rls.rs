@@ -54,6 +54,7 @@ const SCENARIOS: [Scenario; 3] = [
         workload: Workload {
             descriptors: 1,
             keys: 1,
+            first: 0,
         },
     },
     Scenario {
@@ -62,6 +63,7 @@ const SCENARIOS: [Scenario; 3] = [
         workload: Workload {
             descriptors: 1,
             keys: 100_000,
+            first: 0,
         },
     },
     Scenario {
@@ -70,6 +72,7 @@ const SCENARIOS: [Scenario; 3] = [
         workload: Workload {
             descriptors: 4,
             keys: 100_000,
+            first: 0,
         },
     },
 ];

@@ -195,6 +195,25 @@ impl Rate {
         Rate::new(Algorithm::FixedWindow, requests_per_unit, unit, None)
     }
 
+    /// One of `members` nodes' share of this rate: `requests_per_unit / members` and the
+    /// burst likewise, rounded down, so `members` nodes deciding apart admit together no
+    /// more than the rate. (A bucket that refills at all keeps a burst of at least one, so a
+    /// burst smaller than `members` can be exceeded at one instant, never over time.)
+    pub fn share(&self, members: usize) -> Rate {
+        let members = u32::try_from(members.max(1)).unwrap_or(u32::MAX);
+        let requests_per_unit = self.requests_per_unit / members;
+        let burst = match self.algorithm {
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => requests_per_unit,
+            Algorithm::TokenBucket | Algorithm::Gcra if requests_per_unit == 0 => 0,
+            Algorithm::TokenBucket | Algorithm::Gcra => (self.burst / members).max(1),
+        };
+        Rate {
+            requests_per_unit,
+            burst,
+            ..*self
+        }
+    }
+
     /// The most hits one request can ever be admitted with (a larger cost never passes).
     pub fn capacity(&self) -> u64 {
         match self.algorithm {

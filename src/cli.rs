@@ -316,8 +316,9 @@ pub struct ServeArgs {
     /// Cluster mode: where peers reach this node [default: 0.0.0.0:8091].
     #[arg(long, env = "RATEKEEPER_PEER_ADDR")]
     pub peer_addr: Option<SocketAddr>,
-    /// Deadline of a forward to a key's owner; keep it well inside Envoy's rate limit timeout.
-    #[arg(long, env = "RATEKEEPER_PEER_TIMEOUT", value_parser = duration, default_value = "10ms")]
+    /// Deadline of a forward to a key's owner that is alive but slow (a silent or dead one
+    /// is given up sooner); only after it does the --peer-fallback policy decide.
+    #[arg(long, env = "RATEKEEPER_PEER_TIMEOUT", value_parser = duration, default_value = "1s")]
     pub peer_timeout: Duration,
     /// Forwarded request groups per batch at most.
     #[arg(long, env = "RATEKEEPER_PEER_BATCH_SIZE", default_value_t = 128)]
@@ -325,6 +326,15 @@ pub struct ServeArgs {
     /// How long a forward batch may wait to fill up at most.
     #[arg(long, env = "RATEKEEPER_PEER_BATCH_WINDOW", value_parser = duration, default_value = "200us")]
     pub peer_batch_window: Duration,
+    /// The failure detector: how often every peer is pinged (and each ping's deadline).
+    #[arg(long, env = "RATEKEEPER_PEER_PING_INTERVAL", value_parser = duration, default_value = "500ms")]
+    pub peer_ping_interval: Duration,
+    /// Missed pings in a row before a peer is taken off this node's ring.
+    #[arg(long, env = "RATEKEEPER_PEER_DOWN_AFTER", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    pub peer_down_after: u32,
+    /// Answered pings in a row before a peer that was down is back on the ring.
+    #[arg(long, env = "RATEKEEPER_PEER_UP_AFTER", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub peer_up_after: u32,
     /// What to do when a key's owner cannot answer.
     #[arg(long, env = "RATEKEEPER_PEER_FALLBACK", value_enum, default_value_t = FallbackArg::Local)]
     pub peer_fallback: FallbackArg,
@@ -470,6 +480,9 @@ impl ServeArgs {
         options.timeout = self.peer_timeout;
         options.batch_size = self.peer_batch_size;
         options.batch_window = self.peer_batch_window;
+        options.ping_interval = self.peer_ping_interval;
+        options.down_after = self.peer_down_after;
+        options.up_after = self.peer_up_after;
         options.fallback = match self.peer_fallback {
             FallbackArg::Local => Fallback::Local,
             FallbackArg::Allow => Fallback::Allow,

@@ -17,6 +17,7 @@
 //! Without cluster options, [`Cluster`] is a thin pass-through to the engine.
 
 mod convert;
+mod detector;
 mod metrics;
 pub mod remote;
 pub mod service;
@@ -72,8 +73,13 @@ pub struct ClusterOptions {
     pub peer_dns: Option<String>,
     pub dns_refresh: Duration,
     pub vnodes: usize,
-    /// Deadline of one forwarded batch.
+    /// Deadline of one forwarded batch: how long an owner that is alive but slow is waited
+    /// for (a silent one is cut off sooner by the keepalive).
     pub timeout: Duration,
+    /// HTTP/2 pings on every peer connection: how often, and how long one may go
+    /// unacknowledged before the connection (and every forward on it) is given up.
+    pub keepalive: Duration,
+    pub keepalive_timeout: Duration,
     /// Groups per forwarded batch at most.
     pub batch_size: usize,
     /// How long a batch may wait for more groups at most.
@@ -85,6 +91,12 @@ pub struct ClusterOptions {
     pub breaker_failures: u32,
     pub breaker_cooldown: Duration,
     pub fallback: Fallback,
+    /// The failure detector: every member is pinged this often (each ping's deadline too).
+    pub ping_interval: Duration,
+    /// Missed pings in a row before a member is taken off this node's ring.
+    pub down_after: u32,
+    /// Answered pings in a row before a member that was down is back on the ring.
+    pub up_after: u32,
 }
 
 impl ClusterOptions {
@@ -95,7 +107,9 @@ impl ClusterOptions {
             peer_dns: None,
             dns_refresh: Duration::from_secs(5),
             vnodes: DEFAULT_VNODES,
-            timeout: Duration::from_millis(10),
+            timeout: Duration::from_secs(1),
+            keepalive: Duration::from_millis(200),
+            keepalive_timeout: Duration::from_millis(300),
             batch_size: 128,
             batch_window: Duration::from_micros(200),
             max_in_flight: 64,
@@ -103,6 +117,9 @@ impl ClusterOptions {
             breaker_failures: 3,
             breaker_cooldown: Duration::from_secs(1),
             fallback: Fallback::Local,
+            ping_interval: Duration::from_millis(500),
+            down_after: 3,
+            up_after: 2,
         }
     }
 }
@@ -114,6 +131,8 @@ pub struct PeerStats {
     pub forwarded: AtomicU64,
     pub batches: AtomicU64,
     pub errors: AtomicU64,
+    /// Forward batches that took longer than Envoy's default rate limit timeout.
+    pub slow: AtomicU64,
 }
 
 /// Figures of this node's cluster work, read at scrape time.
@@ -145,20 +164,31 @@ struct Membership {
     discovered: BTreeSet<String>,
     joined: BTreeSet<String>,
     left: BTreeSet<String>,
+    /// Members the failure detector found unreachable: off the ring until they answer.
+    down: BTreeSet<String>,
     leaving: bool,
     /// Clients by address, reused across ring changes.
     remotes: HashMap<Arc<str>, Arc<Remote>>,
 }
 
 impl Membership {
-    fn members(&self, me: &str) -> BTreeSet<String> {
-        let mut members: BTreeSet<String> = self
-            .seeds
+    /// The other nodes this node knows of, reachable or not (what the detector pings).
+    fn candidates(&self, me: &str) -> BTreeSet<String> {
+        self.seeds
             .iter()
             .chain(&self.discovered)
             .chain(&self.joined)
-            .filter(|member| !self.left.contains(*member))
+            .filter(|member| !self.left.contains(*member) && **member != *me)
             .cloned()
+            .collect()
+    }
+
+    /// The ring's members: the reachable candidates, and this node unless it is leaving.
+    fn members(&self, me: &str) -> BTreeSet<String> {
+        let mut members: BTreeSet<String> = self
+            .candidates(me)
+            .into_iter()
+            .filter(|member| !self.down.contains(member))
             .collect();
         if self.leaving {
             members.remove(me);
@@ -239,6 +269,7 @@ impl Cluster {
         node.refresh();
         tokio::spawn(Arc::clone(&node).rebalance_loop());
         tokio::spawn(Arc::clone(&node).announce());
+        tokio::spawn(Arc::clone(&node).detect_loop());
         if node.options.peer_dns.is_some() {
             tokio::spawn(Arc::clone(&node).discover_loop());
         }
@@ -263,6 +294,23 @@ impl Cluster {
             .as_ref()
             .map(|node| node.topology.load().ring.members().to_vec())
             .unwrap_or_default()
+    }
+
+    /// Every other node this node knows of, and whether the failure detector finds it
+    /// reachable (cluster mode; empty otherwise).
+    pub fn peer_health(&self) -> Vec<(String, bool)> {
+        let Some(node) = &self.node else {
+            return Vec::new();
+        };
+        let membership = node.lock();
+        membership
+            .candidates(&node.me)
+            .into_iter()
+            .map(|peer| {
+                let up = !membership.down.contains(&peer);
+                (peer, up)
+            })
+            .collect()
     }
 
     /// Per-peer and cluster figures, for metrics.
@@ -642,7 +690,16 @@ impl Node {
                 .collect()
         };
         match self.options.fallback {
-            Fallback::Local => self.engine.check(group).await,
+            Fallback::Local => {
+                // This node's share of each limit: with every node falling back at once,
+                // together they admit no more than the limit.
+                let members = self.topology.load().ring.len();
+                let mut group = group;
+                for counter in group.iter_mut().flat_map(|check| check.counters.iter_mut()) {
+                    counter.rate = counter.rate.share(members);
+                }
+                self.engine.check(group).await
+            }
             Fallback::Allow => Ok(synthetic(true)),
             Fallback::Deny => Ok(synthetic(false)),
         }

@@ -64,8 +64,10 @@ impl BodyMode {
 pub struct Workload {
     /// Descriptors per request, each `api_key = key-<n>` with its own `n`.
     pub descriptors: usize,
-    /// Size of the key space: `n` is in `0..keys`.
+    /// Size of the key space: `n` is in `first..first + keys`.
     pub keys: u64,
+    /// The first key's number (so runs can use fresh keys).
+    pub first: u64,
 }
 
 impl Workload {
@@ -108,7 +110,7 @@ impl Workload {
         let out = &mut out[..self.descriptors];
         for index in 0..out.len() {
             out[index] = loop {
-                let key = rng.below(self.keys);
+                let key = self.first + rng.below(self.keys);
                 if !out[..index].contains(&key) {
                     break key;
                 }
@@ -122,7 +124,7 @@ impl Workload {
         let mut rng = Rng::new(seed);
         let mut keys = [0; MAX_DESCRIPTORS];
         if self.descriptors == 1 {
-            (0..self.keys)
+            (self.first..self.first + self.keys)
                 .map(|key| Bytes::from(grpc_frame(&self.request(&[key]))))
                 .collect()
         } else {
@@ -259,6 +261,7 @@ pub fn check_build_matches_pool() {
     let workload = Workload {
         descriptors: 4,
         keys: 100_000,
+        first: 0,
     };
     let mut bodies = Bodies::build(workload, 7);
     let mut rng = Rng::new(7);

@@ -412,3 +412,23 @@ fn merging_with_a_fresh_or_stale_counter_changes_nothing() {
         }
     }
 }
+
+#[test]
+fn a_share_of_a_rate_is_rounded_down_so_the_shares_never_add_up_to_more() {
+    let fixed = rate(Algorithm::FixedWindow, 100, Unit::Hour, None);
+    assert_eq!(
+        fixed.share(3),
+        rate(Algorithm::FixedWindow, 33, Unit::Hour, None)
+    );
+    assert_eq!(fixed.share(1), fixed);
+    assert_eq!(fixed.share(0), fixed, "no members is treated as one");
+    assert_eq!(fixed.share(200).capacity(), 0, "too small to share: none");
+    let bucket = rate(Algorithm::TokenBucket, 10, Unit::Second, Some(20));
+    let share = bucket.share(3);
+    assert_eq!((share.requests_per_unit, share.burst), (3, 6));
+    let gcra = rate(Algorithm::Gcra, 10, Unit::Second, None);
+    let share = gcra.share(3);
+    assert_eq!((share.requests_per_unit, share.burst), (3, 1));
+    let share = gcra.share(20);
+    assert_eq!((share.requests_per_unit, share.capacity()), (0, 0));
+}

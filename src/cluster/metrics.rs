@@ -58,7 +58,7 @@ impl Collector for ClusterCollector {
             scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
         }
         type Read = fn(&super::remote::Remote) -> u64;
-        let per_peer: [(&str, &str, MetricType, Read); 4] = [
+        let per_peer: [(&str, &str, MetricType, Read); 5] = [
             (
                 "peer_forwarded",
                 "Request groups forwarded to the peer (their key's owner)",
@@ -78,6 +78,12 @@ impl Collector for ClusterCollector {
                 |r| r.stats.errors.load(Ordering::Relaxed),
             ),
             (
+                "peer_slow",
+                "Forward batches that took over 20 ms (Envoy's default rate limit timeout): the owner is alive but slow",
+                MetricType::Counter,
+                |r| r.stats.slow.load(Ordering::Relaxed),
+            ),
+            (
                 "peer_circuit_open",
                 "1 while the peer's circuit breaker is open (its keys use the fallback)",
                 MetricType::Gauge,
@@ -95,6 +101,16 @@ impl Collector for ClusterCollector {
                     encode_gauge(metric, read(remote))?;
                 }
             }
+        }
+        let mut family = encoder.encode_descriptor(
+            "peer_up",
+            "1 while the failure detector finds the peer reachable (on this node's ring), 0 while it is down",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (peer, up) in self.cluster.peer_health() {
+            let labels = [("peer", peer)];
+            encode_gauge(family.encode_family(&labels)?, u64::from(up))?;
         }
         Ok(())
     }

@@ -9,9 +9,18 @@
 //! measured with `Instant`, not slept.) Several batches may be in flight at once, up to
 //! `max_in_flight`.
 //!
+//! Liveness: the connection to the peer carries HTTP/2 pings every `keepalive`; one not
+//! acknowledged within `keepalive_timeout` closes the connection, failing the calls on it at
+//! once. So a silent peer (partitioned, stopped, its host gone) costs at most
+//! `keepalive + keepalive_timeout`, a dead one (refused, reset) nothing, while a peer that is
+//! merely slow (an overloaded machine) still acknowledges pings and is waited for up to the
+//! forward's deadline (`--peer-timeout`): falling back then would decide the owner's keys a
+//! second time, on another counter, while the owner counts them too.
+//!
 //! Invariants: the queue to the batcher is bounded (`try_send`; full = fallback); every
-//! submitted group gets exactly one answer; the breaker opens after `breaker_failures`
-//! consecutive failed calls and lets calls through again after `breaker_cooldown`.
+//! submitted group gets exactly one answer, within the deadline; the breaker opens after
+//! `breaker_failures` consecutive failed calls and lets calls through again after
+//! `breaker_cooldown`.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -28,6 +37,10 @@ use crate::error::ErrorKind;
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_client::PeerClient;
+
+/// A forward batch slower than this is counted as slow (`ratekeeper_peer_slow_total`): past
+/// Envoy's default rate limit timeout (20 ms), so Envoy applied its failure mode meanwhile.
+const SLOW: Duration = Duration::from_millis(20);
 
 /// Why a forward did not get the owner's answer.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -91,6 +104,9 @@ impl Remote {
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|error| unreachable(format!("bad address: {error}")))?
             .connect_timeout(options.timeout.max(Duration::from_millis(100)))
+            .http2_keep_alive_interval(options.keepalive)
+            .keep_alive_timeout(options.keepalive_timeout)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         let client = PeerClient::new(endpoint.connect_lazy());
         let (queue, rx) = mpsc::channel(options.queue_capacity.max(1));
@@ -140,12 +156,6 @@ impl Remote {
                 ))
             }
         }
-    }
-
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        request.set_timeout(self.timeout);
-        request
     }
 
     fn unreachable(&self, problem: impl ToString) -> PeerError {
@@ -252,14 +262,19 @@ impl Remote {
                 .collect(),
         };
         let mut client = self.client.clone();
-        let call = client.check(self.request(message));
-        let reply = match tokio::time::timeout(self.timeout, call).await {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(self.timeout);
+        let sent = Instant::now();
+        let reply = match tokio::time::timeout(self.timeout, client.check(request)).await {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
             Ok(Err(status)) => {
                 Err(self.unreachable(format!("{}: {}", status.code(), status.message())))
             }
             Err(_) => Err(self.unreachable(format!("no answer within {:?}", self.timeout))),
         };
+        if sent.elapsed() > SLOW {
+            self.stats.slow.fetch_add(1, Ordering::Relaxed);
+        }
         let reply = reply.and_then(|reply| {
             if reply.groups.len() == batch.len() {
                 Ok(reply)

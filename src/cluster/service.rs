@@ -1,4 +1,5 @@
-//! The peer service other nodes call: forwarded checks, handoffs, and membership.
+//! The peer service other nodes call: forwarded checks, handoffs, membership, and the
+//! failure detector's pings.
 //!
 //! Everything a peer sends is validated (see `convert`); a malformed message is
 //! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. Forwarded checks go
@@ -183,6 +184,15 @@ impl Peer for PeerService {
     ) -> Result<Response<wire::Members>, Status> {
         let (node, address) = self.member(request)?;
         let addresses = node.left(&address);
+        Ok(Response::new(wire::Members { addresses }))
+    }
+
+    async fn ping(
+        &self,
+        request: Request<wire::Member>,
+    ) -> Result<Response<wire::Members>, Status> {
+        let (node, _) = self.member(request)?;
+        let addresses = node.member_list();
         Ok(Response::new(wire::Members { addresses }))
     }
 }

@@ -185,3 +185,115 @@ async fn a_peek_reports_the_owner_and_never_falls_back_for_it() {
         .await
         .expect("the fallback answers");
 }
+
+#[test]
+fn members_the_detector_found_down_are_off_the_ring_but_still_pinged() {
+    let mut membership = Membership {
+        seeds: set(&["a:1", "b:1"]),
+        joined: set(&["c:1"]),
+        ..Membership::default()
+    };
+    membership.down.insert("b:1".to_owned());
+    assert_eq!(membership.members("me:1"), set(&["a:1", "c:1", "me:1"]));
+    assert_eq!(
+        membership.candidates("me:1"),
+        set(&["a:1", "b:1", "c:1"]),
+        "a member that is down is still pinged, so it can come back"
+    );
+}
+
+#[tokio::test]
+async fn the_local_fallback_decides_on_this_nodes_share_of_the_limit() {
+    let mut options = ClusterOptions::new("127.0.0.1:1");
+    options.peers = vec!["127.0.0.1:9".to_owned()];
+    // Keep the dead peer on the ring for this test.
+    options.down_after = u32::MAX;
+    let cluster = Cluster::join(engine(), options);
+    let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
+    let theirs = (0..100)
+        .map(|n| format!("v{n}"))
+        .find(|value| {
+            let route = KeyBuilder::new("d").entry("k", value).route();
+            ring.owner(route)
+                .is_some_and(|owner| &**owner == "127.0.0.1:9")
+        })
+        .expect("a value owned by the dead peer");
+    let rate = Rate::fixed(5, Unit::Hour);
+    let check = || Check {
+        counters: smallvec::smallvec![Counter {
+            key: KeyBuilder::new("d").entry("k", &theirs).key(&rate),
+            rate,
+        }],
+        cost: 1,
+        wait: None,
+    };
+    let mut admitted = 0;
+    for _ in 0..5 {
+        let decisions = cluster
+            .check(smallvec::smallvec![check()])
+            .await
+            .expect("the fallback answers");
+        admitted += usize::from(decisions[0].allowed);
+    }
+    assert_eq!(admitted, 2, "5 / 2 members, rounded down");
+}
+
+/// Serves `cluster`'s peer service on `listener` until the task is aborted.
+fn serve_peer(cluster: &Cluster, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
+    let service = service::PeerService::new(cluster).expect("cluster mode");
+    tokio::spawn(async move {
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+    })
+}
+
+/// Polls `condition` every 10 ms for up to 5 s.
+async fn within_5s(mut condition: impl FnMut() -> bool) -> bool {
+    for _ in 0..500 {
+        if condition() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_detector_takes_a_silent_member_off_the_ring_and_back_when_it_answers() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let b_address = listener.local_addr().expect("bound").to_string();
+    let fast = |me: &str, peers: Vec<String>| {
+        let mut options = ClusterOptions::new(me);
+        options.peers = peers;
+        options.ping_interval = Duration::from_millis(20);
+        options.down_after = 2;
+        options.up_after = 2;
+        options
+    };
+    // A knows B, which does not answer yet (its listener accepts, nobody serves).
+    let a = Cluster::join(engine(), fast("127.0.0.1:1", vec![b_address.clone()]));
+    assert_eq!(
+        a.members().len(),
+        2,
+        "a seed is on the ring until it misses pings"
+    );
+    assert!(
+        within_5s(|| a.members().len() == 1).await,
+        "the silent member is taken off the ring"
+    );
+    assert_eq!(a.peer_health(), vec![(b_address.clone(), false)]);
+    // B starts serving: it answers A's pings and is back on A's ring.
+    let b = Cluster::join(engine(), fast(&b_address, Vec::new()));
+    let server = serve_peer(&b, listener);
+    assert!(
+        within_5s(|| a.members().len() == 2).await,
+        "the member is back once it answers"
+    );
+    assert_eq!(a.peer_health(), vec![(b_address, true)]);
+    server.abort();
+}

@@ -210,3 +210,18 @@ pub fn metric_sample(http: SocketAddr, prefix: &str) -> Option<f64> {
         .and_then(|line| line.rsplit(' ').next())
         .and_then(|value| value.parse().ok())
 }
+
+/// The sum of every sample line starting with `prefix` on `/metrics` (all label sets; 0 if
+/// none, or if `/metrics` did not answer).
+pub fn metric_sum(http: SocketAddr, prefix: &str) -> f64 {
+    http_get(http, "/metrics", &[])
+        .map(|response| {
+            response
+                .body
+                .lines()
+                .filter(|line| line.starts_with(prefix))
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        })
+        .unwrap_or(0.0)
+}

@@ -69,6 +69,7 @@ impl Config {
             Workload {
                 descriptors: 1,
                 keys: 1,
+                first: 0,
             },
         );
         for pair in text.split_whitespace() {
@@ -102,6 +103,7 @@ impl Config {
                 "requests" => config.stop = Stop::Count(number()?),
                 "descriptors" => config.workload.descriptors = number()? as usize,
                 "keys" => config.workload.keys = number()?,
+                "first" => config.workload.first = number()?,
                 "body" => config.body = BodyMode::parse(value)?,
                 "seed" => config.seed = number()?,
                 "statuses" => config.statuses = Some(number()? as usize),
@@ -131,13 +133,14 @@ impl Config {
             .unwrap_or_default();
         format!(
             "addr={} connections={} streams={} warmup={} {stop} descriptors={} keys={} \
-             body={} seed={}{statuses} threads={} timeout={} rate={}",
+             first={} body={} seed={}{statuses} threads={} timeout={} rate={}",
             self.addr,
             self.connections,
             self.streams,
             self.warmup.as_secs_f64(),
             self.workload.descriptors,
             self.workload.keys,
+            self.workload.first,
             self.body.name(),
             self.seed,
             self.threads,
@@ -155,6 +158,7 @@ pub fn check() {
         Workload {
             descriptors: 4,
             keys: 100_000,
+            first: 0,
         },
     );
     config.warmup = Duration::from_millis(250);

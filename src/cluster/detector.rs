@@ -1,0 +1,137 @@
+//! The failure detector: every `ping_interval` this node pings every member it knows of (its
+//! seeds, what `--peer-dns` resolves to, and nodes that joined, minus those that left), each
+//! ping with that interval as its deadline. A member that misses `down_after` pings in a row
+//! is taken off this node's ring (its keys get new owners here, and the counters kept for
+//! them meanwhile are handed over as on any ring change); one that answers `up_after` pings
+//! in a row is put back. Each node decides for itself; since every node pings every member,
+//! all of them notice within `ping_interval x (down_after + 1)`.
+//!
+//! Any answer counts as alive, even an error status (a node that predates `Ping` answers
+//! UNIMPLEMENTED): only a call that fails to reach the peer or times out is a miss.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tonic::transport::{Channel, Endpoint};
+
+use super::Node;
+use super::convert::VERSION;
+use crate::peer::v1 as wire;
+use crate::peer::v1::peer_client::PeerClient;
+
+/// One member as the detector sees it.
+struct Probe {
+    client: PeerClient<Channel>,
+    /// Pings in a row that failed / were answered.
+    misses: u32,
+    answers: u32,
+}
+
+impl Probe {
+    fn new(address: &str, deadline: Duration) -> Option<Probe> {
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .ok()?
+            .connect_timeout(deadline)
+            .tcp_nodelay(true);
+        Some(Probe {
+            client: PeerClient::new(endpoint.connect_lazy()),
+            misses: 0,
+            answers: 0,
+        })
+    }
+}
+
+/// Whether a ping's outcome shows the peer alive.
+fn alive(outcome: &Result<Result<tonic::Response<wire::Members>, tonic::Status>, ()>) -> bool {
+    match outcome {
+        Ok(Ok(_)) => true,
+        // The peer's gRPC server answered, with a status of its own.
+        Ok(Err(status)) => !matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        ),
+        Err(()) => false,
+    }
+}
+
+impl Node {
+    /// Pings the members forever (see the module doc).
+    pub(super) async fn detect_loop(self: Arc<Self>) {
+        let interval = self.options.ping_interval.max(Duration::from_millis(10));
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut probes: HashMap<String, Probe> = HashMap::new();
+        loop {
+            tick.tick().await;
+            let candidates = {
+                let mut membership = self.lock();
+                let candidates = membership.candidates(&self.me);
+                membership
+                    .down
+                    .retain(|address| candidates.contains(address));
+                candidates
+            };
+            probes.retain(|address, _| candidates.contains(address));
+            let mut pings = JoinSet::new();
+            for address in candidates {
+                let probe = match probes.entry(address.clone()) {
+                    std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(entry) => {
+                        match Probe::new(&address, interval) {
+                            Some(probe) => entry.insert(probe),
+                            None => continue,
+                        }
+                    }
+                };
+                let mut client = probe.client.clone();
+                let mut request = tonic::Request::new(wire::Member {
+                    version: VERSION,
+                    address: self.me.to_string(),
+                });
+                request.set_timeout(interval);
+                pings.spawn(async move {
+                    let outcome = tokio::time::timeout(interval, client.ping(request))
+                        .await
+                        .map_err(|_| ());
+                    (address, alive(&outcome))
+                });
+            }
+            let mut changed = false;
+            while let Some(Ok((address, answered))) = pings.join_next().await {
+                let Some(probe) = probes.get_mut(&address) else {
+                    continue;
+                };
+                if answered {
+                    probe.misses = 0;
+                    probe.answers = probe.answers.saturating_add(1);
+                } else {
+                    probe.answers = 0;
+                    probe.misses = probe.misses.saturating_add(1);
+                }
+                changed |= self.judge(&address, probe);
+            }
+            if changed {
+                self.refresh();
+            }
+        }
+    }
+
+    /// Applies the hysteresis to one member after a ping; true if it went down or up.
+    fn judge(&self, address: &str, probe: &Probe) -> bool {
+        let mut membership = self.lock();
+        let down = membership.down.contains(address);
+        if !down && probe.misses >= self.options.down_after.max(1) {
+            membership.down.insert(address.to_owned());
+            tracing::warn!(peer = %address, misses = probe.misses, "peer down: taken off the ring");
+            return true;
+        }
+        if down && probe.answers >= self.options.up_after.max(1) {
+            membership.down.remove(address);
+            tracing::info!(peer = %address, "peer up: back on the ring");
+            return true;
+        }
+        false
+    }
+}
