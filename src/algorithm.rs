@@ -319,6 +319,55 @@ pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
     }
 }
 
+/// Hits lent to another node (cluster leases): taken from a counter at once, spent by the
+/// borrower on its own, and given back ([`refund`]) if unspent. Only `fixed_window` lends,
+/// where "the same window" makes a refund exact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lent {
+    pub units: u64,
+    /// The window the units were taken from (a refund applies only to it).
+    pub window: u64,
+    /// The owner's remaining hits after lending.
+    pub remaining: u32,
+    /// Nanoseconds until the window ends.
+    pub reset_after: u64,
+}
+
+/// Takes up to `want` hits, and at most `1 / divisor` of what remains, from a
+/// `fixed_window` counter at `now`; `None` when nothing can be lent.
+pub fn lend(rate: &Rate, state: &mut State, now: u64, want: u64, divisor: u64) -> Option<Lent> {
+    if rate.algorithm != Algorithm::FixedWindow || rate.requests_per_unit == 0 {
+        return None;
+    }
+    let probe = fixed_window(rate, state, now, 0);
+    let units = (u64::from(probe.remaining) / divisor.max(1)).min(want);
+    if units == 0 {
+        return None;
+    }
+    let taken = fixed_window(rate, state, now, units);
+    taken.allowed.then_some(Lent {
+        units,
+        window: state.a,
+        remaining: taken.remaining,
+        reset_after: taken.reset_after,
+    })
+}
+
+/// Gives back `units` lent from `window` ([`lend`]); answers how many were given back
+/// (none once the window has ended: they were never spent, and the count is gone anyway).
+pub fn refund(rate: &Rate, state: &mut State, now: u64, units: u64, window: u64) -> u64 {
+    if rate.algorithm != Algorithm::FixedWindow || rate.requests_per_unit == 0 {
+        return 0;
+    }
+    fixed_window(rate, state, now, 0);
+    if state.a != window {
+        return 0;
+    }
+    let back = units.min(u64::from(state.b));
+    state.b -= clamp_u32(back);
+    back
+}
+
 /// The nanoseconds after which a key last touched at `now` may be forgotten: 3 windows idle,
 /// and never before its state could still matter (a bucket refilling to full).
 pub fn idle_expiry(rate: &Rate) -> u64 {

@@ -22,7 +22,7 @@ use crate::algorithm::{self, Rate, State};
 use crate::key::KeyId;
 
 /// One limit of a descriptor: the counter's key and its rate.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counter {
     pub key: KeyId,
     pub rate: Rate,

@@ -18,6 +18,7 @@
 
 mod convert;
 mod detector;
+pub mod lease;
 mod metrics;
 pub mod remote;
 pub mod service;
@@ -208,6 +209,8 @@ struct Node {
     /// Wakes the rebalance task (ring changed, or a peer came back).
     rebalance: Arc<Notify>,
     stats: ClusterStats,
+    /// Hits other nodes lent this one (see `lease`).
+    leases: Arc<lease::Leases>,
 }
 
 /// Decides checks here or on their owners. Cheap to clone.
@@ -231,6 +234,8 @@ impl std::fmt::Debug for Cluster {
 /// Where the checks of one request go.
 enum Target {
     Local,
+    /// Admitted from a lease another node granted (see `lease`).
+    Leased,
     Remote(Arc<Remote>),
 }
 
@@ -264,12 +269,14 @@ impl Cluster {
             membership: Mutex::new(membership),
             rebalance: Arc::new(Notify::new()),
             stats: ClusterStats::default(),
+            leases: Arc::new(lease::Leases::default()),
             options,
         });
         node.refresh();
         tokio::spawn(Arc::clone(&node).rebalance_loop());
         tokio::spawn(Arc::clone(&node).announce());
         tokio::spawn(Arc::clone(&node).detect_loop());
+        tokio::spawn(Arc::clone(&node).refund_loop());
         if node.options.peer_dns.is_some() {
             tokio::spawn(Arc::clone(&node).discover_loop());
         }
@@ -313,6 +320,11 @@ impl Cluster {
             .collect()
     }
 
+    /// The leases this node holds and its lease figures (cluster mode).
+    pub fn leases(&self) -> Option<&lease::Leases> {
+        self.node.as_ref().map(|node| &*node.leases)
+    }
+
     /// Per-peer and cluster figures, for metrics.
     pub fn stats(&self) -> Option<(&ClusterStats, Vec<Arc<Remote>>)> {
         self.node
@@ -348,13 +360,24 @@ impl Cluster {
             let owner = topology.ring.owner_index(route)?;
             topology.remotes.get(owner)?.as_ref()
         };
-        // Group by target, remembering where each check's decisions go.
-        let mut groups: Vec<(Target, Checks)> = vec![(Target::Local, Checks::new())];
+        // Group by target, remembering where each check's decisions go. Group 1 holds the
+        // checks admitted from a lease, decided right here.
+        let mut groups: Vec<(Target, Checks)> = vec![
+            (Target::Local, Checks::new()),
+            (Target::Leased, Checks::new()),
+        ];
+        let mut leased = Decisions::new();
+        let now = tokio::time::Instant::now();
         let mut places = Vec::with_capacity(checks.len());
         let mut total = 0;
         for check in checks {
             let group = match target(&check) {
                 None => 0,
+                // A peek (no fallback) always asks the owner.
+                Some(_) if fallback && let Some(decision) = node.leases.spend(&check, now) => {
+                    leased.push(decision);
+                    1
+                }
                 Some(remote) => {
                     let found = groups.iter().position(|(target, _)| {
                         matches!(target, Target::Remote(other) if Arc::ptr_eq(other, remote))
@@ -373,19 +396,21 @@ impl Cluster {
         drop(topology);
         // Queue the forwards first, so they travel while the local part is decided.
         let mut answers: Vec<Option<Decisions>> = (0..groups.len()).map(|_| None).collect();
+        answers[1] = Some(leased);
         let mut waiting: Vec<(usize, Arc<str>, oneshot::Receiver<remote::Answer>)> = Vec::new();
         let mut fallbacks: Vec<(usize, Checks)> = Vec::new();
         let mut local = Checks::new();
         let groups_targets: Vec<Option<Arc<str>>> = groups
             .iter()
             .map(|(target, _)| match target {
-                Target::Local => None,
+                Target::Local | Target::Leased => None,
                 Target::Remote(remote) => Some(Arc::clone(remote.address())),
             })
             .collect();
         for (index, (target, group)) in groups.into_iter().enumerate() {
             match target {
                 Target::Local => local = group,
+                Target::Leased => {}
                 Target::Remote(remote) => match remote.submit(group) {
                     Ok(rx) => waiting.push((index, Arc::clone(remote.address()), rx)),
                     Err((_, group)) => fallbacks.push((index, group)),
@@ -469,9 +494,11 @@ impl Cluster {
         tracing::info!(me = %node.me, "left the cluster ring");
     }
 
-    /// Hands every counter this node holds to its owner (after the drain, before exit).
+    /// Hands every counter this node holds to its owner, and gives every lease back (after
+    /// the drain, before exit).
     pub async fn hand_over_all(&self) {
         if let Some(node) = &self.node {
+            node.refund_now(true).await;
             node.rebalance_once().await;
         }
     }
@@ -544,6 +571,7 @@ impl Store for Cluster {
             let Some(node) = &self.node else {
                 return Ok(here);
             };
+            node.leases.forget(&keys);
             let remote = {
                 let topology = node.topology.load();
                 keys.first()
@@ -620,6 +648,7 @@ impl Node {
                     Arc::clone(&self.me),
                     &self.options,
                     Arc::clone(&self.rebalance),
+                    Arc::clone(&self.leases),
                 ) {
                     Ok(remote) => {
                         membership
@@ -702,6 +731,49 @@ impl Node {
             }
             Fallback::Allow => Ok(synthetic(true)),
             Fallback::Deny => Ok(synthetic(false)),
+        }
+    }
+
+    /// Gives expired leases' unspent hits back to their owners, four times per lease TTL.
+    async fn refund_loop(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(lease::TTL / 4);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.refund_now(false).await;
+        }
+    }
+
+    /// Gives the unspent hits of expired leases (of all leases with `all`) back to their
+    /// counters' current owners: this node's engine, or a peer. A refund that cannot be
+    /// delivered is dropped (those hits stay counted: never an over-admission).
+    async fn refund_now(&self, all: bool) {
+        let refunds = self.leases.collect(tokio::time::Instant::now(), all);
+        if refunds.is_empty() {
+            return;
+        }
+        let topology = self.topology.load_full();
+        let mut by_owner: HashMap<usize, Vec<lease::Refund>> = HashMap::new();
+        for refund in refunds {
+            match topology.ring.owner_index(refund.counter.key.route) {
+                Some(owner) if topology.remotes.get(owner).is_some_and(Option::is_some) => {
+                    by_owner.entry(owner).or_default().push(refund);
+                }
+                _ => {
+                    self.engine
+                        .refund(&refund.counter, refund.units, refund.window);
+                }
+            }
+        }
+        for (owner, refunds) in by_owner {
+            let Some(Some(remote)) = topology.remotes.get(owner) else {
+                continue;
+            };
+            for chunk in refunds.chunks(convert::MAX_HANDOFF / 10) {
+                if let Err(error) = remote.refund(chunk).await {
+                    tracing::debug!(%error, refunds = chunk.len(), "could not give leased hits back");
+                }
+            }
         }
     }
 

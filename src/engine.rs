@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
-use crate::check::{Checks, Decisions, KeepRoute, Slot};
+use crate::algorithm::Lent;
+use crate::check::{Checks, Counter, Decisions, KeepRoute, Slot};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
@@ -205,6 +206,23 @@ impl Engine {
     /// [`Engine::start`], then waits for the checks that wait.
     pub async fn check(&self, checks: Checks) -> Result<Decisions, StoreError> {
         self.start(checks)?.finish().await
+    }
+
+    /// Lends hits of `counter` (a key this node owns) to another node: see
+    /// [`algorithm::lend`].
+    pub fn lend(&self, counter: &Counter, want: u64, divisor: u64) -> Option<Lent> {
+        let cell = &self.inner.cells[counter.key.shard(self.inner.cells.len())];
+        let mut shard = cell.lock();
+        let now = self.inner.clock.now();
+        shard.lend(counter, want, divisor, now)
+    }
+
+    /// Takes back lent hits that were not spent; answers how many.
+    pub fn refund(&self, counter: &Counter, units: u64, window: u64) -> u64 {
+        let cell = &self.inner.cells[counter.key.shard(self.inner.cells.len())];
+        let mut shard = cell.lock();
+        let now = self.inner.clock.now();
+        shard.refund(counter, units, window, now)
     }
 
     /// Removes and returns every counter whose route `keep` rejects, from all shards (for

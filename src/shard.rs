@@ -337,6 +337,41 @@ impl Shard {
         self.counters.import(counters)
     }
 
+    /// Lends up to `want` hits of `counter`'s key (held here) to another node, at most
+    /// `1 / divisor` of what remains (see [`algorithm::lend`]).
+    pub fn lend(
+        &mut self,
+        counter: &Counter,
+        want: u64,
+        divisor: u64,
+        now: u64,
+    ) -> Option<algorithm::Lent> {
+        self.counters.absorb(counter, now);
+        let slot = self.counters.keys.get_mut(&counter.key)?;
+        let mut state = State {
+            a: slot.a,
+            b: slot.b,
+        };
+        let lent = algorithm::lend(&counter.rate, &mut state, now, want, divisor)?;
+        (slot.a, slot.b) = (state.a, state.b);
+        Some(lent)
+    }
+
+    /// Takes back unspent lent hits (see [`algorithm::refund`]); answers how many.
+    pub fn refund(&mut self, counter: &Counter, units: u64, window: u64, now: u64) -> u64 {
+        self.counters.absorb(counter, now);
+        let Some(slot) = self.counters.keys.get_mut(&counter.key) else {
+            return 0;
+        };
+        let mut state = State {
+            a: slot.a,
+            b: slot.b,
+        };
+        let back = algorithm::refund(&counter.rate, &mut state, now, units, window);
+        (slot.a, slot.b) = (state.a, state.b);
+        back
+    }
+
     /// Forgets the counters of `keys` (and handed-over states waiting for them); returns
     /// how many were held. Waiters stay queued: their next look finds the room.
     pub fn reset(&mut self, keys: &[KeyId]) -> usize {

@@ -53,63 +53,73 @@ fn algorithm_from_wire(value: i32) -> Result<Algorithm, String> {
     }
 }
 
+pub fn counter_to_wire(counter: &Counter) -> wire::Counter {
+    wire::Counter {
+        key: Some(key_to_wire(&counter.key)),
+        rate: Some(wire::Rate {
+            algorithm: algorithm_to_wire(counter.rate.algorithm) as i32,
+            requests_per_unit: counter.rate.requests_per_unit,
+            unit: counter.rate.unit.to_proto() as u32,
+            burst: counter.rate.burst,
+        }),
+    }
+}
+
+pub fn counter_from_wire(counter: &wire::Counter) -> Result<Counter, String> {
+    let key = key_from_wire(counter.key.as_ref())?;
+    let rate = counter.rate.as_ref().ok_or("counter without a rate")?;
+    let unit = i32::try_from(rate.unit)
+        .ok()
+        .and_then(Unit::from_proto)
+        .ok_or_else(|| format!("unknown unit {}", rate.unit))?;
+    let algorithm = algorithm_from_wire(rate.algorithm)?;
+    let mut checked = Rate::new(algorithm, rate.requests_per_unit, unit, Some(rate.burst));
+    if algorithm.uses_burst() && rate.burst == 0 {
+        return Err("burst 0".to_owned());
+    }
+    checked.burst = if algorithm.uses_burst() {
+        rate.burst
+    } else {
+        rate.requests_per_unit
+    };
+    Ok(Counter { key, rate: checked })
+}
+
 pub fn check_to_wire(check: &Check) -> wire::Check {
     wire::Check {
-        counters: check
-            .counters
-            .iter()
-            .map(|counter| wire::Counter {
-                key: Some(key_to_wire(&counter.key)),
-                rate: Some(wire::Rate {
-                    algorithm: algorithm_to_wire(counter.rate.algorithm) as i32,
-                    requests_per_unit: counter.rate.requests_per_unit,
-                    unit: counter.rate.unit.to_proto() as u32,
-                    burst: counter.rate.burst,
-                }),
-            })
-            .collect(),
+        counters: check.counters.iter().map(counter_to_wire).collect(),
         cost: check.cost,
         max_wait_nanos: check.wait.map_or(0, |wait| {
             u64::try_from(wait.max_wait.as_nanos()).unwrap_or(u64::MAX)
         }),
         max_queue: check.wait.map_or(0, |wait| wait.max_queue),
+        lease: super::lease::leasable(check),
     }
 }
 
-pub fn check_from_wire(check: wire::Check) -> Result<Check, String> {
+/// A check a peer sent, and whether it asked for a lease.
+pub fn check_from_wire(check: wire::Check) -> Result<(Check, bool), String> {
     if check.counters.is_empty() || check.counters.len() > MAX_COUNTERS_PER_CHECK {
         return Err(format!("{} counters in a check", check.counters.len()));
     }
-    let mut counters = Counters::with_capacity(check.counters.len());
-    for counter in &check.counters {
-        let key = key_from_wire(counter.key.as_ref())?;
-        let rate = counter.rate.as_ref().ok_or("counter without a rate")?;
-        let unit = i32::try_from(rate.unit)
-            .ok()
-            .and_then(Unit::from_proto)
-            .ok_or_else(|| format!("unknown unit {}", rate.unit))?;
-        let algorithm = algorithm_from_wire(rate.algorithm)?;
-        let mut checked = Rate::new(algorithm, rate.requests_per_unit, unit, Some(rate.burst));
-        if algorithm.uses_burst() && rate.burst == 0 {
-            return Err("burst 0".to_owned());
-        }
-        checked.burst = if algorithm.uses_burst() {
-            rate.burst
-        } else {
-            rate.requests_per_unit
-        };
-        counters.push(Counter { key, rate: checked });
-    }
+    let asked = check.lease;
+    let counters = check
+        .counters
+        .iter()
+        .map(counter_from_wire)
+        .collect::<Result<Counters, _>>()?;
     let wait = (check.max_wait_nanos > 0).then(|| WaitPolicy {
         // Bounded like the config's max_wait, whatever a peer sends.
         max_wait: Duration::from_nanos(check.max_wait_nanos).min(Duration::from_secs(10)),
         max_queue: check.max_queue.clamp(1, 100_000),
     });
-    Ok(Check {
+    let check = Check {
         counters,
         cost: check.cost,
         wait,
-    })
+    };
+    let lease = asked && super::lease::leasable(&check);
+    Ok((check, lease))
 }
 
 pub fn decision_to_wire(decision: &Decision) -> wire::Decision {
@@ -119,6 +129,7 @@ pub fn decision_to_wire(decision: &Decision) -> wire::Decision {
         reset_after_nanos: decision.reset_after,
         can_retry: decision.retry_after.is_some(),
         retry_after_nanos: decision.retry_after.unwrap_or(0),
+        ..Default::default()
     }
 }
 

@@ -30,10 +30,16 @@ struct Probe {
 }
 
 impl Probe {
-    fn new(address: &str, deadline: Duration) -> Option<Probe> {
+    /// A client for `address`. Its connection carries HTTP/2 keepalive pings, so one that
+    /// went silent (a cut network: no reset, just retransmits) is dropped and the next
+    /// ping connects afresh instead of waiting out TCP's backoff.
+    fn new(address: &str, deadline: Duration, options: &super::ClusterOptions) -> Option<Probe> {
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .ok()?
             .connect_timeout(deadline)
+            .http2_keep_alive_interval(options.keepalive)
+            .keep_alive_timeout(options.keepalive_timeout)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         Some(Probe {
             client: PeerClient::new(endpoint.connect_lazy()),
@@ -79,7 +85,7 @@ impl Node {
                 let probe = match probes.entry(address.clone()) {
                     std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
                     std::collections::hash_map::Entry::Vacant(entry) => {
-                        match Probe::new(&address, interval) {
+                        match Probe::new(&address, interval, &self.options) {
                             Some(probe) => entry.insert(probe),
                             None => continue,
                         }

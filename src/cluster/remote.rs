@@ -30,6 +30,7 @@ use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tonic::transport::{Channel, Endpoint};
 
 use super::convert::{self, VERSION};
+use super::lease::{Grant, Leases, Refund};
 use super::{ClusterOptions, PeerStats};
 use crate::breaker::Breaker;
 use crate::check::{Checks, Decisions, Slot};
@@ -77,6 +78,8 @@ pub struct Remote {
     pub breaker: Breaker,
     pub stats: PeerStats,
     timeout: Duration,
+    /// Where the leases this peer grants are kept.
+    leases: Arc<Leases>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -96,6 +99,7 @@ impl Remote {
         me: Arc<str>,
         options: &ClusterOptions,
         recovered: Arc<Notify>,
+        leases: Arc<Leases>,
     ) -> Result<Arc<Remote>, PeerError> {
         let unreachable = |problem: String| PeerError::Unreachable {
             peer: Arc::clone(&address),
@@ -118,6 +122,7 @@ impl Remote {
             breaker: Breaker::new(options.breaker_failures, options.breaker_cooldown),
             stats: PeerStats::default(),
             timeout: options.timeout,
+            leases,
         });
         let batcher = Batcher {
             remote: Arc::downgrade(&remote),
@@ -183,6 +188,53 @@ impl Remote {
             Ok(Ok(reply)) => Ok(reply.into_inner().accepted),
             Ok(Err(status)) => Err(self.unreachable(status.message())),
             Err(_) => Err(self.unreachable("handoff timed out")),
+        }
+    }
+
+    /// Gives unspent leased hits back to this peer (their counters' owner); answers how
+    /// many it took back.
+    pub async fn refund(&self, refunds: &[Refund]) -> Result<u64, PeerError> {
+        let batch = wire::RefundBatch {
+            version: VERSION,
+            sender: self.me.to_string(),
+            refunds: refunds
+                .iter()
+                .map(|refund| wire::Refunded {
+                    counter: Some(convert::counter_to_wire(&refund.counter)),
+                    units: refund.units,
+                    window: refund.window,
+                })
+                .collect(),
+        };
+        let deadline = self.timeout.max(Duration::from_secs(1));
+        let mut request = tonic::Request::new(batch);
+        request.set_timeout(deadline);
+        let mut client = self.client.clone();
+        match tokio::time::timeout(deadline, client.refund(request)).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner().taken_back),
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable("refund timed out")),
+        }
+    }
+
+    /// Keeps the leases the owner granted with `decisions` (answering `checks`).
+    fn take_leases(&self, checks: &Checks, decisions: &[wire::Decision]) {
+        let now = tokio::time::Instant::now();
+        let counters = checks.iter().flat_map(|check| check.counters.iter());
+        for (counter, decision) in counters.zip(decisions) {
+            if decision.lease_units > 0 {
+                let grant = Grant {
+                    units: decision.lease_units,
+                    window: decision.lease_window,
+                    lease_for: Duration::from_nanos(decision.lease_for_nanos),
+                    // The decision's remaining counts the lease in; the owner's does not.
+                    remaining: decision
+                        .remaining
+                        .saturating_sub(u32::try_from(decision.lease_units).unwrap_or(u32::MAX)),
+                    reset_after: Duration::from_nanos(decision.reset_after_nanos),
+                };
+                self.leases.take(counter, grant, now);
+            }
         }
     }
 
@@ -296,6 +348,7 @@ impl Remote {
                         .sum();
                     let failed = !group.error.is_empty() || group.code != 0;
                     let answer = if !failed && group.decisions.len() == expected {
+                        self.take_leases(&pending.checks, &group.decisions);
                         Ok(group
                             .decisions
                             .iter()

@@ -12,7 +12,8 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{self, VERSION};
 use super::{Cluster, Node};
-use crate::check::Checks;
+use crate::check::{Checks, Counter};
+use super::lease;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_server::{Peer, PeerServer};
 
@@ -53,6 +54,29 @@ impl PeerService {
     }
 }
 
+impl PeerService {
+    /// Lends the sender hits of `counter` (it asked for a lease and was admitted), at most
+    /// `1 / (2 x members)` of what remains, and writes the lease into `decision`.
+    fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) {
+        let engine = self.cluster.engine();
+        let Some(lent) = engine.lend(counter, lease::MAX_UNITS, 2 * members) else {
+            return;
+        };
+        let lease_for = lease::TTL.min(std::time::Duration::from_nanos(lent.reset_after));
+        decision.lease_units = lent.units;
+        decision.lease_window = lent.window;
+        decision.lease_for_nanos = u64::try_from(lease_for.as_nanos()).unwrap_or(u64::MAX);
+        // What the sender can still admit: the owner's remaining plus its lease.
+        decision.remaining = lent
+            .remaining
+            .saturating_add(u32::try_from(lent.units).unwrap_or(u32::MAX));
+        decision.reset_after_nanos = lent.reset_after;
+        if let Some(node) = &self.cluster.node {
+            node.leases.stats.lent.fetch_add(lent.units, Ordering::Relaxed);
+        }
+    }
+}
+
 fn same_version(version: u32) -> Result<(), Status> {
     if version == VERSION {
         Ok(())
@@ -79,32 +103,51 @@ impl Peer for PeerService {
             )));
         }
         let engine = self.cluster.engine();
-        // Start every group's engine call, then collect the answers in order.
+        // Start every group's engine call, then collect the answers in order. Remember the
+        // checks whose sender asked for a lease: (decision index, counter).
         let mut calls = Vec::with_capacity(batch.groups.len());
         for group in batch.groups {
             if group.checks.len() > convert::MAX_CHECKS_PER_GROUP {
                 return Err(Status::invalid_argument("too many checks in a group"));
             }
-            let checks = group
-                .checks
-                .into_iter()
-                .map(convert::check_from_wire)
-                .collect::<Result<Checks, _>>()
-                .map_err(Status::invalid_argument)?;
+            let mut checks = Checks::with_capacity(group.checks.len());
+            let mut wanted: Vec<(usize, Counter)> = Vec::new();
+            let mut offset = 0;
+            for check in group.checks {
+                let (check, lease) =
+                    convert::check_from_wire(check).map_err(Status::invalid_argument)?;
+                if lease {
+                    wanted.push((offset, check.counters[0]));
+                }
+                offset += check.counters.len();
+                checks.push(check);
+            }
             // Decided here and now; only checks that wait for capacity are left pending.
-            calls.push(engine.start(checks));
+            calls.push((engine.start(checks), wanted));
         }
+        let members = self.cluster.members().len().max(1) as u64;
         let mut groups = Vec::with_capacity(calls.len());
-        for call in calls {
+        for (call, wanted) in calls {
             let decided = match call {
                 Ok(started) => started.finish().await,
                 Err(error) => Err(error),
             };
             let reply = match decided {
-                Ok(decisions) => wire::GroupReply {
-                    decisions: decisions.iter().map(convert::decision_to_wire).collect(),
-                    ..Default::default()
-                },
+                Ok(decisions) => {
+                    let mut wire: Vec<wire::Decision> =
+                        decisions.iter().map(convert::decision_to_wire).collect();
+                    for (index, counter) in wanted {
+                        if let Some(decision) = wire.get_mut(index)
+                            && decision.allowed
+                        {
+                            self.lend(&counter, decision, members);
+                        }
+                    }
+                    wire::GroupReply {
+                        decisions: wire,
+                        ..Default::default()
+                    }
+                }
                 Err(error) => wire::GroupReply {
                     decisions: Vec::new(),
                     error: error.to_string(),
@@ -185,6 +228,31 @@ impl Peer for PeerService {
         let (node, address) = self.member(request)?;
         let addresses = node.left(&address);
         Ok(Response::new(wire::Members { addresses }))
+    }
+
+    async fn refund(
+        &self,
+        request: Request<wire::RefundBatch>,
+    ) -> Result<Response<wire::RefundReply>, Status> {
+        self.node()?;
+        let batch = request.into_inner();
+        same_version(batch.version)?;
+        if batch.refunds.len() > convert::MAX_HANDOFF {
+            return Err(Status::invalid_argument("too many refunds in one batch"));
+        }
+        let engine = self.cluster.engine();
+        let mut taken_back = 0;
+        for refund in &batch.refunds {
+            let counter = refund
+                .counter
+                .as_ref()
+                .ok_or_else(|| "a refund without a counter".to_owned())
+                .and_then(convert::counter_from_wire)
+                .map_err(|problem| Status::invalid_argument(format!("refunds: {problem}")))?;
+            taken_back += engine.refund(&counter, refund.units, refund.window);
+        }
+        tracing::debug!(from = %batch.sender, taken_back, "leased hits given back");
+        Ok(Response::new(wire::RefundReply { taken_back }))
     }
 
     async fn ping(

@@ -1,0 +1,241 @@
+//! Leases: hits an owner lends a node for a hot key, so the node admits them on its own
+//! instead of forwarding every request.
+//!
+//! When a node forwards a check it could hold a lease for (one `fixed_window` counter, a
+//! cost, no waiting: [`leasable`]), the owner decides it as always and, if admitted, also
+//! takes up to [`MAX_UNITS`] more hits from the counter, at most `1 / (2 x members)` of
+//! what remains ([`crate::algorithm::lend`]), and answers them with the decision. The node
+//! then admits that key's checks from the lease ([`Leases::spend`]) until it runs out, its
+//! window ends, or [`TTL`] passes; whatever is left goes back to the owner (`Refund`), which
+//! takes it back only into the window it came from.
+//!
+//! Exactness: lent hits are counted by the owner before the borrower admits any of them,
+//! so leases never admit more than the limit; they can only hold hits back from other
+//! nodes for at most [`TTL`] (an under-admission that ends when the lease returns). A
+//! lease lost with its node (kill -9) is never given back: the rest of its window admits
+//! that many fewer. Only `fixed_window` lends (the reference service's algorithm), where
+//! "the same window" makes a refund exact; the other algorithms are forwarded every time.
+//!
+//! Bounds: at most [`MAX_LEASES`] keys hold a lease on one node, and at most
+//! [`MAX_REFUNDS`] refunds wait to be sent (beyond that, units are dropped: an
+//! under-admission, never an over-admission).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::algorithm::{Algorithm, Rate};
+use crate::check::{Check, Counter, Decision};
+use crate::key::KeyId;
+
+/// The most hits one grant lends.
+pub const MAX_UNITS: u64 = 256;
+/// How long a lease may be spent at most (also the most it can hold hits back).
+pub const TTL: Duration = Duration::from_secs(1);
+/// Keys holding a lease on one node at most.
+pub const MAX_LEASES: usize = 65_536;
+/// Refunds waiting to be sent at most.
+pub const MAX_REFUNDS: usize = 65_536;
+const SHARDS: usize = 16;
+
+/// Whether a node could hold a lease for `check`'s hits.
+pub fn leasable(check: &Check) -> bool {
+    match check.counters.as_slice() {
+        [counter] => {
+            check.wait.is_none()
+                && check.cost > 0
+                && counter.rate.algorithm == Algorithm::FixedWindow
+                && counter.rate.requests_per_unit > 0
+        }
+        _ => false,
+    }
+}
+
+/// Hits lent by an owner, as the owner answered them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub units: u64,
+    pub window: u64,
+    /// How long the lease may be spent (at most [`TTL`], never past the window's end).
+    pub lease_for: Duration,
+    /// The owner's remaining hits, and its reset, when it lent.
+    pub remaining: u32,
+    pub reset_after: Duration,
+}
+
+/// Unspent hits to give back to a counter's owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refund {
+    pub counter: Counter,
+    pub units: u64,
+    pub window: u64,
+}
+
+#[derive(Debug)]
+struct Lease {
+    rate: Rate,
+    units: u64,
+    window: u64,
+    expires: Instant,
+    remaining: u32,
+    reset_at: Instant,
+}
+
+/// Figures of this node's leases, for metrics.
+#[derive(Debug, Default)]
+pub struct LeaseStats {
+    /// Units this node (as owner) lent to others.
+    pub lent: AtomicU64,
+    /// Checks this node admitted from a lease, without a forward.
+    pub spent: AtomicU64,
+    /// Units this node gave back unspent.
+    pub returned: AtomicU64,
+}
+
+/// The leases this node holds, by key.
+#[derive(Debug)]
+pub struct Leases {
+    shards: Box<[Mutex<HashMap<KeyId, Lease>>]>,
+    refunds: Mutex<Vec<Refund>>,
+    pub stats: LeaseStats,
+}
+
+impl Default for Leases {
+    fn default() -> Leases {
+        Leases {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            refunds: Mutex::new(Vec::new()),
+            stats: LeaseStats::default(),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing here can panic while holding a lock; the data stays usable if it did.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Leases {
+    fn shard(&self, key: &KeyId) -> MutexGuard<'_, HashMap<KeyId, Lease>> {
+        lock(&self.shards[key.shard(SHARDS)])
+    }
+
+    /// Admits `check` from its key's lease when the lease covers its cost; `None` when it
+    /// must be forwarded.
+    pub fn spend(&self, check: &Check, now: Instant) -> Option<Decision> {
+        let [counter] = check.counters.as_slice() else {
+            return None;
+        };
+        let mut shard = self.shard(&counter.key);
+        let lease = shard.get_mut(&counter.key)?;
+        if lease.rate != counter.rate || now >= lease.expires || lease.units < check.cost {
+            return None;
+        }
+        lease.units -= check.cost;
+        let left = u32::try_from(lease.units).unwrap_or(u32::MAX);
+        let remaining = lease.remaining_with(left);
+        let reset_after = lease.reset_at.saturating_duration_since(now);
+        drop(shard);
+        self.stats.spent.fetch_add(1, Ordering::Relaxed);
+        Some(Decision {
+            allowed: true,
+            remaining,
+            reset_after: u64::try_from(reset_after.as_nanos()).unwrap_or(u64::MAX),
+            retry_after: Some(0),
+        })
+    }
+
+    /// Takes a lease the owner granted for `counter`. A lease from another window (or
+    /// rate) that is still held is replaced and given back; one beyond the cap is given
+    /// back at once.
+    pub fn take(&self, counter: &Counter, grant: Grant, now: Instant) {
+        let lease = Lease {
+            rate: counter.rate,
+            units: grant.units,
+            window: grant.window,
+            expires: now + grant.lease_for.min(TTL),
+            remaining: grant.remaining,
+            reset_at: now + grant.reset_after,
+        };
+        let mut shard = self.shard(&counter.key);
+        let full = shard.len() >= MAX_LEASES / SHARDS;
+        let replaced = match shard.get_mut(&counter.key) {
+            Some(held) if held.window == lease.window && held.rate == lease.rate => {
+                held.units += lease.units;
+                held.expires = held.expires.min(lease.expires);
+                held.remaining = lease.remaining;
+                None
+            }
+            Some(held) => Some(std::mem::replace(held, lease)),
+            None if full => Some(lease),
+            None => {
+                shard.insert(counter.key, lease);
+                None
+            }
+        };
+        drop(shard);
+        if let Some(old) = replaced {
+            self.give_back(counter.key, &old);
+        }
+    }
+
+    fn give_back(&self, key: KeyId, lease: &Lease) {
+        if lease.units == 0 {
+            return;
+        }
+        let mut refunds = lock(&self.refunds);
+        if refunds.len() < MAX_REFUNDS {
+            refunds.push(Refund {
+                counter: Counter {
+                    key,
+                    rate: lease.rate,
+                },
+                units: lease.units,
+                window: lease.window,
+            });
+        }
+    }
+
+    /// Ends the leases that expired by `now` (all of them with `all`) and answers every
+    /// unspent unit waiting to go back to its owner.
+    pub fn collect(&self, now: Instant, all: bool) -> Vec<Refund> {
+        for shard in self.shards.iter() {
+            let ended: Vec<(KeyId, Lease)> = lock(shard)
+                .extract_if(|_, lease| all || now >= lease.expires)
+                .collect();
+            for (key, lease) in ended {
+                self.give_back(key, &lease);
+            }
+        }
+        let refunds = std::mem::take(&mut *lock(&self.refunds));
+        let units: u64 = refunds.iter().map(|refund| refund.units).sum();
+        self.stats.returned.fetch_add(units, Ordering::Relaxed);
+        refunds
+    }
+
+    /// Drops the leases of `keys` without giving them back (their counters were reset).
+    pub fn forget(&self, keys: &[KeyId]) {
+        for key in keys {
+            self.shard(key).remove(key);
+        }
+    }
+
+    /// Keys holding a lease now.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|shard| lock(shard).len()).sum()
+    }
+}
+
+impl Lease {
+    /// What a check admitted from this lease reports as remaining: the owner's remaining
+    /// when it lent, plus what is left of the lease.
+    fn remaining_with(&self, left: u32) -> u32 {
+        self.remaining.saturating_add(left)
+    }
+}
+
+#[cfg(test)]
+mod tests;
