@@ -1,5 +1,6 @@
 //! Helpers shared by the integration tests: real processes (ratekeeper, Envoy, nginx) on
-//! `127.0.0.1:0`, the library's server in-process, bounded polling, temp dirs, a raw HTTP/1.1 client and a tiny upstream.
+//! `127.0.0.1:0`, the library's server in-process, bounded polling, temp dirs, a raw HTTP/1.1 client and a tiny upstream,
+//! and network namespaces for partition tests.
 //!
 //! Everything waits with a bound and panics with the child's stderr when it gives up, so a
 //! hung or crashed process fails the test with a reason instead of hanging it. Children are
@@ -14,6 +15,7 @@ mod certs;
 mod chromium;
 mod envoy;
 mod http;
+mod netns;
 mod nginx;
 mod poll;
 mod process;
@@ -30,6 +32,6 @@ mod upstream;
     reason = "each test binary uses only some of these names; the rest are unused there"
 )]
 pub use self::{
-    certs::*, chromium::*, envoy::*, http::*, nginx::*, poll::*, process::*, ratekeeper::*,
-    redis::*, repo::*, server::*, temp::*, tools::*, upstream::*,
+    certs::*, chromium::*, envoy::*, http::*, netns::*, nginx::*, poll::*, process::*,
+    ratekeeper::*, redis::*, repo::*, server::*, temp::*, tools::*, upstream::*,
 };

@@ -1,11 +1,12 @@
-//! The binary under test: [`Ratekeeper`] runs `ratekeeper serve` on `127.0.0.1:0` and
+//! The binary under test: [`Ratekeeper`] runs `ratekeeper serve` on `127.0.0.1:0` (or,
+//! with [`Ratekeeper::start_in`], behind a command prefix such as `ip netns exec NS`) and
 //! learns its addresses from the serving line; [`run_ratekeeper`] runs a one-shot command.
 //!
-//! Every run starts from [`ratekeeper_command`], which strips the caller's `RATEKEEPER_*`
-//! environment so a developer's shell cannot change what a test runs.
+//! Every run strips the caller's `RATEKEEPER_*` environment ([`ratekeeper_command`]) so a
+//! developer's shell cannot change what a test runs.
 
 use std::ffi::OsStr;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
@@ -32,17 +33,47 @@ impl Ratekeeper {
 
     /// [`Ratekeeper::start`] with `env` variables set (`RATEKEEPER_*` ones included).
     pub fn start_with_env(config: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> Ratekeeper {
-        let mut ratekeeper = Ratekeeper::spawn(config, extra_args, env);
-        let http_addr = ratekeeper.http_addr;
+        Ratekeeper::spawn(config, extra_args, env).healthy()
+    }
+
+    /// Starts `prefix... ratekeeper serve --config <config> <extra_args>` (e.g. behind
+    /// `ip netns exec NS`), without the default listen addresses: `extra_args` choose them.
+    /// A listener bound to an unspecified address (`0.0.0.0:PORT`) is reached at
+    /// `reach:PORT`. Waits until `/healthcheck` answers 200 there.
+    pub fn start_in(
+        prefix: &[&str],
+        reach: IpAddr,
+        config: &Path,
+        extra_args: &[&str],
+    ) -> Ratekeeper {
+        let Some((program, prefix_args)) = prefix.split_first() else {
+            panic!("start_in needs a command prefix (use Ratekeeper::start without one)");
+        };
+        let mut command = Command::new(program);
+        command
+            .args(prefix_args)
+            .arg(env!("CARGO_BIN_EXE_ratekeeper"));
+        clean_environment(&mut command);
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(config)
+            .args(extra_args);
+        Ratekeeper::launch(&mut command, Some(reach)).healthy()
+    }
+
+    /// Waits until `/healthcheck` answers 200; fails with the child's stderr otherwise.
+    fn healthy(mut self) -> Ratekeeper {
+        let http_addr = self.http_addr;
         let healthy = eventually(START_TIMEOUT, || {
             http_get(http_addr, "/healthcheck", &[]).is_ok_and(|response| response.status == 200)
         });
         if !healthy {
-            ratekeeper
-                .process
-                .fail("did not answer GET /healthcheck with 200");
+            self.process.fail(&format!(
+                "did not answer GET /healthcheck with 200 on {http_addr}"
+            ));
         }
-        ratekeeper
+        self
     }
 
     /// [`Ratekeeper::start`] without waiting for `/healthcheck` (for a process that is meant
@@ -60,11 +91,30 @@ impl Ratekeeper {
             .arg(config)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
             .args(extra_args);
-        let mut process = Process::spawn("ratekeeper", &mut command);
+        Ratekeeper::launch(&mut command, None)
+    }
+
+    /// Spawns `command` and reads its serving line; listeners bound to an unspecified
+    /// address are reached at `reach` when given.
+    fn launch(command: &mut Command, reach: Option<IpAddr>) -> Ratekeeper {
+        let mut process = Process::spawn("ratekeeper", command);
         let line = process.stdout_line(START_TIMEOUT);
-        let Some((grpc, http_addr, peer_addr)) = parse_serving_line(&line) else {
+        let Some((mut grpc, mut http_addr, peer_addr)) = parse_serving_line(&line) else {
             process.fail(&format!("printed {line:?} instead of the serving line"));
         };
+        if let Some(reach) = reach {
+            let reached = |addr: SocketAddr| {
+                if addr.ip().is_unspecified() {
+                    SocketAddr::new(reach, addr.port())
+                } else {
+                    addr
+                }
+            };
+            http_addr = reached(http_addr);
+            if let Grpc::Tcp(addr) = grpc {
+                grpc = Grpc::Tcp(reached(addr));
+            }
+        }
         Ratekeeper {
             process,
             grpc,
@@ -161,13 +211,19 @@ fn parse_serving_line(line: &str) -> Option<(Grpc, SocketAddr, Option<SocketAddr
 /// (`NO_COLOR`), which read well in a failure message.
 pub fn ratekeeper_command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+    clean_environment(&mut command);
+    command
+}
+
+/// Removes the caller's `RATEKEEPER_*` variables from `command` and asks for plain-text
+/// logs (`NO_COLOR`); see [`ratekeeper_command`].
+fn clean_environment(command: &mut Command) {
     command.env("NO_COLOR", "1");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("RATEKEEPER_") {
             command.env_remove(name);
         }
     }
-    command
 }
 
 /// Runs the binary to completion (e.g. `validate`) within [`START_TIMEOUT`]; returns status,

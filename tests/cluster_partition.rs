@@ -1,0 +1,614 @@
+//! A network partition in cluster mode, with three real nodes A, B and C, each in its own
+//! Linux network namespace ([`support::Netns`]): C is cut off the peer network while every
+//! node keeps answering the test over its own client link, then the link heals.
+//!
+//! What a user notices, and this test asserts: no client ever gets an error; the failure
+//! detector (its defaults: a ping every 500 ms, a peer down after 3 missed, up after 2
+//! answered) takes the unreachable node off each side's ring within 3 s; each side then
+//! decides on its own ring, so one key admits at most 2 x limit + 2 x floor(limit / 3)
+//! across the cut (each side the limit per window, plus the fallback shares before
+//! detection); the ring is whole again within 5 s of the heal; and the two sides' counters
+//! merge on the key's owner, which admits exactly what is left of the limit.
+//!
+//! Timings are measured and printed (`cargo test --test cluster_partition -- --nocapture`).
+//! Needs root (CAP_NET_ADMIN) and `ip`: without them the test says SKIPPED on stderr, and why.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratekeeper::key::KeyBuilder;
+use ratekeeper::ring::{DEFAULT_VNODES, Ring};
+use serde_json::{Value, json};
+use support::{Netns, Ratekeeper, TempDir, eventually, http_get, http_post, write_config};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// The limit of every key: 100 per hour.
+const LIMIT: u64 = 100;
+const LIMITS: &str = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+const NAMES: [&str; 3] = ["A", "B", "C"];
+/// The node that is cut off.
+const C: usize = 2;
+const GRPC_PORT: u16 = 8081;
+const HTTP_PORT: u16 = 8080;
+const PEER_PORT: u16 = 8091;
+/// Forward deadline: generous, so a busy machine does not turn a slow forward into a
+/// fallback (the counts below are exact), short enough that forwards into the cut fail fast.
+const PEER_TIMEOUT: &str = "500ms";
+/// How soon after the cut each side must have dropped the other from its ring.
+const DETECT_WITHIN: Duration = Duration::from_secs(3);
+/// How soon after the heal the ring must be whole again.
+const HEAL_WITHIN: Duration = Duration::from_secs(5);
+/// How long a poll watches before giving up (longer than the bounds above, so a slow
+/// detector's time is measured and shown rather than just "not within").
+const OBSERVE: Duration = Duration::from_secs(15);
+/// How long the nodes get to agree at the start.
+const WAIT: Duration = Duration::from_secs(20);
+/// How long one request may take before the load counts it as unanswered.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+/// The pause between two requests of one load task: 50 a second per node and key, and
+/// 200 for the hot key, so each side of the cut runs into its limits within the cut.
+const PACE: Duration = Duration::from_millis(20);
+const HOT_PACE: Duration = Duration::from_millis(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_the_bound() {
+    let net = match Netns::new(3) {
+        Ok(net) => net,
+        Err(error) => {
+            eprintln!("SKIPPED: cannot create network namespaces: {error}");
+            return;
+        }
+    };
+    away_from_the_top_of_the_hour(Duration::from_secs(120)).await;
+    let dir = TempDir::new("cluster-partition");
+    write_config(dir.path(), "edge.yaml", LIMITS);
+    // Declared after `net`, so the processes stop before their namespaces go.
+    let nodes = start(&net, dir.path());
+    let full: Vec<String> = (0..3).map(|node| peer(&net, node)).collect();
+    let majority: Vec<String> = full[..2].to_vec();
+
+    // 1. Everyone sees everyone, and forwards over the peer network work.
+    for (node, name) in nodes.iter().zip(NAMES) {
+        let agreed = eventually(WAIT, || members(node) == Some(3.0));
+        assert!(agreed, "{name} never saw 3 members:\n{}", node.stderr());
+    }
+    let mut clients = clients(&nodes).await;
+    let background: Vec<String> = (0..3)
+        .map(|owner| key_where("bg", |value| owner_of(&full, value) == owner))
+        .collect();
+    for value in &background {
+        for (client, name) in clients.iter_mut().zip(NAMES) {
+            assert_eq!(decide(client, value).await, Code::Ok, "{value} on {name}");
+        }
+    }
+    assert_eq!(
+        sum(&nodes, "ratekeeper_cluster_fallbacks_total"),
+        0.0,
+        "no fallback while the peer network is whole"
+    );
+    assert_eq!(
+        sum(&nodes, "ratekeeper_peer_forwarded_total"),
+        6.0,
+        "each key was forwarded by the two nodes that do not own it"
+    );
+
+    // 2. Requests flow to every node, all along; then C is cut off.
+    let mut load = Load::default();
+    for value in &background {
+        load.spawn(&clients, value, false);
+    }
+    let flowing = eventually(WAIT, || (0..3).all(|node| load.tally.answered(node, 0) > 0));
+    assert!(flowing, "every node answers the load before the cut");
+    let fallbacks_before: Vec<f64> = nodes
+        .iter()
+        .map(|node| metric(node, "ratekeeper_cluster_fallbacks_total"))
+        .collect();
+    net.cut(C);
+    let cut = Instant::now();
+    load.phase.store(1, Ordering::Release);
+    // A key hammered on all three nodes from the cut on: its over-admission is measured.
+    let hot = key_where("hot", |value| owner_of(&full, value) == C);
+    load.spawn(&clients, &hot, true);
+
+    // 3. The cut stops peer traffic but not client traffic; each side drops the other.
+    let expected = [2.0, 2.0, 1.0];
+    let mut detected: [Option<Duration>; 3] = [None; 3];
+    let mut forwards_failed: Option<Duration> = None;
+    while cut.elapsed() < OBSERVE && (detected.contains(&None) || forwards_failed.is_none()) {
+        for (node, seen) in detected.iter_mut().enumerate() {
+            if seen.is_none() && members(&nodes[node]) == Some(expected[node]) {
+                *seen = Some(cut.elapsed());
+            }
+        }
+        if forwards_failed.is_none()
+            && metric(&nodes[C], "ratekeeper_cluster_fallbacks_total") > fallbacks_before[C]
+        {
+            forwards_failed = Some(cut.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let answered_by_c = load.tally.answered(C, 1);
+    eprintln!(
+        "cut: C's forwards failed after {forwards_failed:?} (C fallbacks {} -> {}); C answered \
+         {answered_by_c} load requests over its client link meanwhile",
+        fallbacks_before[C],
+        metric(&nodes[C], "ratekeeper_cluster_fallbacks_total"),
+    );
+    assert!(
+        forwards_failed.is_some(),
+        "the cut did not stop C's peer traffic: its fallbacks did not rise"
+    );
+    assert!(
+        answered_by_c > 0,
+        "C answered no client request during the cut"
+    );
+    load.tally.assert_no_errors();
+    for (node, name) in NAMES.iter().enumerate() {
+        eprintln!(
+            "detection: {name} showed {} members after {:?}",
+            expected[node], detected[node]
+        );
+    }
+    for (node, name) in NAMES.iter().enumerate() {
+        let within = detected[node].is_some_and(|elapsed| elapsed <= DETECT_WITHIN);
+        assert!(
+            within,
+            "{name} did not show ratekeeper_cluster_members {} within {DETECT_WITHIN:?} of the \
+             cut (seen after {:?}, watched {OBSERVE:?})\n{}",
+            expected[node],
+            detected[node],
+            diagnosis(&nodes)
+        );
+    }
+
+    // 4. Each side decides on its own ring: a fresh key is admitted on both sides, each
+    //    counting on its own owner (B for A's side, C itself).
+    let value = key_where("k", |value| {
+        owner_of(&full, value) == C && owner_of(&majority, value) == 1
+    });
+    for node in [0, C] {
+        for n in 0..30 {
+            let code = decide(&mut clients[node], &value).await;
+            assert_eq!(code, Code::Ok, "request {n} for {value} on {}", NAMES[node]);
+        }
+    }
+    for (node, owner) in [(0, &majority[1]), (C, &full[C])] {
+        let (used, answer) = explain(&nodes[node], &value);
+        assert_eq!(used, Some(30), "{} side: {answer}", NAMES[node]);
+        assert_eq!(
+            answer["descriptors"][0]["owner"],
+            owner.as_str(),
+            "{answer}"
+        );
+    }
+
+    // 5. Heal: the ring is whole again.
+    net.heal(C);
+    let healed = Instant::now();
+    eprintln!("the cut lasted {:?}", healed - cut);
+    load.phase.store(2, Ordering::Release);
+    let mut rejoined: [Option<Duration>; 3] = [None; 3];
+    while healed.elapsed() < OBSERVE && rejoined.contains(&None) {
+        for (node, seen) in rejoined.iter_mut().enumerate() {
+            if seen.is_none() && members(&nodes[node]) == Some(3.0) {
+                *seen = Some(healed.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let tally = load.stop().await;
+    for (node, name) in NAMES.iter().enumerate() {
+        eprintln!("heal: {name} showed 3 members after {:?}", rejoined[node]);
+    }
+    tally.report();
+    tally.assert_no_errors();
+    let (majority_side, c_side) = (
+        tally.hot_admitted(0) + tally.hot_admitted(1),
+        tally.hot_admitted(C),
+    );
+    let bound = 2 * LIMIT + 2 * (LIMIT / 3);
+    eprintln!(
+        "hot key {hot} (owned by C): admitted {majority_side} on the A+B side, {c_side} on C's, \
+         {} in all (bound {bound})",
+        majority_side + c_side
+    );
+    assert!(
+        majority_side + c_side <= bound,
+        "the cut over-admitted {hot}: {majority_side} + {c_side} > {bound}"
+    );
+    for (node, name) in NAMES.iter().enumerate() {
+        let within = rejoined[node].is_some_and(|elapsed| elapsed <= HEAL_WITHIN);
+        assert!(
+            within,
+            "{name} did not show 3 members within {HEAL_WITHIN:?} of the heal (seen after {:?})\n{}",
+            rejoined[node],
+            diagnosis(&nodes)
+        );
+    }
+
+    // 6. The two sides' counts merge on the owner, which admits what is left, once.
+    let started = Instant::now();
+    let converged = eventually(OBSERVE, || {
+        nodes.iter().all(|node| {
+            let (used, answer) = explain(node, &value);
+            used == Some(60) && answer["descriptors"][0]["owner"] == full[C].as_str()
+        })
+    });
+    let answers: Vec<String> = nodes
+        .iter()
+        .zip(NAMES)
+        .map(|(node, name)| format!("{name}: {}", explain(node, &value).1))
+        .collect();
+    eprintln!(
+        "counters converged: {converged} after {:?}\n{}",
+        started.elapsed(),
+        answers.join("\n")
+    );
+    assert!(
+        converged,
+        "every node should report C's counter for {value} with used 60 (30 per side):\n{}\n{}",
+        answers.join("\n"),
+        diagnosis(&nodes)
+    );
+    let fallbacks = sum(&nodes, "ratekeeper_cluster_fallbacks_total");
+    let mut admitted = 0;
+    for n in 0..60 {
+        admitted += usize::from(decide(&mut clients[n % 3], &value).await == Code::Ok);
+    }
+    assert_eq!(
+        sum(&nodes, "ratekeeper_cluster_fallbacks_total"),
+        fallbacks,
+        "no fallback once healed (it would make the count below inexact)"
+    );
+    assert_eq!(admitted, 40, "what is left of the limit after the cut's 60");
+    let (used, answer) = explain(&nodes[0], &value);
+    assert_eq!(used, Some(LIMIT), "{answer}");
+}
+
+/// Node `node`'s peer address, as every node writes it on its ring.
+fn peer(net: &Netns, node: usize) -> String {
+    format!("{}:{PEER_PORT}", net.peer_ip(node))
+}
+
+/// Starts one node per namespace, each listing the others as peers.
+fn start(net: &Netns, config: &Path) -> Vec<Ratekeeper> {
+    let grpc = format!("0.0.0.0:{GRPC_PORT}");
+    let http = format!("0.0.0.0:{HTTP_PORT}");
+    (0..3)
+        .map(|node| {
+            let me = peer(net, node);
+            let others: Vec<String> = (0..3)
+                .filter(|other| *other != node)
+                .map(|other| peer(net, other))
+                .collect();
+            let others = others.join(",");
+            let args = [
+                "--grpc-addr",
+                &grpc,
+                "--http-addr",
+                &http,
+                "--peer-addr",
+                &me,
+                "--advertise",
+                &me,
+                "--peers",
+                &others,
+                "--peer-timeout",
+                PEER_TIMEOUT,
+            ];
+            let started =
+                Ratekeeper::start_in(&net.exec_prefix(node), net.client_ip(node), config, &args);
+            assert_eq!(
+                started.peer_addr().to_string(),
+                me,
+                "{} serves peers where the others look",
+                NAMES[node]
+            );
+            eprintln!(
+                "{} in {}: grpc {} http {} peer {me}",
+                NAMES[node],
+                net.namespace(node),
+                started.grpc_addr(),
+                started.http_addr()
+            );
+            started
+        })
+        .collect()
+}
+
+/// Windows are hours aligned to the epoch: a test across the top of the hour would see its
+/// counts reset. When less than `margin` of this hour is left, starts in the next one.
+async fn away_from_the_top_of_the_hour(margin: Duration) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let left = Duration::from_secs(3600 - now.as_secs() % 3600);
+    if left < margin {
+        eprintln!("waiting {left:?} for the next hour's window, so no count is cut in two");
+        tokio::time::sleep(left + Duration::from_secs(1)).await;
+    }
+}
+
+async fn clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
+    let mut clients = Vec::new();
+    for node in nodes {
+        let client = RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
+            .await
+            .unwrap_or_else(|error| panic!("connect to {}: {error}", node.grpc_addr()));
+        clients.push(client);
+    }
+    clients
+}
+
+fn request(value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "api_key".to_owned(),
+                value: value.to_owned(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// The overall code for one hit on `value`; an error or no answer fails the test.
+async fn decide(client: &mut RateLimitServiceClient<Channel>, value: &str) -> Code {
+    let answer = tokio::time::timeout(ANSWER_WITHIN, client.should_rate_limit(request(value)))
+        .await
+        .unwrap_or_else(|_| panic!("no answer for {value} within {ANSWER_WITHIN:?}"))
+        .unwrap_or_else(|status| panic!("an error for {value}: {status}"))
+        .into_inner();
+    Code::try_from(answer.overall_code).unwrap_or(Code::Unknown)
+}
+
+/// The first `<prefix>-<n>` for which `wanted` holds.
+fn key_where(prefix: &str, wanted: impl Fn(&str) -> bool) -> String {
+    (0..10_000)
+        .map(|n| format!("{prefix}-{n}"))
+        .find(|value| wanted(value))
+        .unwrap_or_else(|| panic!("no {prefix}-N key fits"))
+}
+
+/// Which of `members` owns `value`, by the ring the nodes build from the same members.
+fn owner_of(members: &[String], value: &str) -> usize {
+    let ring = Ring::new(members, DEFAULT_VNODES);
+    let mut key = KeyBuilder::new("edge");
+    key.entry("api_key", value);
+    let owner = ring
+        .owner(key.route())
+        .expect("a ring with members has an owner");
+    members
+        .iter()
+        .position(|member| **member == **owner)
+        .expect("the owner is a member")
+}
+
+/// `POST /debug/explain` for `value` on `node`: the counter's `used` (None unless it
+/// answered 200 with one) and the whole answer.
+fn explain(node: &Ratekeeper, value: &str) -> (Option<u64>, Value) {
+    let body = json!({
+        "domain": "edge",
+        "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
+    });
+    let Ok(response) = http_post(node.http_addr(), "/debug/explain", &[], &body.to_string()) else {
+        return (None, json!("no answer"));
+    };
+    let answer: Value = serde_json::from_str(&response.body).unwrap_or(json!(response.body));
+    let used = (response.status == 200)
+        .then(|| answer["descriptors"][0]["limits"][0]["used"].as_u64())
+        .flatten();
+    (used, answer)
+}
+
+/// `ratekeeper_cluster_members` on `node`'s `/metrics` (None if it did not answer).
+fn members(node: &Ratekeeper) -> Option<f64> {
+    support::metric_sample(node.http_addr(), "ratekeeper_cluster_members ")
+}
+
+fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
+    support::metric(node.http_addr(), prefix)
+}
+
+/// The sum over `nodes` of every sample starting with `prefix` (all label sets).
+fn sum(nodes: &[Ratekeeper], prefix: &str) -> f64 {
+    nodes
+        .iter()
+        .map(|node| {
+            samples(node.http_addr(), prefix)
+                .iter()
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+/// The `/metrics` lines of `http` starting with `prefix`.
+fn samples(http: SocketAddr, prefix: &str) -> Vec<String> {
+    http_get(http, "/metrics", &[])
+        .map(|response| {
+            response
+                .body
+                .lines()
+                .filter(|line| line.starts_with(prefix))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Each node's view of the cluster and its peer log lines, for a failure message.
+fn diagnosis(nodes: &[Ratekeeper]) -> String {
+    let mut out = String::new();
+    for (node, name) in nodes.iter().zip(NAMES) {
+        let mut lines = samples(node.http_addr(), "ratekeeper_cluster_");
+        lines.extend(samples(node.http_addr(), "ratekeeper_peer_up"));
+        lines.extend(samples(node.http_addr(), "ratekeeper_peer_circuit_open"));
+        let stderr = node.stderr();
+        let logs: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.contains("peer") || line.contains("ring"))
+            .collect();
+        let tail = &logs[logs.len().saturating_sub(12)..];
+        out.push_str(&format!(
+            "--- {name}: {}\n{}\n",
+            lines.join("\n"),
+            tail.join("\n")
+        ));
+    }
+    out
+}
+
+/// Phases of the load: 0 before the cut, 1 during it, 2 after the heal.
+const PHASES: usize = 3;
+
+/// What the load saw.
+#[derive(Debug, Default)]
+struct Tally {
+    /// Answers (OK or OVER_LIMIT) per node and phase.
+    answered: [[AtomicU64; PHASES]; 3],
+    /// Admitted hits of the hot key per node and phase.
+    hot: [[AtomicU64; PHASES]; 3],
+    /// Requests that got an error or no answer, and the first few of them.
+    failed: AtomicU64,
+    errors: Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn answered(&self, node: usize, phase: usize) -> u64 {
+        self.answered[node][phase].load(Ordering::Relaxed)
+    }
+
+    /// The hot key's admitted hits on `node`, in all phases.
+    fn hot_admitted(&self, node: usize) -> u64 {
+        self.hot[node]
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    fn fail(&self, problem: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let mut errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if errors.len() < 10 {
+            errors.push(problem);
+        }
+    }
+
+    fn report(&self) {
+        for (node, name) in NAMES.iter().enumerate() {
+            let answered: Vec<u64> = (0..PHASES)
+                .map(|phase| self.answered(node, phase))
+                .collect();
+            let hot: Vec<u64> = self.hot[node]
+                .iter()
+                .map(|count| count.load(Ordering::Relaxed))
+                .collect();
+            eprintln!(
+                "load on {name}: answered {answered:?} (before, during, after the cut); hot key \
+                 admitted {hot:?}"
+            );
+        }
+    }
+
+    fn assert_no_errors(&self) {
+        let errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        assert!(
+            errors.is_empty(),
+            "{} requests got an error or no answer, first ones:\n{}",
+            self.failed.load(Ordering::Relaxed),
+            errors.join("\n")
+        );
+    }
+}
+
+/// Requests sent all along by tasks (one per node and key, each pacing itself) that record
+/// every answer in a [`Tally`].
+#[derive(Default)]
+struct Load {
+    phase: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    /// Sends `value` to every node until stopped; `hot` counts its admitted hits.
+    fn spawn(&mut self, clients: &[RateLimitServiceClient<Channel>], value: &str, hot: bool) {
+        for (node, client) in clients.iter().enumerate() {
+            let mut client = client.clone();
+            let value = value.to_owned();
+            let (phase, stop, tally) = (
+                Arc::clone(&self.phase),
+                Arc::clone(&self.stop),
+                Arc::clone(&self.tally),
+            );
+            self.tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Acquire) {
+                    let phase = phase.load(Ordering::Acquire);
+                    let answer = tokio::time::timeout(
+                        ANSWER_WITHIN,
+                        client.should_rate_limit(request(&value)),
+                    )
+                    .await;
+                    let problem = match answer {
+                        Ok(Ok(response)) => match response.into_inner().overall_code {
+                            code if code == Code::Ok as i32 => {
+                                if hot {
+                                    tally.hot[node][phase].fetch_add(1, Ordering::Relaxed);
+                                }
+                                None
+                            }
+                            code if code == Code::OverLimit as i32 => None,
+                            code => Some(format!("answered code {code}")),
+                        },
+                        Ok(Err(status)) => Some(format!("error {status}")),
+                        Err(_) => Some(format!("no answer within {ANSWER_WITHIN:?}")),
+                    };
+                    match problem {
+                        None => {
+                            tally.answered[node][phase].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(problem) => {
+                            tally.fail(format!(
+                                "{} {value} (phase {phase}): {problem}",
+                                NAMES[node]
+                            ));
+                        }
+                    }
+                    tokio::time::sleep(if hot { HOT_PACE } else { PACE }).await;
+                }
+            }));
+        }
+    }
+
+    /// Stops every task and returns what they saw.
+    async fn stop(self) -> Arc<Tally> {
+        self.stop.store(true, Ordering::Release);
+        for task in self.tasks {
+            if let Err(error) = task.await {
+                panic!("a load task failed: {error}");
+            }
+        }
+        self.tally
+    }
+}

@@ -1,0 +1,250 @@
+//! Linux network namespaces for partition tests: [`Netns`] gives each of `n` nodes its own
+//! network stack, joined to the others by a peer network and to the test by a client link,
+//! so a test can cut a node off its peers while it still talks to every node.
+//!
+//! - Peer network: each node's `peer0` (`10.77.0.<i+1>/24`) is a veth whose other end is a
+//!   port of a bridge in a separate "switch" namespace. Nodes reach each other only there.
+//! - Client link: a veth pair from the test's own (root) namespace to each node, alone on its
+//!   /30 (`10.78.<slot>.<4i+1>` here, `.<4i+2>` in the node), for the test's gRPC and HTTP.
+//!
+//! [`Netns::cut`] takes the node's port on the switch down: packets between the node and its
+//! peers are dropped without an answer, both ways (a partition, not a refused connection),
+//! while its client link stays up. [`Netns::heal`] brings the port back up.
+//!
+//! Invariants: names are unique per run (namespaces `rk-<pid>-<n>-<role>`; the client links'
+//! root-side names `rk<slot>n<i>` claim a slot no other run holds, and the slot picks their
+//! subnet), so parallel runs do not clash. Everything is torn down on drop, also on panic:
+//! processes still running in the namespaces (the test's own) are killed, the sockets they
+//! left are aborted (`ss -K`), the client links are deleted, then the namespaces (with the
+//! bridge and the peer links). A run killed outright leaves its namespaces behind; later
+//! runs skip their slot.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::tools::find_program;
+
+/// The bridge in the switch namespace.
+const BRIDGE: &str = "br0";
+/// Slots for the client links' subnets (`10.78.<slot>.0/24`).
+const SLOTS: u16 = 256;
+
+/// The namespaces and links of one test; removed on drop.
+#[derive(Debug)]
+pub struct Netns {
+    ip: String,
+    switch: String,
+    /// One namespace per node, in node order.
+    nodes: Vec<String>,
+    /// Every namespace created so far (deleted on drop).
+    created: Vec<String>,
+    slot: Option<u8>,
+}
+
+impl Netns {
+    /// `nodes` namespaces wired as the module describes. `Err` says why namespaces cannot
+    /// be created here (no `ip`, not root, no CAP_NET_ADMIN): the caller skips, saying so.
+    /// Any later failure panics with the failing command and its stderr.
+    pub fn new(nodes: usize) -> Result<Netns, String> {
+        assert!(
+            (1..=32).contains(&nodes),
+            "1 to 32 nodes fit the address plan"
+        );
+        static RUNS: AtomicUsize = AtomicUsize::new(0);
+        let Some(ip) = find_program(&["ip"], &["/usr/sbin", "/sbin"]) else {
+            return Err("no `ip` program (iproute2) in PATH, /usr/sbin or /sbin".to_owned());
+        };
+        let ip = ip.to_string_lossy().into_owned();
+        let run = format!(
+            "rk-{}-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::Relaxed)
+        );
+        let switch = format!("{run}-sw");
+        run_ip(&ip, &["netns", "add", &switch])?;
+        let mut netns = Netns {
+            ip,
+            switch: switch.clone(),
+            nodes: (0..nodes).map(|node| format!("{run}-{node}")).collect(),
+            created: vec![switch],
+            slot: None,
+        };
+        netns.wire();
+        Ok(netns)
+    }
+
+    /// Creates the node namespaces, the peer network and the client links.
+    fn wire(&mut self) {
+        let switch = self.switch.clone();
+        self.ip(&["-n", &switch, "link", "set", "lo", "up"]);
+        self.ip(&["-n", &switch, "link", "add", BRIDGE, "type", "bridge"]);
+        self.ip(&["-n", &switch, "link", "set", BRIDGE, "up"]);
+        for node in 0..self.nodes.len() {
+            let namespace = self.nodes[node].clone();
+            self.ip(&["netns", "add", &namespace]);
+            self.created.push(namespace.clone());
+            self.ip(&["-n", &namespace, "link", "set", "lo", "up"]);
+            let port = port(node);
+            self.ip(&[
+                "link", "add", "name", "peer0", "netns", &namespace, "type", "veth", "peer",
+                "name", &port, "netns", &switch,
+            ]);
+            self.ip(&["-n", &switch, "link", "set", &port, "master", BRIDGE]);
+            self.ip(&["-n", &switch, "link", "set", &port, "up"]);
+            let peer = format!("{}/24", self.peer_ip(node));
+            self.ip(&["-n", &namespace, "addr", "add", &peer, "dev", "peer0"]);
+            self.ip(&["-n", &namespace, "link", "set", "peer0", "up"]);
+            let outside = self.client_link(node);
+            let slot = self.slot();
+            let here = format!("{}/30", client_ip(slot, node, 1));
+            self.ip(&["addr", "add", &here, "dev", &outside]);
+            self.ip(&["link", "set", &outside, "up"]);
+            let there = format!("{}/30", client_ip(slot, node, 2));
+            self.ip(&["-n", &namespace, "addr", "add", &there, "dev", "client0"]);
+            self.ip(&["-n", &namespace, "link", "set", "client0", "up"]);
+        }
+    }
+
+    /// Creates node `node`'s client link (`client0` in its namespace); returns the name of
+    /// its root-side end. The first one claims a slot: the first name no one holds.
+    fn client_link(&mut self, node: usize) -> String {
+        let namespace = self.nodes[node].clone();
+        let create = |slot: u8| {
+            let outside = format!("rk{slot}n{node}");
+            let args = [
+                "link", "add", "name", &outside, "type", "veth", "peer", "name", "client0",
+                "netns", &namespace,
+            ];
+            run_ip(&self.ip, &args).map(|_| outside)
+        };
+        if let Some(slot) = self.slot {
+            return create(slot).unwrap_or_else(|error| panic!("{error}"));
+        }
+        // Start at a pid-dependent slot, so parallel runs rarely try the same ones.
+        let start = std::process::id() as u16 % SLOTS;
+        for offset in 0..SLOTS {
+            let slot = u8::try_from((start + offset) % SLOTS).unwrap_or_default();
+            match create(slot) {
+                Ok(outside) => {
+                    self.slot = Some(slot);
+                    return outside;
+                }
+                Err(error) if error.contains("File exists") => continue,
+                Err(error) => panic!("{error}"),
+            }
+        }
+        panic!("all {SLOTS} client link slots are taken (leftovers of killed runs? see `ip link`)");
+    }
+
+    fn slot(&self) -> u8 {
+        match self.slot {
+            Some(slot) => slot,
+            None => panic!("no client link slot claimed yet"),
+        }
+    }
+
+    /// Runs `ip args`; panics with the command and its stderr when it fails.
+    fn ip(&self, args: &[&str]) -> String {
+        run_ip(&self.ip, args).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    /// The namespace of node `node`.
+    pub fn namespace(&self, node: usize) -> &str {
+        &self.nodes[node]
+    }
+
+    /// The command prefix that runs a program in node `node`'s namespace.
+    pub fn exec_prefix(&self, node: usize) -> [&str; 4] {
+        [&self.ip, "netns", "exec", &self.nodes[node]]
+    }
+
+    /// Node `node`'s address on the peer network (where its peers reach it).
+    pub fn peer_ip(&self, node: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 77, 0, u8::try_from(node + 1).unwrap_or(u8::MAX))
+    }
+
+    /// Node `node`'s address on its client link (where the test reaches it).
+    pub fn client_ip(&self, node: usize) -> IpAddr {
+        IpAddr::V4(client_ip(self.slot(), node, 2))
+    }
+
+    /// Cuts node `node` off the peer network (its port on the switch goes down).
+    pub fn cut(&self, node: usize) {
+        self.ip(&["-n", &self.switch, "link", "set", &port(node), "down"]);
+    }
+
+    /// Puts node `node` back on the peer network.
+    pub fn heal(&self, node: usize) {
+        self.ip(&["-n", &self.switch, "link", "set", &port(node), "up"]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for namespace in self.created.iter().rev() {
+            // Only the test's own processes run in these namespaces (they are this run's).
+            if let Ok(pids) = run_ip(&self.ip, &["netns", "pids", namespace]) {
+                for pid in pids.split_whitespace() {
+                    let _ = Command::new("kill").args(["-KILL", pid]).output();
+                }
+            }
+        }
+        // Sockets the dead processes left (e.g. retransmitting into a cut) would keep their
+        // namespace, and its links, alive for minutes after the name is gone: abort them.
+        let ss = find_program(&["ss"], &["/usr/sbin", "/sbin", "/usr/bin", "/bin"]);
+        for namespace in &self.nodes {
+            if let Some(ss) = &ss {
+                let ss = ss.to_string_lossy();
+                let _ = run_ip(
+                    &self.ip,
+                    &["netns", "exec", namespace, &ss, "-K", "-t", "-a"],
+                );
+            }
+        }
+        if let Some(slot) = self.slot {
+            for node in 0..self.nodes.len() {
+                // Also removes the node's end; fails for a link never made.
+                let _ = run_ip(&self.ip, &["link", "del", &format!("rk{slot}n{node}")]);
+            }
+        }
+        for namespace in self.created.iter().rev() {
+            if let Err(error) = run_ip(&self.ip, &["netns", "del", namespace]) {
+                eprintln!("cannot remove network namespace {namespace}: {error}");
+            }
+        }
+    }
+}
+
+/// Node `node`'s port on the switch.
+fn port(node: usize) -> String {
+    format!("n{node}")
+}
+
+/// Host `host` (1: the test's end, 2: the node's) of node `node`'s client link.
+fn client_ip(slot: u8, node: usize, host: usize) -> Ipv4Addr {
+    Ipv4Addr::new(
+        10,
+        78,
+        slot,
+        u8::try_from(4 * node + host).unwrap_or(u8::MAX),
+    )
+}
+
+/// Runs `ip args`: its stdout, or the command and what went wrong.
+fn run_ip(ip: &str, args: &[&str]) -> Result<String, String> {
+    let shown = format!("`ip {}`", args.join(" "));
+    let output = Command::new(ip)
+        .args(args)
+        .output()
+        .map_err(|error| format!("{shown}: cannot run {ip}: {error}"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{shown} {}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
