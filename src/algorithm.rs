@@ -333,15 +333,29 @@ pub struct Lent {
     pub reset_after: u64,
 }
 
-/// Takes up to `want` hits, and at most `1 / divisor` of what remains, from a
-/// `fixed_window` counter at `now`; `None` when nothing can be lent.
-pub fn lend(rate: &Rate, state: &mut State, now: u64, want: u64, divisor: u64) -> Option<Lent> {
+/// How much a counter lends ([`lend`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LendPolicy {
+    /// The most hits one loan takes.
+    pub most: u64,
+    /// A loan takes at most `1 / share` of what remains.
+    pub share: u64,
+    /// Smaller loans are not made (they would save few forwards).
+    pub least: u64,
+    /// Nothing is lent before the window has counted this many hits (a key that is not hot
+    /// has nothing to gain from a loan).
+    pub after: u64,
+}
+
+/// Takes hits from a `fixed_window` counter at `now` as `policy` allows; `None` when
+/// nothing is lent.
+pub fn lend(rate: &Rate, state: &mut State, now: u64, policy: LendPolicy) -> Option<Lent> {
     if rate.algorithm != Algorithm::FixedWindow || rate.requests_per_unit == 0 {
         return None;
     }
     let probe = fixed_window(rate, state, now, 0);
-    let units = (u64::from(probe.remaining) / divisor.max(1)).min(want);
-    if units == 0 {
+    let units = (u64::from(probe.remaining) / policy.share.max(1)).min(policy.most);
+    if units == 0 || units < policy.least || u64::from(state.b) < policy.after {
         return None;
     }
     let taken = fixed_window(rate, state, now, units);

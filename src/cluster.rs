@@ -29,6 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use smallvec::SmallVec;
 use tokio::sync::{Notify, oneshot};
 
 use self::remote::{PeerError, Remote};
@@ -348,12 +349,17 @@ impl Cluster {
 
     /// [`Cluster::check`] when some checks belong to other nodes. Without `fallback`, an
     /// owner that cannot be reached is an error instead of a case for the fallback policy.
+    ///
+    /// `leased` holds, per check, its decision when it was admitted from a lease already
+    /// ([`Node::spend_leases`]); `None` for a peek, which always asks the owners.
     async fn check_distributed(
         &self,
         node: &Node,
         checks: Checks,
-        fallback: bool,
+        leased: Option<SpentLeases>,
     ) -> Result<Decisions, StoreError> {
+        let fallback = leased.is_some();
+        let mut spent = leased.unwrap_or_default().into_iter();
         let topology = node.topology.load();
         let target = |check: &Check| -> Option<&Arc<Remote>> {
             let route = check.counters.first()?.key.route;
@@ -367,18 +373,16 @@ impl Cluster {
             (Target::Leased, Checks::new()),
         ];
         let mut leased = Decisions::new();
-        let now = tokio::time::Instant::now();
         let mut places = Vec::with_capacity(checks.len());
         let mut total = 0;
         for check in checks {
-            let group = match target(&check) {
-                None => 0,
-                // A peek (no fallback) always asks the owner.
-                Some(_) if fallback && let Some(decision) = node.leases.spend(&check, now) => {
+            let group = match (target(&check), spent.next().flatten()) {
+                (None, _) => 0,
+                (Some(_), Some(decision)) => {
                     leased.push(decision);
                     1
                 }
-                Some(remote) => {
+                (Some(remote), None) => {
                     let found = groups.iter().position(|(target, _)| {
                         matches!(target, Target::Remote(other) if Arc::ptr_eq(other, remote))
                     });
@@ -515,7 +519,13 @@ impl Store for Cluster {
         if let Some(node) = &self.node
             && !node.owns_all(&checks)
         {
-            return Checked::Pending(Box::pin(self.check_distributed(node, checks, true)));
+            // A hot key owned elsewhere is usually admitted from a lease, right here.
+            let spent = node.spend_leases(&checks);
+            if spent.iter().all(Option::is_some) {
+                return Checked::Ready(Ok(spent.into_iter().flatten().collect()));
+            }
+            let distributed = self.check_distributed(node, checks, Some(spent));
+            return Checked::Pending(Box::pin(distributed));
         }
         match self.engine.start(checks) {
             Ok(started) => match started.progress() {
@@ -558,7 +568,7 @@ impl Store for Cluster {
         if let Some(node) = &self.node
             && !node.owns_all(&checks)
         {
-            return Checked::Pending(Box::pin(self.check_distributed(node, checks, false)));
+            return Checked::Pending(Box::pin(self.check_distributed(node, checks, None)));
         }
         Store::check(self, checks)
     }
@@ -605,7 +615,25 @@ impl Store for Cluster {
     }
 }
 
+/// Per check of a request: its decision when it was admitted from a lease.
+type SpentLeases = SmallVec<[Option<Decision>; 4]>;
+
 impl Node {
+    /// Admits from their leases the checks whose keys other nodes own and lent this node
+    /// hits for; `None` for the others (this node's own keys, and keys without a lease).
+    fn spend_leases(&self, checks: &[Check]) -> SpentLeases {
+        let topology = self.topology.load();
+        let now = tokio::time::Instant::now();
+        checks
+            .iter()
+            .map(|check| {
+                let owner = topology.ring.owner_index(check.route())?;
+                topology.remotes.get(owner)?.as_ref()?;
+                self.leases.spend(check, now)
+            })
+            .collect()
+    }
+
     /// Whether this node owns every check's key (then nothing needs forwarding).
     fn owns_all(&self, checks: &[Check]) -> bool {
         let topology = self.topology.load();

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use prometheus_client::registry::Registry;
 use tokio::sync::Notify;
 
-use crate::algorithm::Lent;
+use crate::algorithm::{LendPolicy, Lent};
 use crate::check::{Checks, Counter, Decisions, KeepRoute, Slot};
 use crate::clock::Clock;
 use crate::error::StoreError;
@@ -210,11 +210,11 @@ impl Engine {
 
     /// Lends hits of `counter` (a key this node owns) to another node: see
     /// [`algorithm::lend`].
-    pub fn lend(&self, counter: &Counter, want: u64, divisor: u64) -> Option<Lent> {
+    pub fn lend(&self, counter: &Counter, policy: LendPolicy) -> Option<Lent> {
         let cell = &self.inner.cells[counter.key.shard(self.inner.cells.len())];
         let mut shard = cell.lock();
         let now = self.inner.clock.now();
-        shard.lend(counter, want, divisor, now)
+        shard.lend(counter, policy, now)
     }
 
     /// Takes back lent hits that were not spent; answers how many.

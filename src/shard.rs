@@ -337,13 +337,12 @@ impl Shard {
         self.counters.import(counters)
     }
 
-    /// Lends up to `want` hits of `counter`'s key (held here) to another node, at most
-    /// `1 / divisor` of what remains (see [`algorithm::lend`]).
+    /// Lends hits of `counter`'s key (held here) to another node as `policy` allows (see
+    /// [`algorithm::lend`]).
     pub fn lend(
         &mut self,
         counter: &Counter,
-        want: u64,
-        divisor: u64,
+        policy: algorithm::LendPolicy,
         now: u64,
     ) -> Option<algorithm::Lent> {
         self.counters.absorb(counter, now);
@@ -352,7 +351,7 @@ impl Shard {
             a: slot.a,
             b: slot.b,
         };
-        let lent = algorithm::lend(&counter.rate, &mut state, now, want, divisor)?;
+        let lent = algorithm::lend(&counter.rate, &mut state, now, policy)?;
         (slot.a, slot.b) = (state.a, state.b);
         Some(lent)
     }

@@ -440,25 +440,57 @@ fn a_fixed_window_lends_a_share_of_what_remains_and_takes_back_only_in_that_wind
     let now = 10 * minute + 5;
     let mut state = init(&limit, now);
     assert!(decide(&limit, &mut state, now, 4).allowed);
-    let lent = lend(&limit, &mut state, now, 1_000, 6).expect("96 remain: 16 lent");
+    let policy = |most, share| LendPolicy {
+        most,
+        share,
+        least: 1,
+        after: 0,
+    };
+    let lent = lend(&limit, &mut state, now, policy(1_000, 6)).expect("96 remain: 16 lent");
     assert_eq!((lent.units, lent.window, lent.remaining), (16, 10, 80));
     assert_eq!(lent.reset_after, minute - 5);
-    assert_eq!(lend(&limit, &mut state, now, 5, 6).map(|lent| lent.units), Some(5));
+    assert_eq!(
+        lend(&limit, &mut state, now, policy(5, 6)).map(|lent| lent.units),
+        Some(5)
+    );
     assert_eq!(state.b, 25);
+    let picky = LendPolicy {
+        least: 14,
+        ..policy(100, 6)
+    };
+    assert_eq!(lend(&limit, &mut state, now, picky), None, "75 / 6 < 14");
+    let patient = LendPolicy {
+        after: 26,
+        ..policy(100, 6)
+    };
+    assert_eq!(
+        lend(&limit, &mut state, now, patient),
+        None,
+        "only 25 used yet"
+    );
+    assert_eq!(state.b, 25, "nothing taken");
     // Unspent units come back in the same window only.
     assert_eq!(refund(&limit, &mut state, now + 1, 10, 10), 10);
     assert_eq!(state.b, 15);
-    assert_eq!(refund(&limit, &mut state, now + 1, 100, 10), 15, "never below zero");
+    assert_eq!(
+        refund(&limit, &mut state, now + 1, 100, 10),
+        15,
+        "never below zero"
+    );
     let mut later = state;
     decide(&limit, &mut later, 11 * minute, 1);
-    assert_eq!(refund(&limit, &mut later, 11 * minute, 1, 10), 0, "a new window");
+    assert_eq!(
+        refund(&limit, &mut later, 11 * minute, 1, 10),
+        0,
+        "a new window"
+    );
     assert_eq!(later.b, 1);
     // Nothing to lend: too little left, or another algorithm.
     let mut full = init(&limit, now);
     decide(&limit, &mut full, now, 97);
-    assert_eq!(lend(&limit, &mut full, now, 10, 6), None);
+    assert_eq!(lend(&limit, &mut full, now, policy(10, 6)), None);
     let bucket = rate(Algorithm::TokenBucket, 100, Unit::Minute, None);
     let mut bucket_state = init(&bucket, now);
-    assert_eq!(lend(&bucket, &mut bucket_state, now, 10, 2), None);
+    assert_eq!(lend(&bucket, &mut bucket_state, now, policy(10, 2)), None);
     assert_eq!(refund(&bucket, &mut bucket_state, now, 10, 0), 0);
 }

@@ -2,9 +2,9 @@
 //! instead of forwarding every request.
 //!
 //! When a node forwards a check it could hold a lease for (one `fixed_window` counter, a
-//! cost, no waiting: [`leasable`]), the owner decides it as always and, if admitted, also
-//! takes up to [`MAX_UNITS`] more hits from the counter, at most `1 / (2 x members)` of
-//! what remains ([`crate::algorithm::lend`]), and answers them with the decision. The node
+//! cost, no waiting: [`leasable`]), the owner decides it as always and, if admitted and the
+//! key is hot with room to spare ([`policy`]), also takes a share of what remains
+//! ([`crate::algorithm::lend`]) and answers it with the decision. The node
 //! then admits that key's checks from the lease ([`Leases::spend`]) until it runs out, its
 //! window ends, or [`TTL`] passes; whatever is left goes back to the owner (`Refund`), which
 //! takes it back only into the window it came from.
@@ -27,12 +27,22 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{Algorithm, Rate};
+use crate::algorithm::{Algorithm, LendPolicy, Rate};
 use crate::check::{Check, Counter, Decision};
 use crate::key::KeyId;
 
-/// The most hits one grant lends.
-pub const MAX_UNITS: u64 = 256;
+/// How an owner lends, in a cluster of `members` nodes: at most 256 hits and at most
+/// `1 / (2 x members)` of what remains per loan, no loan under 8 hits, and none before the
+/// window has counted 16 hits (so a key that is not hot, or a limit too small to share,
+/// is forwarded every time and counted exactly as it goes).
+pub fn policy(members: u64) -> LendPolicy {
+    LendPolicy {
+        most: 256,
+        share: 2 * members.max(1),
+        least: 8,
+        after: 16,
+    }
+}
 /// How long a lease may be spent at most (also the most it can hold hits back).
 pub const TTL: Duration = Duration::from_secs(1);
 /// Keys holding a lease on one node at most.

@@ -11,9 +11,9 @@ use std::sync::atomic::Ordering;
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, VERSION};
+use super::lease;
 use super::{Cluster, Node};
 use crate::check::{Checks, Counter};
-use super::lease;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_server::{Peer, PeerServer};
 
@@ -55,11 +55,11 @@ impl PeerService {
 }
 
 impl PeerService {
-    /// Lends the sender hits of `counter` (it asked for a lease and was admitted), at most
-    /// `1 / (2 x members)` of what remains, and writes the lease into `decision`.
+    /// Lends the sender hits of `counter` (it asked for a lease and was admitted) as
+    /// [`lease::policy`] allows, and writes the lease into `decision`.
     fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) {
         let engine = self.cluster.engine();
-        let Some(lent) = engine.lend(counter, lease::MAX_UNITS, 2 * members) else {
+        let Some(lent) = engine.lend(counter, lease::policy(members)) else {
             return;
         };
         let lease_for = lease::TTL.min(std::time::Duration::from_nanos(lent.reset_after));
@@ -72,7 +72,10 @@ impl PeerService {
             .saturating_add(u32::try_from(lent.units).unwrap_or(u32::MAX));
         decision.reset_after_nanos = lent.reset_after;
         if let Some(node) = &self.cluster.node {
-            node.leases.stats.lent.fetch_add(lent.units, Ordering::Relaxed);
+            node.leases
+                .stats
+                .lent
+                .fetch_add(lent.units, Ordering::Relaxed);
         }
     }
 }

@@ -55,7 +55,11 @@ async fn a_lease_admits_its_units_then_sends_the_rest_back_when_it_expires() {
     assert_eq!(first.remaining, 43, "the owner's 40 plus the 3 left here");
     assert_eq!(first.reset_after, 30_000_000_000);
     assert!(leases.spend(&hot, now).is_some(), "2 more of 3");
-    assert_eq!(leases.spend(&hot, now), None, "1 left: not enough for a cost of 2");
+    assert_eq!(
+        leases.spend(&hot, now),
+        None,
+        "1 left: not enough for a cost of 2"
+    );
     assert!(leases.collect(now, false).is_empty(), "not expired yet");
     tokio::time::advance(Duration::from_millis(500)).await;
     assert_eq!(leases.spend(&hot, Instant::now()), None, "expired: forward");
