@@ -6,7 +6,8 @@
 //! - `hot`: the most used counters of this node (from `/counters`' names: needs
 //!   `--counter-names N`, and `--admin-counters` on), at most [`HOT_KEYS`];
 //! - `cluster`: the ring's members, each with its health as this node sees it (a peer's
-//!   circuit breaker open: down);
+//!   circuit breaker open: down), and the peers the failure detector took off the ring
+//!   (`off_ring`, down);
 //! - `reload`: reload counts, the last success and the last failure's errors.
 //!
 //! The page computes the over-limit rate per limit from successive polls and charts the
@@ -216,6 +217,17 @@ fn cluster(cluster: &Cluster) -> Value {
                 None => json!({"address": &**member, "me": false, "healthy": false}),
             }
         })
+        .collect();
+    // Peers the failure detector took off the ring are listed too, down.
+    let members: Vec<Value> = members
+        .into_iter()
+        .chain(
+            cluster
+                .peer_health()
+                .into_iter()
+                .filter(|(_, up)| !up)
+                .map(|(peer, _)| json!({"address": peer, "me": false, "healthy": false, "off_ring": true})),
+        )
         .collect();
     json!({"mode": "cluster", "me": me, "members": members})
 }
