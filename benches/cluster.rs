@@ -60,6 +60,22 @@ use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+/// `api_key` as in the other benchmarks (a fixed window far above any reachable rate, so
+/// owners lend hits of a hot key), plus `bucket_key`, a token bucket as far above: its keys
+/// are never lent, so a remote one is forwarded on every request.
+const LIMITS: &str = "\
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+  - key: bucket_key
+    rate_limit:
+      unit: second
+      requests_per_unit: 1000000000
+      algorithm: token_bucket
+";
 const CONNECTIONS: u32 = 8;
 const STREAMS_PER_CONNECTION: u32 = 32;
 const DOMAIN: &str = "bench";
@@ -102,10 +118,12 @@ struct Config {
     local: Option<&'static str>,
 }
 
-fn descriptor(value: &str) -> RateLimitDescriptor {
+/// The descriptor of `entry` (`key=value`).
+fn descriptor(entry: &str) -> RateLimitDescriptor {
+    let (key, value) = entry.split_once('=').expect("key=value");
     RateLimitDescriptor {
         entries: vec![Entry {
-            key: "api_key".to_owned(),
+            key: key.to_owned(),
             value: value.to_owned(),
         }],
         ..Default::default()
@@ -120,11 +138,12 @@ fn request(values: &[String]) -> RateLimitRequest {
     }
 }
 
-/// Where `api_key=value` lives: its owner (index into `members`, by the ring the nodes build)
-/// and the shard of that owner's engine (of `shards`).
-fn placement(ring: &Ring, members: &[String], shards: usize, value: &str) -> (usize, usize) {
+/// Where the descriptor `entry` (`key=value`) lives: its owner (index into `members`, by the
+/// ring the nodes build) and the shard of that owner's engine (of `shards`).
+fn placement(ring: &Ring, members: &[String], shards: usize, entry: &str) -> (usize, usize) {
+    let (name, value) = entry.split_once('=').expect("key=value");
     let mut key = KeyBuilder::new(DOMAIN);
-    key.entry("api_key", value);
+    key.entry(name, value);
     let owner = ring.owner(key.route()).expect("a non-empty ring");
     let owner = members
         .iter()
@@ -133,17 +152,17 @@ fn placement(ring: &Ring, members: &[String], shards: usize, value: &str) -> (us
     (owner, shard_of(key.route(), shards))
 }
 
-/// The first value `key-N` owned by `members[owner]` on shard `shard` (modulo `shards`) that
-/// is not in `taken`.
+/// The first entry `name=key-N` owned by `members[owner]` on shard `shard` (modulo `shards`)
+/// that is not in `taken`.
 fn value_at(
     ring: &Ring,
     members: &[String],
     shards: usize,
-    (owner, shard): (usize, usize),
+    (name, owner, shard): (&str, usize, usize),
     taken: &[String],
 ) -> String {
     (0..)
-        .map(|n| format!("key-{n}"))
+        .map(|n| format!("{name}=key-{n}"))
         .find(|value| {
             !taken.contains(value)
                 && placement(ring, members, shards, value) == (owner, shard % shards)
@@ -159,7 +178,7 @@ fn start_node(
     stop: watch::Receiver<bool>,
 ) -> Node {
     let runtime = runtime(&format!("{name}-rt"), workers);
-    let limits = Limits::parse_str("bench.yaml", API_KEY_LIMITS).expect("the bench limits parse");
+    let limits = Limits::parse_str("bench.yaml", LIMITS).expect("the bench limits parse");
     let localhost = SocketAddr::from(([127, 0, 0, 1], 0));
     let cluster = ClusterOptions {
         peers: peers.iter().map(ToString::to_string).collect(),
@@ -576,11 +595,11 @@ fn main() {
     // usually are; all four on one shard is cheaper, see BENCHMARKS.md).
     let shards = EngineConfig::default().shards;
     let mut taken: Vec<String> = Vec::new();
-    let mut pick = |spots: &[(usize, usize)]| -> Vec<String> {
+    let mut pick = |name: &str, spots: &[(usize, usize)]| -> Vec<String> {
         spots
             .iter()
-            .map(|&spot| {
-                let value = value_at(&ring, &members, shards, spot, &taken);
+            .map(|&(owner, shard)| {
+                let value = value_at(&ring, &members, shards, (name, owner, shard), &taken);
                 taken.push(value.clone());
                 value
             })
@@ -588,10 +607,13 @@ fn main() {
     };
     let (a, b, c) = (0, 1, 2);
     let body_values: Vec<Vec<String>> = vec![
-        pick(&[(a, 0)]),
-        pick(&[(b, 0)]),
-        pick(&[(a, 0), (a, 1), (a, 0), (a, 1)]),
-        pick(&[(b, 0), (b, 1), (c, 0), (c, 1)]),
+        pick("api_key", &[(a, 0)]),
+        pick("api_key", &[(b, 0)]),
+        pick("api_key", &[(a, 0), (a, 1), (a, 0), (a, 1)]),
+        pick("api_key", &[(b, 0), (b, 1), (c, 0), (c, 1)]),
+        // A token bucket: owners lend no hits of it, so every request is forwarded.
+        pick("bucket_key", &[(a, 0)]),
+        pick("bucket_key", &[(b, 0)]),
     ];
     for values in &body_values {
         let places: Vec<String> = values
@@ -641,6 +663,24 @@ fn main() {
             groups_per_request: 1,
             baseline: Some("noop-1"),
             local: Some("local-1"),
+        },
+        Config {
+            id: "local-bucket",
+            label: "node A, 1 token bucket descriptor owned by A (local)",
+            target: Target::NodeA,
+            body: 4,
+            groups_per_request: 0,
+            baseline: Some("noop-1"),
+            local: None,
+        },
+        Config {
+            id: "remote-bucket",
+            label: "node A, 1 token bucket descriptor owned by B (forwarded, never leased)",
+            target: Target::NodeA,
+            body: 5,
+            groups_per_request: 1,
+            baseline: Some("noop-1"),
+            local: Some("local-bucket"),
         },
         Config {
             id: "noop-4",
