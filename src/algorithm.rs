@@ -320,17 +320,19 @@ pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
 }
 
 /// Hits lent to another node (cluster leases): taken from a counter at once, spent by the
-/// borrower on its own, and given back ([`refund`]) if unspent. Only `fixed_window` lends,
-/// where "the same window" makes a refund exact.
+/// borrower on its own, and given back ([`refund`]) if unspent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Lent {
     pub units: u64,
-    /// The window the units were taken from (a refund applies only to it).
+    /// The window the units were taken from (windows only: a refund applies only to it).
     pub window: u64,
     /// The owner's remaining hits after lending.
     pub remaining: u32,
-    /// Nanoseconds until the window ends.
+    /// Nanoseconds until the limit has fully recovered, after lending.
     pub reset_after: u64,
+    /// Nanoseconds the units may be spent: until the window ends for windows (hits counted
+    /// in one window must not be admitted in the next), unbounded for buckets.
+    pub valid_for: u64,
 }
 
 /// How much a counter lends ([`lend`]).
@@ -342,44 +344,73 @@ pub struct LendPolicy {
     pub share: u64,
     /// Smaller loans are not made (they would save few forwards).
     pub least: u64,
-    /// Nothing is lent before the window has counted this many hits (a key that is not hot
-    /// has nothing to gain from a loan).
-    pub after: u64,
 }
 
-/// Takes hits from a `fixed_window` counter at `now` as `policy` allows; `None` when
-/// nothing is lent.
+/// Takes hits from a counter at `now` as `policy` allows; `None` when nothing is lent.
 pub fn lend(rate: &Rate, state: &mut State, now: u64, policy: LendPolicy) -> Option<Lent> {
-    if rate.algorithm != Algorithm::FixedWindow || rate.requests_per_unit == 0 {
+    if rate.requests_per_unit == 0 {
         return None;
     }
-    let probe = fixed_window(rate, state, now, 0);
+    let probe = decide(rate, state, now, 0);
     let units = (u64::from(probe.remaining) / policy.share.max(1)).min(policy.most);
-    if units == 0 || units < policy.least || u64::from(state.b) < policy.after {
+    if units == 0 || units < policy.least {
         return None;
     }
-    let taken = fixed_window(rate, state, now, units);
-    taken.allowed.then_some(Lent {
+    let taken = decide(rate, state, now, units);
+    if !taken.allowed {
+        return None;
+    }
+    let (window, valid_for) = match rate.algorithm {
+        Algorithm::FixedWindow => (state.a, until_window_end(rate.unit, now)),
+        Algorithm::SlidingWindow => (state.a >> 32, until_window_end(rate.unit, now)),
+        Algorithm::TokenBucket | Algorithm::Gcra => (0, u64::MAX),
+    };
+    Some(Lent {
         units,
-        window: state.a,
+        window,
         remaining: taken.remaining,
         reset_after: taken.reset_after,
+        valid_for,
     })
 }
 
-/// Gives back `units` lent from `window` ([`lend`]); answers how many were given back
-/// (none once the window has ended: they were never spent, and the count is gone anyway).
+/// Gives back `units` lent from `window` ([`lend`]); answers how many were given back. The
+/// counter ends as if the units had never been taken: a window takes them back while it
+/// lasts (after, its count is gone anyway); a bucket at any time, never above its burst
+/// (what it refilled meanwhile it would have refilled anyway).
 pub fn refund(rate: &Rate, state: &mut State, now: u64, units: u64, window: u64) -> u64 {
-    if rate.algorithm != Algorithm::FixedWindow || rate.requests_per_unit == 0 {
+    if rate.requests_per_unit == 0 {
         return 0;
     }
-    fixed_window(rate, state, now, 0);
-    if state.a != window {
-        return 0;
+    decide(rate, state, now, 0);
+    match rate.algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+            let current = match rate.algorithm {
+                Algorithm::FixedWindow => state.a,
+                _ => state.a >> 32,
+            };
+            if current != window {
+                return 0;
+            }
+            let back = units.min(u64::from(state.b));
+            state.b -= clamp_u32(back);
+            back
+        }
+        Algorithm::TokenBucket => {
+            let burst = u64::from(rate.burst);
+            let tokens = u64::from(state.b).min(burst);
+            let back = units.min(burst - tokens);
+            state.b = clamp_u32(tokens + back);
+            back
+        }
+        Algorithm::Gcra => {
+            let interval = rate.emission_interval();
+            let tat = state.a.max(now);
+            let back = units.min((tat - now) / interval);
+            state.a = tat - back * interval;
+            back
+        }
     }
-    let back = units.min(u64::from(state.b));
-    state.b -= clamp_u32(back);
-    back
 }
 
 /// The nanoseconds after which a key last touched at `now` may be forgotten: 3 windows idle,

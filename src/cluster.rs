@@ -772,9 +772,10 @@ impl Node {
         }
     }
 
-    /// Gives the unspent hits of expired leases (of all leases with `all`) back to their
-    /// counters' current owners: this node's engine, or a peer. A refund that cannot be
-    /// delivered is dropped (those hits stay counted: never an over-admission).
+    /// Gives the unspent hits of expired leases (of all leases with `all`) back to the
+    /// nodes that lent them, while they still own the keys. Hits whose lender is gone or no
+    /// longer the owner are dropped (no other node counted them), and so is a refund that
+    /// cannot be delivered: those hits stay counted, never an over-admission.
     async fn refund_now(&self, all: bool) {
         let refunds = self.leases.collect(tokio::time::Instant::now(), all);
         if refunds.is_empty() {
@@ -783,14 +784,12 @@ impl Node {
         let topology = self.topology.load_full();
         let mut by_owner: HashMap<usize, Vec<lease::Refund>> = HashMap::new();
         for refund in refunds {
-            match topology.ring.owner_index(refund.counter.key.route) {
-                Some(owner) if topology.remotes.get(owner).is_some_and(Option::is_some) => {
-                    by_owner.entry(owner).or_default().push(refund);
-                }
-                _ => {
-                    self.engine
-                        .refund(&refund.counter, refund.units, refund.window);
-                }
+            let owner = topology.ring.owner_index(refund.counter.key.route);
+            let lender_owns = owner
+                .and_then(|owner| topology.remotes.get(owner)?.as_ref())
+                .is_some_and(|remote| *remote.address() == refund.lender);
+            if let (Some(owner), true) = (owner, lender_owns) {
+                by_owner.entry(owner).or_default().push(refund);
             }
         }
         for (owner, refunds) in by_owner {

@@ -444,53 +444,75 @@ fn a_fixed_window_lends_a_share_of_what_remains_and_takes_back_only_in_that_wind
         most,
         share,
         least: 1,
-        after: 0,
     };
     let lent = lend(&limit, &mut state, now, policy(1_000, 6)).expect("96 remain: 16 lent");
     assert_eq!((lent.units, lent.window, lent.remaining), (16, 10, 80));
-    assert_eq!(lent.reset_after, minute - 5);
-    assert_eq!(
-        lend(&limit, &mut state, now, policy(5, 6)).map(|lent| lent.units),
-        Some(5)
-    );
+    assert_eq!((lent.reset_after, lent.valid_for), (minute - 5, minute - 5));
+    assert_eq!(lend(&limit, &mut state, now, policy(5, 6)).map(|lent| lent.units), Some(5));
     assert_eq!(state.b, 25);
     let picky = LendPolicy {
         least: 14,
         ..policy(100, 6)
     };
     assert_eq!(lend(&limit, &mut state, now, picky), None, "75 / 6 < 14");
-    let patient = LendPolicy {
-        after: 26,
-        ..policy(100, 6)
-    };
-    assert_eq!(
-        lend(&limit, &mut state, now, patient),
-        None,
-        "only 25 used yet"
-    );
     assert_eq!(state.b, 25, "nothing taken");
     // Unspent units come back in the same window only.
     assert_eq!(refund(&limit, &mut state, now + 1, 10, 10), 10);
     assert_eq!(state.b, 15);
-    assert_eq!(
-        refund(&limit, &mut state, now + 1, 100, 10),
-        15,
-        "never below zero"
-    );
+    assert_eq!(refund(&limit, &mut state, now + 1, 100, 10), 15, "never below zero");
     let mut later = state;
     decide(&limit, &mut later, 11 * minute, 1);
-    assert_eq!(
-        refund(&limit, &mut later, 11 * minute, 1, 10),
-        0,
-        "a new window"
-    );
+    assert_eq!(refund(&limit, &mut later, 11 * minute, 1, 10), 0, "a new window");
     assert_eq!(later.b, 1);
-    // Nothing to lend: too little left, or another algorithm.
     let mut full = init(&limit, now);
     decide(&limit, &mut full, now, 97);
-    assert_eq!(lend(&limit, &mut full, now, policy(10, 6)), None);
-    let bucket = rate(Algorithm::TokenBucket, 100, Unit::Minute, None);
-    let mut bucket_state = init(&bucket, now);
-    assert_eq!(lend(&bucket, &mut bucket_state, now, policy(10, 2)), None);
-    assert_eq!(refund(&bucket, &mut bucket_state, now, 10, 0), 0);
+    assert_eq!(lend(&limit, &mut full, now, policy(10, 6)), None, "too little left");
+}
+
+#[test]
+fn a_sliding_window_takes_a_loan_back_only_in_the_window_it_came_from() {
+    let limit = rate(Algorithm::SlidingWindow, 60, Unit::Minute, None);
+    let minute = Unit::Minute.nanos();
+    let now = 20 * minute;
+    let mut state = init(&limit, now);
+    let lent = lend(&limit, &mut state, now, policy_of(30, 2)).expect("30 of 60");
+    assert_eq!((lent.units, lent.window, lent.valid_for), (30, 20, minute));
+    assert_eq!(refund(&limit, &mut state, now + 5, 12, 20), 12);
+    assert_eq!(decide(&limit, &mut state, now + 5, 0).remaining, 42);
+    let mut next = state;
+    assert_eq!(refund(&limit, &mut next, 21 * minute, 5, 20), 0, "counted, then gone");
+}
+
+fn policy_of(most: u64, share: u64) -> LendPolicy {
+    LendPolicy {
+        most,
+        share,
+        least: 1,
+    }
+}
+
+#[test]
+fn a_bucket_takes_a_loan_back_at_any_time_as_if_it_had_never_been_taken() {
+    let second = Unit::Second.nanos();
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        // 10 per second, bucket of 20.
+        let limit = rate(algorithm, 10, Unit::Second, Some(20));
+        let now = 100 * second;
+        let mut state = init(&limit, now);
+        let lent = lend(&limit, &mut state, now, policy_of(8, 2)).expect("8 of 20");
+        assert_eq!((lent.units, lent.remaining, lent.valid_for), (8, 12, u64::MAX));
+        // Without the loan, 3 spent: what a refund of the other 5 must leave.
+        let mut spent_only = init(&limit, now);
+        assert!(decide(&limit, &mut spent_only, now, 3).allowed);
+        let later = now + second / 4;
+        assert_eq!(refund(&limit, &mut state, later, 5, 0), 5, "{algorithm:?}");
+        assert_eq!(
+            decide(&limit, &mut state, later, 0).remaining,
+            decide(&limit, &mut spent_only, later, 0).remaining,
+            "{algorithm:?}"
+        );
+        // Once refilled, nothing more fits: a refund never overfills.
+        assert_eq!(refund(&limit, &mut state, later + 10 * second, 3, 0), 0);
+        assert_eq!(decide(&limit, &mut state, later + 10 * second, 0).remaining, 20);
+    }
 }

@@ -1,20 +1,23 @@
 //! Leases: hits an owner lends a node for a hot key, so the node admits them on its own
 //! instead of forwarding every request.
 //!
-//! When a node forwards a check it could hold a lease for (one `fixed_window` counter, a
-//! cost, no waiting: [`leasable`]), the owner decides it as always and, if admitted and the
-//! key is hot with room to spare ([`policy`]), also takes a share of what remains
-//! ([`crate::algorithm::lend`]) and answers it with the decision. The node
-//! then admits that key's checks from the lease ([`Leases::spend`]) until it runs out, its
-//! window ends, or [`TTL`] passes; whatever is left goes back to the owner (`Refund`), which
-//! takes it back only into the window it came from.
+//! When a node forwards checks it could hold a lease for (one counter, a cost, no waiting:
+//! [`leasable`]), the owner decides them as always. If one key comes up at least twice in
+//! the same batch (the sender has concurrent requests for it: it is hot there; a client
+//! asking one request at a time never gets a lease) and is admitted, the owner also takes a
+//! share of what remains ([`policy`], [`crate::algorithm::lend`]) and answers it with the
+//! decision. The node then admits that key's checks from the lease ([`Leases::spend`])
+//! until it runs out, its window ends, or [`TTL`] passes; whatever is left goes back to the
+//! owner that lent it (`Refund`), which takes it back as if it had never been lent
+//! ([`crate::algorithm::refund`]: a window only while it lasts, a bucket at any time). If
+//! that node no longer owns the key (it died, or the ring changed), the hits are not given
+//! back: another owner never counted them, and taking them off its count would admit more.
 //!
 //! Exactness: lent hits are counted by the owner before the borrower admits any of them,
 //! so leases never admit more than the limit; they can only hold hits back from other
 //! nodes for at most [`TTL`] (an under-admission that ends when the lease returns). A
 //! lease lost with its node (kill -9) is never given back: the rest of its window admits
-//! that many fewer. Only `fixed_window` lends (the reference service's algorithm), where
-//! "the same window" makes a refund exact; the other algorithms are forwarded every time.
+//! that many fewer.
 //!
 //! Bounds: at most [`MAX_LEASES`] keys hold a lease on one node, and at most
 //! [`MAX_REFUNDS`] refunds wait to be sent (beyond that, units are dropped: an
@@ -22,25 +25,23 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::algorithm::{Algorithm, LendPolicy, Rate};
+use crate::algorithm::{LendPolicy, Rate};
 use crate::check::{Check, Counter, Decision};
 use crate::key::KeyId;
 
 /// How an owner lends, in a cluster of `members` nodes: at most 256 hits and at most
-/// `1 / (2 x members)` of what remains per loan, no loan under 8 hits, and none before the
-/// window has counted 16 hits (so a key that is not hot, or a limit too small to share,
-/// is forwarded every time and counted exactly as it goes).
+/// `1 / (2 x members)` of what remains per loan, and no loan under 8 hits (a limit too
+/// small to share is forwarded every time, and counted exactly as it goes).
 pub fn policy(members: u64) -> LendPolicy {
     LendPolicy {
         most: 256,
         share: 2 * members.max(1),
         least: 8,
-        after: 16,
     }
 }
 /// How long a lease may be spent at most (also the most it can hold hits back).
@@ -54,19 +55,16 @@ const SHARDS: usize = 16;
 /// Whether a node could hold a lease for `check`'s hits.
 pub fn leasable(check: &Check) -> bool {
     match check.counters.as_slice() {
-        [counter] => {
-            check.wait.is_none()
-                && check.cost > 0
-                && counter.rate.algorithm == Algorithm::FixedWindow
-                && counter.rate.requests_per_unit > 0
-        }
+        [counter] => check.wait.is_none() && check.cost > 0 && counter.rate.requests_per_unit > 0,
         _ => false,
     }
 }
 
 /// Hits lent by an owner, as the owner answered them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Grant {
+    /// The owner that lent (the only node a refund may go to).
+    pub lender: Arc<str>,
     pub units: u64,
     pub window: u64,
     /// How long the lease may be spent (at most [`TTL`], never past the window's end).
@@ -77,8 +75,9 @@ pub struct Grant {
 }
 
 /// Unspent hits to give back to a counter's owner.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refund {
+    pub lender: Arc<str>,
     pub counter: Counter,
     pub units: u64,
     pub window: u64,
@@ -86,6 +85,7 @@ pub struct Refund {
 
 #[derive(Debug)]
 struct Lease {
+    lender: Arc<str>,
     rate: Rate,
     units: u64,
     window: u64,
@@ -163,6 +163,7 @@ impl Leases {
     /// back at once.
     pub fn take(&self, counter: &Counter, grant: Grant, now: Instant) {
         let lease = Lease {
+            lender: grant.lender,
             rate: counter.rate,
             units: grant.units,
             window: grant.window,
@@ -173,7 +174,11 @@ impl Leases {
         let mut shard = self.shard(&counter.key);
         let full = shard.len() >= MAX_LEASES / SHARDS;
         let replaced = match shard.get_mut(&counter.key) {
-            Some(held) if held.window == lease.window && held.rate == lease.rate => {
+            Some(held)
+                if held.window == lease.window
+                    && held.rate == lease.rate
+                    && held.lender == lease.lender =>
+            {
                 held.units += lease.units;
                 held.expires = held.expires.min(lease.expires);
                 held.remaining = lease.remaining;
@@ -199,6 +204,7 @@ impl Leases {
         let mut refunds = lock(&self.refunds);
         if refunds.len() < MAX_REFUNDS {
             refunds.push(Refund {
+                lender: Arc::clone(&lease.lender),
                 counter: Counter {
                     key,
                     rate: lease.rate,

@@ -71,7 +71,7 @@ impl Collector for ClusterCollector {
                 ),
                 (
                     "cluster_lease_units_returned",
-                    "Leased hits this node gave back unspent",
+                    "Leased hits that ended unspent: given back to the node that lent them, or dropped when it no longer owns the key",
                     &leases.stats.returned,
                 ),
             ];

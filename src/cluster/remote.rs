@@ -224,6 +224,7 @@ impl Remote {
         for (counter, decision) in counters.zip(decisions) {
             if decision.lease_units > 0 {
                 let grant = Grant {
+                    lender: Arc::clone(&self.address),
                     units: decision.lease_units,
                     window: decision.lease_window,
                     lease_for: Duration::from_nanos(decision.lease_for_nanos),

@@ -5,6 +5,7 @@
 //! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. Forwarded checks go
 //! through the same engine as local ones, one engine call per originating request.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -14,6 +15,7 @@ use super::convert::{self, VERSION};
 use super::lease;
 use super::{Cluster, Node};
 use crate::check::{Checks, Counter};
+use crate::key::KeyId;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_server::{Peer, PeerServer};
 
@@ -57,12 +59,13 @@ impl PeerService {
 impl PeerService {
     /// Lends the sender hits of `counter` (it asked for a lease and was admitted) as
     /// [`lease::policy`] allows, and writes the lease into `decision`.
-    fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) {
+    /// Answers whether it lent.
+    fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) -> bool {
         let engine = self.cluster.engine();
         let Some(lent) = engine.lend(counter, lease::policy(members)) else {
-            return;
+            return false;
         };
-        let lease_for = lease::TTL.min(std::time::Duration::from_nanos(lent.reset_after));
+        let lease_for = lease::TTL.min(std::time::Duration::from_nanos(lent.valid_for));
         decision.lease_units = lent.units;
         decision.lease_window = lent.window;
         decision.lease_for_nanos = u64::try_from(lease_for.as_nanos()).unwrap_or(u64::MAX);
@@ -77,6 +80,7 @@ impl PeerService {
                 .lent
                 .fetch_add(lent.units, Ordering::Relaxed);
         }
+        true
     }
 }
 
@@ -128,6 +132,14 @@ impl Peer for PeerService {
             // Decided here and now; only checks that wait for capacity are left pending.
             calls.push((engine.start(checks), wanted));
         }
+        // A key asked for twice or more in this batch is hot at the sender: lend it hits
+        // (once per batch).
+        let mut asked: HashMap<KeyId, u32> = HashMap::new();
+        for (_, wanted) in &calls {
+            for (_, counter) in wanted {
+                *asked.entry(counter.key).or_default() += 1;
+            }
+        }
         let members = self.cluster.members().len().max(1) as u64;
         let mut groups = Vec::with_capacity(calls.len());
         for (call, wanted) in calls {
@@ -140,10 +152,13 @@ impl Peer for PeerService {
                     let mut wire: Vec<wire::Decision> =
                         decisions.iter().map(convert::decision_to_wire).collect();
                     for (index, counter) in wanted {
-                        if let Some(decision) = wire.get_mut(index)
+                        let hot = asked.get(&counter.key).is_some_and(|asked| *asked >= 2);
+                        if hot
+                            && let Some(decision) = wire.get_mut(index)
                             && decision.allowed
+                            && self.lend(&counter, decision, members)
                         {
-                            self.lend(&counter, decision, members);
+                            asked.remove(&counter.key);
                         }
                     }
                     wire::GroupReply {

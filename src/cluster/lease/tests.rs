@@ -1,5 +1,5 @@
 use super::*;
-use crate::algorithm::Unit;
+use crate::algorithm::{Algorithm, Unit};
 use crate::key::KeyBuilder;
 
 fn check(value: &str, rate: Rate, cost: u64) -> Check {
@@ -15,6 +15,7 @@ fn check(value: &str, rate: Rate, cost: u64) -> Check {
 
 fn grant(units: u64, window: u64) -> Grant {
     Grant {
+        lender: Arc::from("b:1"),
         units,
         window,
         lease_for: Duration::from_millis(500),
@@ -24,13 +25,13 @@ fn grant(units: u64, window: u64) -> Grant {
 }
 
 #[test]
-fn only_one_fixed_window_counter_with_a_cost_and_no_wait_is_leasable() {
+fn only_one_counter_with_a_cost_and_no_wait_is_leasable() {
     let fixed = Rate::fixed(10, Unit::Minute);
     assert!(leasable(&check("a", fixed, 1)));
     assert!(!leasable(&check("a", fixed, 0)), "a peek spends nothing");
     assert!(!leasable(&check("a", Rate::fixed(0, Unit::Minute), 1)));
     let bucket = Rate::new(Algorithm::TokenBucket, 10, Unit::Minute, None);
-    assert!(!leasable(&check("a", bucket, 1)));
+    assert!(leasable(&check("a", bucket, 1)), "every algorithm lends");
     let mut two = check("a", fixed, 1);
     two.counters.push(two.counters[0]);
     assert!(!leasable(&two));
@@ -67,6 +68,7 @@ async fn a_lease_admits_its_units_then_sends_the_rest_back_when_it_expires() {
     assert_eq!(
         refunds,
         vec![Refund {
+            lender: Arc::from("b:1"),
             counter: hot.counters[0],
             units: 1,
             window: 7
