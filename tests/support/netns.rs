@@ -11,15 +11,21 @@
 //! peers are dropped without an answer, both ways (a partition, not a refused connection),
 //! while its client link stays up. [`Netns::heal`] brings the port back up.
 //!
+//! Names: [`Netns::resolve_to_all`] makes a name resolve, in every node's namespace, to all
+//! the nodes' peer addresses (as a Kubernetes headless Service's name does), through the
+//! files `ip netns exec` mounts over `/etc` (`/etc/netns/<namespace>/hosts`, `host.conf`).
+//!
 //! Invariants: names are unique per run (namespaces `rk-<pid>-<n>-<role>`; the client links'
 //! root-side names `rk<slot>n<i>` claim a slot no other run holds, and the slot picks their
 //! subnet), so parallel runs do not clash. Everything is torn down on drop, also on panic:
 //! processes still running in the namespaces (the test's own) are killed, the sockets they
 //! left are aborted (`ss -K`), the client links are deleted, then the namespaces (with the
-//! bridge and the peer links). A run killed outright leaves its namespaces behind; later
-//! runs skip their slot.
+//! bridge and the peer links) and their `/etc/netns/<namespace>` files. A run killed
+//! outright leaves its namespaces behind; later runs skip their slot.
 
+use std::fs;
 use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -29,6 +35,9 @@ use super::tools::find_program;
 const BRIDGE: &str = "br0";
 /// Slots for the client links' subnets (`10.78.<slot>.0/24`).
 const SLOTS: u16 = 256;
+/// Where `ip netns exec NS` finds the files it mounts over those of `/etc` for what it runs
+/// (`/etc/netns/NS/hosts` over `/etc/hosts`, and so on).
+const ETC_NETNS: &str = "/etc/netns";
 
 /// The namespaces and links of one test; removed on drop.
 #[derive(Debug)]
@@ -40,6 +49,10 @@ pub struct Netns {
     /// Every namespace created so far (deleted on drop).
     created: Vec<String>,
     slot: Option<u8>,
+    /// The `/etc/netns/<namespace>` directories written (removed on drop), and whether this
+    /// run created `/etc/netns` itself (then removed on drop if empty).
+    etc: Vec<PathBuf>,
+    etc_root_created: bool,
 }
 
 impl Netns {
@@ -69,6 +82,8 @@ impl Netns {
             nodes: (0..nodes).map(|node| format!("{run}-{node}")).collect(),
             created: vec![switch],
             slot: None,
+            etc: Vec::new(),
+            etc_root_created: false,
         };
         netns.wire();
         Ok(netns)
@@ -178,6 +193,36 @@ impl Netns {
     pub fn heal(&self, node: usize) {
         self.ip(&["-n", &self.switch, "link", "set", &port(node), "up"]);
     }
+
+    /// Makes `name` resolve, for every program run in a node's namespace, to every node's
+    /// peer address: writes `/etc/netns/<namespace>/hosts` (one line per node, plus
+    /// `localhost`), which `ip netns exec` mounts over `/etc/hosts`, and `host.conf` with
+    /// `multi on`, so glibc answers all the lines for the name and not only the first.
+    /// Programs started before the call do not see the files. Panics when they cannot be
+    /// written.
+    pub fn resolve_to_all(&mut self, name: &str) {
+        let lines: String = (0..self.nodes.len())
+            .map(|node| format!("{} {name}\n", self.peer_ip(node)))
+            .collect();
+        let hosts = format!("127.0.0.1 localhost\n::1 localhost\n{lines}");
+        let root = Path::new(ETC_NETNS);
+        if !root.exists() {
+            // Nothing else of ours is there yet: remove it again when done (if empty).
+            self.etc_root_created = true;
+        }
+        for namespace in &self.nodes {
+            let dir = root.join(namespace);
+            if !self.etc.contains(&dir) {
+                self.etc.push(dir.clone());
+            }
+            let written = fs::create_dir_all(&dir)
+                .and_then(|()| fs::write(dir.join("hosts"), &hosts))
+                .and_then(|()| fs::write(dir.join("host.conf"), "multi on\n"));
+            if let Err(error) = written {
+                panic!("cannot write {}: {error}", dir.display());
+            }
+        }
+    }
 }
 
 impl Drop for Netns {
@@ -212,6 +257,17 @@ impl Drop for Netns {
             if let Err(error) = run_ip(&self.ip, &["netns", "del", namespace]) {
                 eprintln!("cannot remove network namespace {namespace}: {error}");
             }
+        }
+        for dir in &self.etc {
+            if let Err(error) = fs::remove_dir_all(dir)
+                && error.kind() != std::io::ErrorKind::NotFound
+            {
+                eprintln!("cannot remove {}: {error}", dir.display());
+            }
+        }
+        if self.etc_root_created {
+            // Fails, as it should, while another run still has files there.
+            let _ = fs::remove_dir(ETC_NETNS);
         }
     }
 }

@@ -1,0 +1,605 @@
+//! DNS discovery in cluster mode, with three real nodes A, B and C, each in its own Linux
+//! network namespace ([`support::Netns`]). No node is given `--peers`: they find each other
+//! only through `--peer-dns rk-peers:8091`, a name that resolves in every namespace to all
+//! three peer addresses, as a Kubernetes headless Service's name does.
+//!
+//! What a user notices, and this test asserts: the nodes form one ring from the DNS answer
+//! at start; C killed with SIGKILL, while the name still resolves to its address (as a
+//! headless Service's does until the endpoint is removed), is taken off A's and B's rings
+//! by the failure detector within 3 s, as in static mode (`tests/cluster.rs`), and every
+//! request sent through A and B meanwhile is answered; C restarted on the same address is
+//! back on every ring within 5 s; and the key's counter moves back to C, which decides the
+//! key's requests again, without a fallback.
+//!
+//! Timings are measured and printed (`cargo test --test cluster_dns -- --nocapture`).
+//! Needs root (CAP_NET_ADMIN, and writing `/etc/netns`) and `ip`: without them the test says
+//! SKIPPED on stderr, and why.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratekeeper::key::KeyBuilder;
+use ratekeeper::ring::{DEFAULT_VNODES, Ring};
+use serde_json::{Value, json};
+use support::{Netns, Ratekeeper, TempDir, eventually, eventually_some, http_post, write_config};
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+
+/// 10 000 per hour: more than the test sends, also on one node's fallback share (a third),
+/// so every request must be admitted.
+const LIMITS: &str = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 10000}\n";
+const NAMES: [&str; 3] = ["A", "B", "C"];
+/// The node that is killed and restarted.
+const C: usize = 2;
+/// The name every node resolves for its peers.
+const PEER_NAME: &str = "rk-peers";
+const GRPC_PORT: u16 = 8081;
+const HTTP_PORT: u16 = 8080;
+const PEER_PORT: u16 = 8091;
+/// Requests for the key through A and B before the kill: fewer than a lease needs (16), so
+/// C counts each of them as it goes.
+const BEFORE: u64 = 10;
+/// Requests for the key through A, B and C in turn once C is back.
+const AFTER: u64 = 30;
+/// How soon after the kill A and B must have dropped C from their rings.
+const DETECT_WITHIN: Duration = Duration::from_secs(3);
+/// How soon after the restart the ring must be whole again.
+const REJOIN_WITHIN: Duration = Duration::from_secs(5);
+/// How long a poll watches before giving up (longer than the bounds above, so a slow
+/// detector's time is measured and shown rather than just "not within").
+const OBSERVE: Duration = Duration::from_secs(10);
+/// How long the nodes get to agree at the start.
+const WAIT: Duration = Duration::from_secs(15);
+/// How long one request may take before it counts as unanswered.
+const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+/// The pause between two requests of one load task (about 100 a second per node).
+const PACE: Duration = Duration::from_millis(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_owns_its_keys() {
+    let mut net = match Netns::new(3) {
+        Ok(net) => net,
+        Err(error) => {
+            eprintln!("SKIPPED: cannot create network namespaces: {error}");
+            return;
+        }
+    };
+    net.resolve_to_all(PEER_NAME);
+    away_from_the_top_of_the_hour(Duration::from_secs(60)).await;
+    let dir = TempDir::new("cluster-dns");
+    write_config(dir.path(), "edge.yaml", LIMITS);
+    let full: Vec<String> = (0..3).map(|node| peer(&net, node)).collect();
+    let survivors: Vec<String> = full[..2].to_vec();
+
+    // 1. All three start at once (as a Deployment's pods do) and form one ring from what
+    //    the name resolves to.
+    // Declared after `net`, so the processes stop before their namespaces go.
+    let (shared, config) = (&net, dir.path());
+    let mut nodes: Vec<Ratekeeper> = std::thread::scope(|scope| {
+        let starting: Vec<_> = (0..3)
+            .map(|node| scope.spawn(move || start(shared, node, config)))
+            .collect();
+        starting
+            .into_iter()
+            .map(|started| {
+                started
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    let started = Instant::now();
+    for (node, name) in nodes.iter().zip(NAMES) {
+        let agreed = eventually(WAIT, || members(node) == Some(3.0));
+        assert!(agreed, "{name} never saw 3 members:\n{}", node.stderr());
+    }
+    eprintln!(
+        "start: all three showed 3 members after {:?}",
+        started.elapsed()
+    );
+    for (node, name) in nodes.iter().zip(NAMES) {
+        let stderr = node.stderr();
+        assert!(
+            !stderr.contains("peer discovery failed"),
+            "{name} could not resolve {PEER_NAME}:\n{stderr}"
+        );
+    }
+
+    // 2. A key owned by C, sent through A and B: forwarded to C, which counts each hit.
+    let value = key_where("k", |value| owner_of(&full, value) == C);
+    let heir = owner_of(&survivors, &value);
+    eprintln!("{value} is owned by C, and by {} without C", NAMES[heir]);
+    let mut clients = clients(&nodes).await;
+    for n in 0..BEFORE {
+        let node = usize::from(n % 2 == 1);
+        let code = decide(&mut clients[node], &value).await;
+        assert_eq!(code, Code::Ok, "request {n} for {value} on {}", NAMES[node]);
+    }
+    let (used, answer) = explain(&nodes[C], &value);
+    assert_eq!(used, Some(BEFORE), "C counted every hit: {answer}");
+    assert_eq!(
+        sum(&nodes, "ratekeeper_cluster_fallbacks_total"),
+        0.0,
+        "no fallback while all three are up"
+    );
+
+    // 3. Requests for the key go on through A and B all along; C is killed.
+    let load = Load::spawn(&clients[..2], &value);
+    let flowing = eventually(WAIT, || (0..2).all(|node| load.answered(node) > 0));
+    assert!(flowing, "A and B answer the load before the kill");
+    let admitted_before_kill = load.tally.admitted();
+    nodes[C].process().kill();
+    let killed = Instant::now();
+
+    // 4. A and B drop C within 3 s (its address still resolves).
+    let mut detected: [Option<Duration>; 2] = [None; 2];
+    while killed.elapsed() < OBSERVE && detected.contains(&None) {
+        for (node, seen) in detected.iter_mut().enumerate() {
+            if seen.is_none() && members(&nodes[node]) == Some(2.0) {
+                *seen = Some(killed.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (node, name) in NAMES[..2].iter().enumerate() {
+        eprintln!("kill: {name} showed 2 members after {:?}", detected[node]);
+    }
+    load.tally.assert_no_errors();
+    for (node, name) in NAMES[..2].iter().enumerate() {
+        let within = detected[node].is_some_and(|elapsed| elapsed <= DETECT_WITHIN);
+        assert!(
+            within,
+            "{name} did not show ratekeeper_cluster_members 2 within {DETECT_WITHIN:?} of the \
+             kill (seen after {:?}, watched {OBSERVE:?})\n{}",
+            detected[node],
+            diagnosis(&nodes)
+        );
+        let up = support::metric_sample(
+            nodes[node].http_addr(),
+            &format!(r#"ratekeeper_peer_up{{peer="{}"}}"#, full[C]),
+        );
+        assert_eq!(
+            up,
+            Some(0.0),
+            "{name} reports C down\n{}",
+            diagnosis(&nodes)
+        );
+        let stderr = nodes[node].stderr();
+        assert!(stderr.contains("peer down"), "{name}:\n{stderr}");
+    }
+
+    // 5. C comes back on the same address, with the same flags: whole again within 5 s.
+    let restarted = Instant::now();
+    nodes[C] = start(&net, C, dir.path());
+    let mut rejoined: [Option<Duration>; 3] = [None; 3];
+    while restarted.elapsed() < OBSERVE && rejoined.contains(&None) {
+        for (node, seen) in rejoined.iter_mut().enumerate() {
+            if seen.is_none() && members(&nodes[node]) == Some(3.0) {
+                *seen = Some(restarted.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let during = load.stop().await;
+    for (node, name) in NAMES.iter().enumerate() {
+        eprintln!(
+            "restart: {name} showed 3 members after {:?}",
+            rejoined[node]
+        );
+    }
+    eprintln!(
+        "load through A and B from before the kill until C was back: {} and {} answered, \
+         {} admitted",
+        during.answered(0),
+        during.answered(1),
+        during.admitted()
+    );
+    during.assert_no_errors();
+    assert_eq!(
+        during.admitted(),
+        during.answered(0) + during.answered(1),
+        "every request is admitted (the limit, even a fallback's share of it, is far off)"
+    );
+    for (node, name) in NAMES.iter().enumerate() {
+        let within = rejoined[node].is_some_and(|elapsed| elapsed <= REJOIN_WITHIN);
+        assert!(
+            within,
+            "{name} did not show 3 members within {REJOIN_WITHIN:?} of the restart (seen \
+             after {:?})\n{}",
+            rejoined[node],
+            diagnosis(&nodes)
+        );
+    }
+
+    // 6. The key's counter moves back to C, which decides its requests from then on.
+    let handed = eventually_some(OBSERVE, || {
+        let received = metric(&nodes[C], "ratekeeper_cluster_handoff_received_total");
+        (received > 0.0).then(|| restarted.elapsed())
+    });
+    eprintln!("handoff: C received counters after {handed:?} (from the restart)");
+    assert!(
+        handed.is_some(),
+        "the counters moved back to C\n{}",
+        diagnosis(&nodes)
+    );
+    // Leases lent during the load are given back within their TTL: C's count settles.
+    let settled = settled_count(&nodes, &value);
+    eprintln!(
+        "C counts {settled:?} hits of {value} once settled ({} admitted since the kill; the \
+         {} before it died with C)",
+        during.admitted() - admitted_before_kill,
+        BEFORE + admitted_before_kill
+    );
+    let Some(settled) = settled else {
+        panic!("C's count of {value} never settled\n{}", diagnosis(&nodes));
+    };
+    // Not exactly equal in general: hits a survivor counts for a key it no longer owns,
+    // while the two survivors' rings disagree (each puts C back on its own detector's
+    // schedule), stay there until its next rebalance.
+    let since_kill = during.admitted() - admitted_before_kill;
+    assert!(
+        settled > 0 && settled <= since_kill,
+        "C carries on the survivors' count, counting no hit twice: {settled} of the \
+         {since_kill} admitted since the kill"
+    );
+    clients[C] = connect(&nodes[C]).await;
+    let fallbacks = sum(&nodes, "ratekeeper_cluster_fallbacks_total");
+    for n in 0..AFTER {
+        let node = usize::try_from(n % 3).unwrap_or_default();
+        let code = decide(&mut clients[node], &value).await;
+        assert_eq!(code, Code::Ok, "request {n} for {value} on {}", NAMES[node]);
+    }
+    assert_eq!(
+        sum(&nodes, "ratekeeper_cluster_fallbacks_total"),
+        fallbacks,
+        "no fallback once C is back\n{}",
+        diagnosis(&nodes)
+    );
+    let counted = eventually(OBSERVE, || {
+        explain(&nodes[C], &value).0 == Some(settled + AFTER)
+    });
+    let answers: Vec<String> = nodes
+        .iter()
+        .zip(NAMES)
+        .map(|(node, name)| format!("{name}: {}", explain(node, &value).1))
+        .collect();
+    assert!(
+        counted,
+        "C counts each of the {AFTER} requests once, on top of its {settled}:\n{}",
+        answers.join("\n")
+    );
+    for (node, name) in nodes.iter().zip(NAMES) {
+        let (_, answer) = explain(node, &value);
+        assert_eq!(
+            answer["descriptors"][0]["owner"],
+            full[C].as_str(),
+            "{name} sends {value} to C: {answer}"
+        );
+    }
+}
+
+/// Node `node`'s peer address, as every node writes it on its ring.
+fn peer(net: &Netns, node: usize) -> String {
+    format!("{}:{PEER_PORT}", net.peer_ip(node))
+}
+
+/// Starts node `node` in its namespace, finding its peers only through DNS.
+fn start(net: &Netns, node: usize, config: &Path) -> Ratekeeper {
+    let grpc = format!("0.0.0.0:{GRPC_PORT}");
+    let http = format!("0.0.0.0:{HTTP_PORT}");
+    let me = peer(net, node);
+    let dns = format!("{PEER_NAME}:{PEER_PORT}");
+    let args = [
+        "--grpc-addr",
+        &grpc,
+        "--http-addr",
+        &http,
+        "--peer-addr",
+        &me,
+        "--advertise",
+        &me,
+        "--peer-dns",
+        &dns,
+    ];
+    let started = Ratekeeper::start_in(&net.exec_prefix(node), net.client_ip(node), config, &args);
+    assert_eq!(
+        started.peer_addr().to_string(),
+        me,
+        "{} serves peers where the others look",
+        NAMES[node]
+    );
+    eprintln!(
+        "{} in {}: grpc {} http {} peer {me}",
+        NAMES[node],
+        net.namespace(node),
+        started.grpc_addr(),
+        started.http_addr()
+    );
+    started
+}
+
+/// Windows are hours aligned to the epoch: a test across the top of the hour would see its
+/// counts reset. When less than `margin` of this hour is left, starts in the next one.
+async fn away_from_the_top_of_the_hour(margin: Duration) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let left = Duration::from_secs(3600 - now.as_secs() % 3600);
+    if left < margin {
+        eprintln!("waiting {left:?} for the next hour's window, so no count is cut in two");
+        tokio::time::sleep(left + Duration::from_secs(1)).await;
+    }
+}
+
+async fn connect(node: &Ratekeeper) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
+        .await
+        .unwrap_or_else(|error| panic!("connect to {}: {error}", node.grpc_addr()))
+}
+
+async fn clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
+    let mut clients = Vec::new();
+    for node in nodes {
+        clients.push(connect(node).await);
+    }
+    clients
+}
+
+fn request(value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "api_key".to_owned(),
+                value: value.to_owned(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// The overall code for one hit on `value`; an error or no answer fails the test.
+async fn decide(client: &mut RateLimitServiceClient<Channel>, value: &str) -> Code {
+    let answer = tokio::time::timeout(ANSWER_WITHIN, client.should_rate_limit(request(value)))
+        .await
+        .unwrap_or_else(|_| panic!("no answer for {value} within {ANSWER_WITHIN:?}"))
+        .unwrap_or_else(|status| panic!("an error for {value}: {status}"))
+        .into_inner();
+    Code::try_from(answer.overall_code).unwrap_or(Code::Unknown)
+}
+
+/// The first `<prefix>-<n>` for which `wanted` holds.
+fn key_where(prefix: &str, wanted: impl Fn(&str) -> bool) -> String {
+    (0..10_000)
+        .map(|n| format!("{prefix}-{n}"))
+        .find(|value| wanted(value))
+        .unwrap_or_else(|| panic!("no {prefix}-N key fits"))
+}
+
+/// Which of `members` owns `value`, by the ring the nodes build from the same members.
+fn owner_of(members: &[String], value: &str) -> usize {
+    let ring = Ring::new(members, DEFAULT_VNODES);
+    let mut key = KeyBuilder::new("edge");
+    key.entry("api_key", value);
+    let owner = ring
+        .owner(key.route())
+        .expect("a ring with members has an owner");
+    members
+        .iter()
+        .position(|member| **member == **owner)
+        .expect("the owner is a member")
+}
+
+/// `POST /debug/explain` for `value` on `node`: the counter's `used` (None unless it
+/// answered 200 with one) and the whole answer.
+fn explain(node: &Ratekeeper, value: &str) -> (Option<u64>, Value) {
+    let body = json!({
+        "domain": "edge",
+        "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
+    });
+    let Ok(response) = http_post(node.http_addr(), "/debug/explain", &[], &body.to_string()) else {
+        return (None, json!("no answer"));
+    };
+    let answer: Value = serde_json::from_str(&response.body).unwrap_or(json!(response.body));
+    let used = (response.status == 200)
+        .then(|| answer["descriptors"][0]["limits"][0]["used"].as_u64())
+        .flatten();
+    (used, answer)
+}
+
+/// C's count of `value` once no node holds a lease any more (their unspent hits are back):
+/// the same on two polls in a row, the later at least 100 ms after the earlier.
+fn settled_count(nodes: &[Ratekeeper], value: &str) -> Option<u64> {
+    let mut last: Option<(u64, Instant)> = None;
+    eventually_some(OBSERVE, || {
+        if sum(nodes, "ratekeeper_cluster_leases ") > 0.0 {
+            last = None;
+            return None;
+        }
+        let used = explain(&nodes[C], value).0?;
+        match last {
+            Some((earlier, at))
+                if earlier == used && at.elapsed() >= Duration::from_millis(100) =>
+            {
+                Some(used)
+            }
+            Some((earlier, _)) if earlier == used => None,
+            _ => {
+                last = Some((used, Instant::now()));
+                None
+            }
+        }
+    })
+}
+
+/// `ratekeeper_cluster_members` on `node`'s `/metrics` (None if it did not answer).
+fn members(node: &Ratekeeper) -> Option<f64> {
+    support::metric_sample(node.http_addr(), "ratekeeper_cluster_members ")
+}
+
+fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
+    support::metric(node.http_addr(), prefix)
+}
+
+/// The sum over `nodes` of every sample starting with `prefix` (all label sets).
+fn sum(nodes: &[Ratekeeper], prefix: &str) -> f64 {
+    nodes
+        .iter()
+        .map(|node| support::metric_sum(node.http_addr(), prefix))
+        .sum()
+}
+
+/// Each node's view of the cluster and its peer log lines, for a failure message.
+fn diagnosis(nodes: &[Ratekeeper]) -> String {
+    let mut out = String::new();
+    for (node, name) in nodes.iter().zip(NAMES) {
+        let lines: Vec<String> = support::http_get(node.http_addr(), "/metrics", &[])
+            .map(|response| {
+                response
+                    .body
+                    .lines()
+                    .filter(|line| {
+                        line.starts_with("ratekeeper_cluster_")
+                            || line.starts_with("ratekeeper_peer_up")
+                            || line.starts_with("ratekeeper_peer_circuit_open")
+                    })
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let stderr = node.stderr();
+        let logs: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.contains("peer") || line.contains("ring"))
+            .collect();
+        let tail = &logs[logs.len().saturating_sub(12)..];
+        out.push_str(&format!(
+            "--- {name}: {}\n{}\n",
+            lines.join("\n"),
+            tail.join("\n")
+        ));
+    }
+    out
+}
+
+/// What the load saw, per node it was sent through.
+#[derive(Debug, Default)]
+struct Tally {
+    answered: [AtomicU64; 2],
+    admitted: AtomicU64,
+    /// Requests that got an error, no answer or an unexpected code: the first few.
+    failed: AtomicU64,
+    errors: std::sync::Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn answered(&self, node: usize) -> u64 {
+        self.answered[node].load(Ordering::Relaxed)
+    }
+
+    fn admitted(&self) -> u64 {
+        self.admitted.load(Ordering::Relaxed)
+    }
+
+    fn fail(&self, problem: String) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        let mut errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if errors.len() < 10 {
+            errors.push(problem);
+        }
+    }
+
+    fn assert_no_errors(&self) {
+        let errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        assert!(
+            errors.is_empty(),
+            "{} requests got an error or no answer, first ones:\n{}",
+            self.failed.load(Ordering::Relaxed),
+            errors.join("\n")
+        );
+    }
+}
+
+/// Requests for one key, sent through each of two nodes by its own task (pacing itself)
+/// until stopped; every answer is recorded in a [`Tally`].
+struct Load {
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    fn spawn(clients: &[RateLimitServiceClient<Channel>], value: &str) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let tally = Arc::new(Tally::default());
+        let tasks = clients
+            .iter()
+            .enumerate()
+            .map(|(node, client)| {
+                let mut client = client.clone();
+                let value = value.to_owned();
+                let (stop, tally) = (Arc::clone(&stop), Arc::clone(&tally));
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Acquire) {
+                        let answer = tokio::time::timeout(
+                            ANSWER_WITHIN,
+                            client.should_rate_limit(request(&value)),
+                        )
+                        .await;
+                        let problem = match answer {
+                            Ok(Ok(response)) => match response.into_inner().overall_code {
+                                code if code == Code::Ok as i32 => {
+                                    tally.admitted.fetch_add(1, Ordering::Relaxed);
+                                    None
+                                }
+                                code if code == Code::OverLimit as i32 => None,
+                                code => Some(format!("answered code {code}")),
+                            },
+                            Ok(Err(status)) => Some(format!("error {status}")),
+                            Err(_) => Some(format!("no answer within {ANSWER_WITHIN:?}")),
+                        };
+                        match problem {
+                            None => {
+                                tally.answered[node].fetch_add(1, Ordering::Relaxed);
+                            }
+                            Some(problem) => tally.fail(format!("{}: {problem}", NAMES[node])),
+                        }
+                        tokio::time::sleep(PACE).await;
+                    }
+                })
+            })
+            .collect();
+        Load { stop, tally, tasks }
+    }
+
+    fn answered(&self, node: usize) -> u64 {
+        self.tally.answered(node)
+    }
+
+    /// Stops every task and returns what they saw.
+    async fn stop(self) -> Arc<Tally> {
+        self.stop.store(true, Ordering::Release);
+        for task in self.tasks {
+            if let Err(error) = task.await {
+                panic!("a load task failed: {error}");
+            }
+        }
+        self.tally
+    }
+}
