@@ -61,8 +61,9 @@ use tokio::sync::watch;
 
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 /// `api_key` as in the other benchmarks (a fixed window far above any reachable rate, so
-/// owners lend hits of a hot key), plus `bucket_key`, a token bucket as far above: its keys
-/// are never lent, so a remote one is forwarded on every request.
+/// owners lend hits of a hot key), plus `pair_key`, two limits on one descriptor as far
+/// above: owners never lend a check of several counters, so a remote one is forwarded on
+/// every request.
 const LIMITS: &str = "\
 domain: bench
 descriptors:
@@ -70,11 +71,10 @@ descriptors:
     rate_limit:
       unit: second
       requests_per_unit: 1000000000
-  - key: bucket_key
-    rate_limit:
-      unit: second
-      requests_per_unit: 1000000000
-      algorithm: token_bucket
+  - key: pair_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 1000000000}
+      - {unit: minute, requests_per_unit: 1000000000}
 ";
 const CONNECTIONS: u32 = 8;
 const STREAMS_PER_CONNECTION: u32 = 32;
@@ -611,9 +611,10 @@ fn main() {
         pick("api_key", &[(b, 0)]),
         pick("api_key", &[(a, 0), (a, 1), (a, 0), (a, 1)]),
         pick("api_key", &[(b, 0), (b, 1), (c, 0), (c, 1)]),
-        // A token bucket: owners lend no hits of it, so every request is forwarded.
-        pick("bucket_key", &[(a, 0)]),
-        pick("bucket_key", &[(b, 0)]),
+        // Two limits on one descriptor: owners lend no hits of it, so every request is
+        // forwarded.
+        pick("pair_key", &[(a, 0)]),
+        pick("pair_key", &[(b, 0)]),
     ];
     for values in &body_values {
         let places: Vec<String> = values
@@ -665,8 +666,8 @@ fn main() {
             local: Some("local-1"),
         },
         Config {
-            id: "local-bucket",
-            label: "node A, 1 token bucket descriptor owned by A (local)",
+            id: "local-pair",
+            label: "node A, 1 descriptor with 2 limits owned by A (local)",
             target: Target::NodeA,
             body: 4,
             groups_per_request: 0,
@@ -674,13 +675,13 @@ fn main() {
             local: None,
         },
         Config {
-            id: "remote-bucket",
-            label: "node A, 1 token bucket descriptor owned by B (forwarded, never leased)",
+            id: "remote-pair",
+            label: "node A, 1 descriptor with 2 limits owned by B (forwarded, never leased)",
             target: Target::NodeA,
             body: 5,
             groups_per_request: 1,
             baseline: Some("noop-1"),
-            local: Some("local-bucket"),
+            local: Some("local-pair"),
         },
         Config {
             id: "noop-4",

@@ -20,17 +20,18 @@ mod support;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use ratekeeper::key::KeyBuilder;
-use ratekeeper::ring::{DEFAULT_VNODES, Ring};
-use serde_json::{Value, json};
-use support::{Netns, Ratekeeper, TempDir, eventually, eventually_some, http_post, write_config};
+use support::{
+    ANSWER_WITHIN, away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
+    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
+    edge_owner_of as owner_of, grpc_clients as clients, metric_total as sum,
+};
+use support::{
+    Netns, Ratekeeper, TempDir, edge_request as request, eventually, eventually_some, write_config,
+};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -59,8 +60,6 @@ const REJOIN_WITHIN: Duration = Duration::from_secs(5);
 const OBSERVE: Duration = Duration::from_secs(10);
 /// How long the nodes get to agree at the start.
 const WAIT: Duration = Duration::from_secs(15);
-/// How long one request may take before it counts as unanswered.
-const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// The pause between two requests of one load task (about 100 a second per node).
 const PACE: Duration = Duration::from_millis(10);
 
@@ -161,7 +160,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
             "{name} did not show ratekeeper_cluster_members 2 within {DETECT_WITHIN:?} of the \
              kill (seen after {:?}, watched {OBSERVE:?})\n{}",
             detected[node],
-            diagnosis(&nodes)
+            cluster_diagnosis(&nodes, &NAMES)
         );
         let up = support::metric_sample(
             nodes[node].http_addr(),
@@ -171,7 +170,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
             up,
             Some(0.0),
             "{name} reports C down\n{}",
-            diagnosis(&nodes)
+            cluster_diagnosis(&nodes, &NAMES)
         );
         let stderr = nodes[node].stderr();
         assert!(stderr.contains("peer down"), "{name}:\n{stderr}");
@@ -216,20 +215,23 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
             "{name} did not show 3 members within {REJOIN_WITHIN:?} of the restart (seen \
              after {:?})\n{}",
             rejoined[node],
-            diagnosis(&nodes)
+            cluster_diagnosis(&nodes, &NAMES)
         );
     }
 
     // 6. The key's counter moves back to C, which decides its requests from then on.
     let handed = eventually_some(OBSERVE, || {
-        let received = metric(&nodes[C], "ratekeeper_cluster_handoff_received_total");
+        let received = support::metric(
+            nodes[C].http_addr(),
+            "ratekeeper_cluster_handoff_received_total",
+        );
         (received > 0.0).then(|| restarted.elapsed())
     });
     eprintln!("handoff: C received counters after {handed:?} (from the restart)");
     assert!(
         handed.is_some(),
         "the counters moved back to C\n{}",
-        diagnosis(&nodes)
+        cluster_diagnosis(&nodes, &NAMES)
     );
     // Leases lent during the load are given back within their TTL: C's count settles.
     let settled = settled_count(&nodes, &value);
@@ -240,7 +242,10 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
         BEFORE + admitted_before_kill
     );
     let Some(settled) = settled else {
-        panic!("C's count of {value} never settled\n{}", diagnosis(&nodes));
+        panic!(
+            "C's count of {value} never settled\n{}",
+            cluster_diagnosis(&nodes, &NAMES)
+        );
     };
     // Not exactly equal in general: hits a survivor counts for a key it no longer owns,
     // while the two survivors' rings disagree (each puts C back on its own detector's
@@ -262,7 +267,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
         sum(&nodes, "ratekeeper_cluster_fallbacks_total"),
         fallbacks,
         "no fallback once C is back\n{}",
-        diagnosis(&nodes)
+        cluster_diagnosis(&nodes, &NAMES)
     );
     let counted = eventually(OBSERVE, || {
         explain(&nodes[C], &value).0 == Some(settled + AFTER)
@@ -327,94 +332,10 @@ fn start(net: &Netns, node: usize, config: &Path) -> Ratekeeper {
     started
 }
 
-/// Windows are hours aligned to the epoch: a test across the top of the hour would see its
-/// counts reset. When less than `margin` of this hour is left, starts in the next one.
-async fn away_from_the_top_of_the_hour(margin: Duration) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let left = Duration::from_secs(3600 - now.as_secs() % 3600);
-    if left < margin {
-        eprintln!("waiting {left:?} for the next hour's window, so no count is cut in two");
-        tokio::time::sleep(left + Duration::from_secs(1)).await;
-    }
-}
-
 async fn connect(node: &Ratekeeper) -> RateLimitServiceClient<Channel> {
     RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
         .await
         .unwrap_or_else(|error| panic!("connect to {}: {error}", node.grpc_addr()))
-}
-
-async fn clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
-    let mut clients = Vec::new();
-    for node in nodes {
-        clients.push(connect(node).await);
-    }
-    clients
-}
-
-fn request(value: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "edge".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "api_key".to_owned(),
-                value: value.to_owned(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    }
-}
-
-/// The overall code for one hit on `value`; an error or no answer fails the test.
-async fn decide(client: &mut RateLimitServiceClient<Channel>, value: &str) -> Code {
-    let answer = tokio::time::timeout(ANSWER_WITHIN, client.should_rate_limit(request(value)))
-        .await
-        .unwrap_or_else(|_| panic!("no answer for {value} within {ANSWER_WITHIN:?}"))
-        .unwrap_or_else(|status| panic!("an error for {value}: {status}"))
-        .into_inner();
-    Code::try_from(answer.overall_code).unwrap_or(Code::Unknown)
-}
-
-/// The first `<prefix>-<n>` for which `wanted` holds.
-fn key_where(prefix: &str, wanted: impl Fn(&str) -> bool) -> String {
-    (0..10_000)
-        .map(|n| format!("{prefix}-{n}"))
-        .find(|value| wanted(value))
-        .unwrap_or_else(|| panic!("no {prefix}-N key fits"))
-}
-
-/// Which of `members` owns `value`, by the ring the nodes build from the same members.
-fn owner_of(members: &[String], value: &str) -> usize {
-    let ring = Ring::new(members, DEFAULT_VNODES);
-    let mut key = KeyBuilder::new("edge");
-    key.entry("api_key", value);
-    let owner = ring
-        .owner(key.route())
-        .expect("a ring with members has an owner");
-    members
-        .iter()
-        .position(|member| **member == **owner)
-        .expect("the owner is a member")
-}
-
-/// `POST /debug/explain` for `value` on `node`: the counter's `used` (None unless it
-/// answered 200 with one) and the whole answer.
-fn explain(node: &Ratekeeper, value: &str) -> (Option<u64>, Value) {
-    let body = json!({
-        "domain": "edge",
-        "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
-    });
-    let Ok(response) = http_post(node.http_addr(), "/debug/explain", &[], &body.to_string()) else {
-        return (None, json!("no answer"));
-    };
-    let answer: Value = serde_json::from_str(&response.body).unwrap_or(json!(response.body));
-    let used = (response.status == 200)
-        .then(|| answer["descriptors"][0]["limits"][0]["used"].as_u64())
-        .flatten();
-    (used, answer)
 }
 
 /// C's count of `value` once no node holds a lease any more (their unspent hits are back):
@@ -440,56 +361,6 @@ fn settled_count(nodes: &[Ratekeeper], value: &str) -> Option<u64> {
             }
         }
     })
-}
-
-/// `ratekeeper_cluster_members` on `node`'s `/metrics` (None if it did not answer).
-fn members(node: &Ratekeeper) -> Option<f64> {
-    support::metric_sample(node.http_addr(), "ratekeeper_cluster_members ")
-}
-
-fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
-    support::metric(node.http_addr(), prefix)
-}
-
-/// The sum over `nodes` of every sample starting with `prefix` (all label sets).
-fn sum(nodes: &[Ratekeeper], prefix: &str) -> f64 {
-    nodes
-        .iter()
-        .map(|node| support::metric_sum(node.http_addr(), prefix))
-        .sum()
-}
-
-/// Each node's view of the cluster and its peer log lines, for a failure message.
-fn diagnosis(nodes: &[Ratekeeper]) -> String {
-    let mut out = String::new();
-    for (node, name) in nodes.iter().zip(NAMES) {
-        let lines: Vec<String> = support::http_get(node.http_addr(), "/metrics", &[])
-            .map(|response| {
-                response
-                    .body
-                    .lines()
-                    .filter(|line| {
-                        line.starts_with("ratekeeper_cluster_")
-                            || line.starts_with("ratekeeper_peer_up")
-                            || line.starts_with("ratekeeper_peer_circuit_open")
-                    })
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let stderr = node.stderr();
-        let logs: Vec<&str> = stderr
-            .lines()
-            .filter(|line| line.contains("peer") || line.contains("ring"))
-            .collect();
-        let tail = &logs[logs.len().saturating_sub(12)..];
-        out.push_str(&format!(
-            "--- {name}: {}\n{}\n",
-            lines.join("\n"),
-            tail.join("\n")
-        ));
-    }
-    out
 }
 
 /// What the load saw, per node it was sent through.

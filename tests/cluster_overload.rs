@@ -136,10 +136,21 @@ fn saturate(label: &str, keys: u64, limit: u64, requests: u64) {
          slower than 20 ms {slow}, {per_run:?} per run of {} requests",
         3 * requests
     );
+    let warnings: Vec<String> = nodes
+        .iter()
+        .flat_map(|node| {
+            node.stderr()
+                .lines()
+                .filter(|line| line.contains("WARN"))
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
     assert!(
         ratios.iter().all(|ratio| *ratio == 1.0),
         "every run admits exactly the limit ({keys} keys x {limit}): {ratios:?}, \
-         fallbacks {fallbacks}"
+         fallbacks {fallbacks}; the nodes' warnings:\n{}",
+        warnings.join("\n")
     );
 }
 

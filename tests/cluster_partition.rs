@@ -15,21 +15,19 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use ratekeeper::key::KeyBuilder;
-use ratekeeper::ring::{DEFAULT_VNODES, Ring};
-use serde_json::{Value, json};
-use support::{Netns, Ratekeeper, TempDir, eventually, http_get, http_post, write_config};
+use support::{
+    ANSWER_WITHIN, away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
+    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
+    edge_owner_of as owner_of, grpc_clients as clients, metric_total as sum,
+};
+use support::{Netns, Ratekeeper, TempDir, edge_request as request, eventually, write_config};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -54,8 +52,6 @@ const HEAL_WITHIN: Duration = Duration::from_secs(5);
 const OBSERVE: Duration = Duration::from_secs(15);
 /// How long the nodes get to agree at the start.
 const WAIT: Duration = Duration::from_secs(20);
-/// How long one request may take before the load counts it as unanswered.
-const ANSWER_WITHIN: Duration = Duration::from_secs(5);
 /// The pause between two requests of one load task: 50 a second per node and key, and
 /// 200 for the hot key, so each side of the cut runs into its limits within the cut.
 const PACE: Duration = Duration::from_millis(20);
@@ -112,7 +108,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
     assert!(flowing, "every node answers the load before the cut");
     let fallbacks_before: Vec<f64> = nodes
         .iter()
-        .map(|node| metric(node, "ratekeeper_cluster_fallbacks_total"))
+        .map(|node| support::metric(node.http_addr(), "ratekeeper_cluster_fallbacks_total"))
         .collect();
     net.cut(C);
     let cut = Instant::now();
@@ -132,7 +128,8 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
             }
         }
         if forwards_failed.is_none()
-            && metric(&nodes[C], "ratekeeper_cluster_fallbacks_total") > fallbacks_before[C]
+            && support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total")
+                > fallbacks_before[C]
         {
             forwards_failed = Some(cut.elapsed());
         }
@@ -143,7 +140,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
         "cut: C's forwards failed after {forwards_failed:?} (C fallbacks {} -> {}); C answered \
          {answered_by_c} load requests over its client link meanwhile",
         fallbacks_before[C],
-        metric(&nodes[C], "ratekeeper_cluster_fallbacks_total"),
+        support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total"),
     );
     assert!(
         forwards_failed.is_some(),
@@ -168,7 +165,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
              cut (seen after {:?}, watched {OBSERVE:?})\n{}",
             expected[node],
             detected[node],
-            diagnosis(&nodes)
+            cluster_diagnosis(&nodes, &NAMES)
         );
     }
 
@@ -236,7 +233,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
             within,
             "{name} did not show 3 members within {HEAL_WITHIN:?} of the heal (seen after {:?})\n{}",
             rejoined[node],
-            diagnosis(&nodes)
+            cluster_diagnosis(&nodes, &NAMES)
         );
     }
 
@@ -262,7 +259,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
         converged,
         "every node should report C's counter for {value} with used 60 (30 per side):\n{}\n{}",
         answers.join("\n"),
-        diagnosis(&nodes)
+        cluster_diagnosis(&nodes, &NAMES)
     );
     let fallbacks = sum(&nodes, "ratekeeper_cluster_fallbacks_total");
     let mut admitted = 0;
@@ -328,151 +325,6 @@ fn start(net: &Netns, config: &Path) -> Vec<Ratekeeper> {
             started
         })
         .collect()
-}
-
-/// Windows are hours aligned to the epoch: a test across the top of the hour would see its
-/// counts reset. When less than `margin` of this hour is left, starts in the next one.
-async fn away_from_the_top_of_the_hour(margin: Duration) {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let left = Duration::from_secs(3600 - now.as_secs() % 3600);
-    if left < margin {
-        eprintln!("waiting {left:?} for the next hour's window, so no count is cut in two");
-        tokio::time::sleep(left + Duration::from_secs(1)).await;
-    }
-}
-
-async fn clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
-    let mut clients = Vec::new();
-    for node in nodes {
-        let client = RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
-            .await
-            .unwrap_or_else(|error| panic!("connect to {}: {error}", node.grpc_addr()));
-        clients.push(client);
-    }
-    clients
-}
-
-fn request(value: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "edge".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "api_key".to_owned(),
-                value: value.to_owned(),
-            }],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    }
-}
-
-/// The overall code for one hit on `value`; an error or no answer fails the test.
-async fn decide(client: &mut RateLimitServiceClient<Channel>, value: &str) -> Code {
-    let answer = tokio::time::timeout(ANSWER_WITHIN, client.should_rate_limit(request(value)))
-        .await
-        .unwrap_or_else(|_| panic!("no answer for {value} within {ANSWER_WITHIN:?}"))
-        .unwrap_or_else(|status| panic!("an error for {value}: {status}"))
-        .into_inner();
-    Code::try_from(answer.overall_code).unwrap_or(Code::Unknown)
-}
-
-/// The first `<prefix>-<n>` for which `wanted` holds.
-fn key_where(prefix: &str, wanted: impl Fn(&str) -> bool) -> String {
-    (0..10_000)
-        .map(|n| format!("{prefix}-{n}"))
-        .find(|value| wanted(value))
-        .unwrap_or_else(|| panic!("no {prefix}-N key fits"))
-}
-
-/// Which of `members` owns `value`, by the ring the nodes build from the same members.
-fn owner_of(members: &[String], value: &str) -> usize {
-    let ring = Ring::new(members, DEFAULT_VNODES);
-    let mut key = KeyBuilder::new("edge");
-    key.entry("api_key", value);
-    let owner = ring
-        .owner(key.route())
-        .expect("a ring with members has an owner");
-    members
-        .iter()
-        .position(|member| **member == **owner)
-        .expect("the owner is a member")
-}
-
-/// `POST /debug/explain` for `value` on `node`: the counter's `used` (None unless it
-/// answered 200 with one) and the whole answer.
-fn explain(node: &Ratekeeper, value: &str) -> (Option<u64>, Value) {
-    let body = json!({
-        "domain": "edge",
-        "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
-    });
-    let Ok(response) = http_post(node.http_addr(), "/debug/explain", &[], &body.to_string()) else {
-        return (None, json!("no answer"));
-    };
-    let answer: Value = serde_json::from_str(&response.body).unwrap_or(json!(response.body));
-    let used = (response.status == 200)
-        .then(|| answer["descriptors"][0]["limits"][0]["used"].as_u64())
-        .flatten();
-    (used, answer)
-}
-
-/// `ratekeeper_cluster_members` on `node`'s `/metrics` (None if it did not answer).
-fn members(node: &Ratekeeper) -> Option<f64> {
-    support::metric_sample(node.http_addr(), "ratekeeper_cluster_members ")
-}
-
-fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
-    support::metric(node.http_addr(), prefix)
-}
-
-/// The sum over `nodes` of every sample starting with `prefix` (all label sets).
-fn sum(nodes: &[Ratekeeper], prefix: &str) -> f64 {
-    nodes
-        .iter()
-        .map(|node| {
-            samples(node.http_addr(), prefix)
-                .iter()
-                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        })
-        .sum()
-}
-
-/// The `/metrics` lines of `http` starting with `prefix`.
-fn samples(http: SocketAddr, prefix: &str) -> Vec<String> {
-    http_get(http, "/metrics", &[])
-        .map(|response| {
-            response
-                .body
-                .lines()
-                .filter(|line| line.starts_with(prefix))
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Each node's view of the cluster and its peer log lines, for a failure message.
-fn diagnosis(nodes: &[Ratekeeper]) -> String {
-    let mut out = String::new();
-    for (node, name) in nodes.iter().zip(NAMES) {
-        let mut lines = samples(node.http_addr(), "ratekeeper_cluster_");
-        lines.extend(samples(node.http_addr(), "ratekeeper_peer_up"));
-        lines.extend(samples(node.http_addr(), "ratekeeper_peer_circuit_open"));
-        let stderr = node.stderr();
-        let logs: Vec<&str> = stderr
-            .lines()
-            .filter(|line| line.contains("peer") || line.contains("ring"))
-            .collect();
-        let tail = &logs[logs.len().saturating_sub(12)..];
-        out.push_str(&format!(
-            "--- {name}: {}\n{}\n",
-            lines.join("\n"),
-            tail.join("\n")
-        ));
-    }
-    out
 }
 
 /// Phases of the load: 0 before the cut, 1 during it, 2 after the heal.

@@ -221,13 +221,9 @@ fn cluster(cluster: &Cluster) -> Value {
     // Peers the failure detector took off the ring are listed too, down.
     let members: Vec<Value> = members
         .into_iter()
-        .chain(
-            cluster
-                .peer_health()
-                .into_iter()
-                .filter(|(_, up)| !up)
-                .map(|(peer, _)| json!({"address": peer, "me": false, "healthy": false, "off_ring": true})),
-        )
+        .chain(cluster.peer_health().into_iter().filter(|(_, up)| !up).map(
+            |(peer, _)| json!({"address": peer, "me": false, "healthy": false, "off_ring": true}),
+        ))
         .collect();
     json!({"mode": "cluster", "me": me, "members": members})
 }

@@ -448,7 +448,10 @@ fn a_fixed_window_lends_a_share_of_what_remains_and_takes_back_only_in_that_wind
     let lent = lend(&limit, &mut state, now, policy(1_000, 6)).expect("96 remain: 16 lent");
     assert_eq!((lent.units, lent.window, lent.remaining), (16, 10, 80));
     assert_eq!((lent.reset_after, lent.valid_for), (minute - 5, minute - 5));
-    assert_eq!(lend(&limit, &mut state, now, policy(5, 6)).map(|lent| lent.units), Some(5));
+    assert_eq!(
+        lend(&limit, &mut state, now, policy(5, 6)).map(|lent| lent.units),
+        Some(5)
+    );
     assert_eq!(state.b, 25);
     let picky = LendPolicy {
         least: 14,
@@ -459,14 +462,26 @@ fn a_fixed_window_lends_a_share_of_what_remains_and_takes_back_only_in_that_wind
     // Unspent units come back in the same window only.
     assert_eq!(refund(&limit, &mut state, now + 1, 10, 10), 10);
     assert_eq!(state.b, 15);
-    assert_eq!(refund(&limit, &mut state, now + 1, 100, 10), 15, "never below zero");
+    assert_eq!(
+        refund(&limit, &mut state, now + 1, 100, 10),
+        15,
+        "never below zero"
+    );
     let mut later = state;
     decide(&limit, &mut later, 11 * minute, 1);
-    assert_eq!(refund(&limit, &mut later, 11 * minute, 1, 10), 0, "a new window");
+    assert_eq!(
+        refund(&limit, &mut later, 11 * minute, 1, 10),
+        0,
+        "a new window"
+    );
     assert_eq!(later.b, 1);
     let mut full = init(&limit, now);
     decide(&limit, &mut full, now, 97);
-    assert_eq!(lend(&limit, &mut full, now, policy(10, 6)), None, "too little left");
+    assert_eq!(
+        lend(&limit, &mut full, now, policy(10, 6)),
+        None,
+        "too little left"
+    );
 }
 
 #[test]
@@ -480,7 +495,11 @@ fn a_sliding_window_takes_a_loan_back_only_in_the_window_it_came_from() {
     assert_eq!(refund(&limit, &mut state, now + 5, 12, 20), 12);
     assert_eq!(decide(&limit, &mut state, now + 5, 0).remaining, 42);
     let mut next = state;
-    assert_eq!(refund(&limit, &mut next, 21 * minute, 5, 20), 0, "counted, then gone");
+    assert_eq!(
+        refund(&limit, &mut next, 21 * minute, 5, 20),
+        0,
+        "counted, then gone"
+    );
 }
 
 fn policy_of(most: u64, share: u64) -> LendPolicy {
@@ -500,7 +519,10 @@ fn a_bucket_takes_a_loan_back_at_any_time_as_if_it_had_never_been_taken() {
         let now = 100 * second;
         let mut state = init(&limit, now);
         let lent = lend(&limit, &mut state, now, policy_of(8, 2)).expect("8 of 20");
-        assert_eq!((lent.units, lent.remaining, lent.valid_for), (8, 12, u64::MAX));
+        assert_eq!(
+            (lent.units, lent.remaining, lent.valid_for),
+            (8, 12, u64::MAX)
+        );
         // Without the loan, 3 spent: what a refund of the other 5 must leave.
         let mut spent_only = init(&limit, now);
         assert!(decide(&limit, &mut spent_only, now, 3).allowed);
@@ -513,6 +535,9 @@ fn a_bucket_takes_a_loan_back_at_any_time_as_if_it_had_never_been_taken() {
         );
         // Once refilled, nothing more fits: a refund never overfills.
         assert_eq!(refund(&limit, &mut state, later + 10 * second, 3, 0), 0);
-        assert_eq!(decide(&limit, &mut state, later + 10 * second, 0).remaining, 20);
+        assert_eq!(
+            decide(&limit, &mut state, later + 10 * second, 0).remaining,
+            20
+        );
     }
 }

@@ -59,11 +59,10 @@ impl PeerService {
 impl PeerService {
     /// Lends the sender hits of `counter` (it asked for a lease and was admitted) as
     /// [`lease::policy`] allows, and writes the lease into `decision`.
-    /// Answers whether it lent.
-    fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) -> bool {
+    fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) {
         let engine = self.cluster.engine();
         let Some(lent) = engine.lend(counter, lease::policy(members)) else {
-            return false;
+            return;
         };
         let lease_for = lease::TTL.min(std::time::Duration::from_nanos(lent.valid_for));
         decision.lease_units = lent.units;
@@ -80,7 +79,6 @@ impl PeerService {
                 .lent
                 .fetch_add(lent.units, Ordering::Relaxed);
         }
-        true
     }
 }
 
@@ -132,8 +130,9 @@ impl Peer for PeerService {
             // Decided here and now; only checks that wait for capacity are left pending.
             calls.push((engine.start(checks), wanted));
         }
-        // A key asked for twice or more in this batch is hot at the sender: lend it hits
-        // (once per batch).
+        // A key asked for twice or more in this batch is hot at the sender: each of its
+        // admitted checks gets a loan (each a share of what is left then, so they shrink as
+        // the limit nears).
         let mut asked: HashMap<KeyId, u32> = HashMap::new();
         for (_, wanted) in &calls {
             for (_, counter) in wanted {
@@ -156,9 +155,8 @@ impl Peer for PeerService {
                         if hot
                             && let Some(decision) = wire.get_mut(index)
                             && decision.allowed
-                            && self.lend(&counter, decision, members)
                         {
-                            asked.remove(&counter.key);
+                            self.lend(&counter, decision, members);
                         }
                     }
                     wire::GroupReply {
