@@ -30,7 +30,8 @@ use support::{
     edge_owner_of as owner_of, grpc_clients as clients, metric_total as sum,
 };
 use support::{
-    Netns, Ratekeeper, TempDir, edge_request as request, eventually, eventually_some, write_config,
+    NODE_PEER_PORT, Netns, Ratekeeper, TempDir, edge_request as request, eventually,
+    eventually_some, write_config,
 };
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -43,11 +44,8 @@ const NAMES: [&str; 3] = ["A", "B", "C"];
 const C: usize = 2;
 /// The name every node resolves for its peers.
 const PEER_NAME: &str = "rk-peers";
-const GRPC_PORT: u16 = 8081;
-const HTTP_PORT: u16 = 8080;
-const PEER_PORT: u16 = 8091;
-/// Requests for the key through A and B before the kill: fewer than a lease needs (16), so
-/// C counts each of them as it goes.
+/// Requests for the key through A and B before the kill, one at a time (so no lease: C
+/// counts each of them as it goes).
 const BEFORE: u64 = 10;
 /// Requests for the key through A, B and C in turn once C is back.
 const AFTER: u64 = 30;
@@ -76,7 +74,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     away_from_the_top_of_the_hour(Duration::from_secs(60)).await;
     let dir = TempDir::new("cluster-dns");
     write_config(dir.path(), "edge.yaml", LIMITS);
-    let full: Vec<String> = (0..3).map(|node| peer(&net, node)).collect();
+    let full: Vec<String> = (0..3).map(|node| net.peer(node)).collect();
     let survivors: Vec<String> = full[..2].to_vec();
 
     // 1. All three start at once (as a Deployment's pods do) and form one ring from what
@@ -292,44 +290,10 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     }
 }
 
-/// Node `node`'s peer address, as every node writes it on its ring.
-fn peer(net: &Netns, node: usize) -> String {
-    format!("{}:{PEER_PORT}", net.peer_ip(node))
-}
-
 /// Starts node `node` in its namespace, finding its peers only through DNS.
 fn start(net: &Netns, node: usize, config: &Path) -> Ratekeeper {
-    let grpc = format!("0.0.0.0:{GRPC_PORT}");
-    let http = format!("0.0.0.0:{HTTP_PORT}");
-    let me = peer(net, node);
-    let dns = format!("{PEER_NAME}:{PEER_PORT}");
-    let args = [
-        "--grpc-addr",
-        &grpc,
-        "--http-addr",
-        &http,
-        "--peer-addr",
-        &me,
-        "--advertise",
-        &me,
-        "--peer-dns",
-        &dns,
-    ];
-    let started = Ratekeeper::start_in(&net.exec_prefix(node), net.client_ip(node), config, &args);
-    assert_eq!(
-        started.peer_addr().to_string(),
-        me,
-        "{} serves peers where the others look",
-        NAMES[node]
-    );
-    eprintln!(
-        "{} in {}: grpc {} http {} peer {me}",
-        NAMES[node],
-        net.namespace(node),
-        started.grpc_addr(),
-        started.http_addr()
-    );
-    started
+    let dns = format!("{PEER_NAME}:{NODE_PEER_PORT}");
+    net.start_node(node, NAMES[node], config, &["--peer-dns", &dns])
 }
 
 async fn connect(node: &Ratekeeper) -> RateLimitServiceClient<Channel> {

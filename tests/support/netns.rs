@@ -29,7 +29,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::ratekeeper::Ratekeeper;
 use super::tools::find_program;
+
+/// The ports every node listens on inside its own namespace.
+pub const NODE_GRPC_PORT: u16 = 8081;
+pub const NODE_HTTP_PORT: u16 = 8080;
+pub const NODE_PEER_PORT: u16 = 8091;
 
 /// The bridge in the switch namespace.
 const BRIDGE: &str = "br0";
@@ -182,6 +188,53 @@ impl Netns {
     /// Node `node`'s address on its client link (where the test reaches it).
     pub fn client_ip(&self, node: usize) -> IpAddr {
         IpAddr::V4(client_ip(self.slot(), node, 2))
+    }
+
+    /// Node `node`'s peer address (`--peer-addr` = `--advertise`), as every node writes it
+    /// on its ring.
+    pub fn peer(&self, node: usize) -> String {
+        format!("{}:{NODE_PEER_PORT}", self.peer_ip(node))
+    }
+
+    /// Starts `ratekeeper serve` in node `node`'s namespace (called `name` in the output)
+    /// on fixed ports ([`NODE_GRPC_PORT`], [`NODE_HTTP_PORT`] on every address, peers on
+    /// [`Netns::peer`]), with `extra_args` (how it finds its peers); the test reaches it over
+    /// its client link.
+    pub fn start_node(
+        &self,
+        node: usize,
+        name: &str,
+        config: &Path,
+        extra_args: &[&str],
+    ) -> Ratekeeper {
+        let grpc = format!("0.0.0.0:{NODE_GRPC_PORT}");
+        let http = format!("0.0.0.0:{NODE_HTTP_PORT}");
+        let me = self.peer(node);
+        let mut args = vec![
+            "--grpc-addr",
+            &grpc,
+            "--http-addr",
+            &http,
+            "--peer-addr",
+            &me,
+            "--advertise",
+            &me,
+        ];
+        args.extend_from_slice(extra_args);
+        let started =
+            Ratekeeper::start_in(&self.exec_prefix(node), self.client_ip(node), config, &args);
+        assert_eq!(
+            started.peer_addr().to_string(),
+            me,
+            "{name} serves peers where the others look"
+        );
+        eprintln!(
+            "{name} in {}: grpc {} http {} peer {me}",
+            self.namespace(node),
+            started.grpc_addr(),
+            started.http_addr()
+        );
+        started
     }
 
     /// Cuts node `node` off the peer network (its port on the switch goes down).
