@@ -237,6 +237,11 @@ impl Leases {
     pub fn len(&self) -> usize {
         self.shards.iter().map(|shard| lock(shard).len()).sum()
     }
+
+    /// Whether no key holds a lease now.
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(|shard| lock(shard).is_empty())
+    }
 }
 
 impl Lease {
