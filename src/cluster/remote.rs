@@ -264,6 +264,46 @@ impl Remote {
         }
     }
 
+    /// Asks this peer (the keys' owner) how its counters stand for `checks`' costs, consuming
+    /// nothing (an explanation): one decision per counter, in order. A node without the
+    /// call (an older version) is reported as such.
+    pub async fn peek(&self, checks: &Checks) -> Result<Decisions, PeerError> {
+        let message = wire::PeekRequest {
+            version: VERSION,
+            sender: self.me.to_string(),
+            checks: checks
+                .iter()
+                .map(|check| wire::Check {
+                    max_wait_nanos: 0,
+                    max_queue: 0,
+                    lease: false,
+                    ..convert::check_to_wire(check)
+                })
+                .collect(),
+        };
+        let deadline = self.timeout.max(Duration::from_secs(1));
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(deadline);
+        let mut client = self.client.clone();
+        match tokio::time::timeout(deadline, client.peek(request)).await {
+            Ok(Ok(reply)) => Ok(reply
+                .into_inner()
+                .decisions
+                .iter()
+                .map(convert::decision_from_wire)
+                .collect()),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                Err(PeerError::Remote {
+                    peer: Arc::clone(&self.address),
+                    kind: ErrorKind::Internal,
+                    message: "this node's version cannot explain counters (upgrade it)".to_owned(),
+                })
+            }
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable("peek timed out")),
+        }
+    }
+
     /// Tells this peer we joined; returns the members it knows.
     pub async fn join(&self) -> Result<Vec<String>, PeerError> {
         self.membership(true).await

@@ -1,5 +1,5 @@
-//! The peer service other nodes call: forwarded checks, handoffs, membership, and the
-//! failure detector's pings.
+//! The peer service other nodes call: forwarded checks, handoffs, membership, the failure
+//! detector's pings, and the operator's resets and explanations (peeks).
 //!
 //! Everything a peer sends is validated (see `convert`); a malformed message is
 //! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. Forwarded checks go
@@ -256,6 +256,32 @@ impl Peer for PeerService {
         }
         tracing::debug!(from = %batch.sender, taken_back, "leased hits given back");
         Ok(Response::new(wire::RefundReply { taken_back }))
+    }
+
+    async fn peek(
+        &self,
+        request: Request<wire::PeekRequest>,
+    ) -> Result<Response<wire::PeekReply>, Status> {
+        self.node()?;
+        let message = request.into_inner();
+        same_version(message.version)?;
+        if message.checks.len() > convert::MAX_CHECKS_PER_GROUP {
+            return Err(Status::invalid_argument(format!(
+                "checks: {} given, at most {}",
+                message.checks.len(),
+                convert::MAX_CHECKS_PER_GROUP
+            )));
+        }
+        let checks = message
+            .checks
+            .into_iter()
+            .map(|check| convert::check_from_wire(check).map(|(check, _)| check))
+            .collect::<Result<Checks, _>>()
+            .map_err(Status::invalid_argument)?;
+        let decisions = self.cluster.engine().peek(&checks);
+        Ok(Response::new(wire::PeekReply {
+            decisions: decisions.iter().map(convert::decision_to_wire).collect(),
+        }))
     }
 
     async fn ping(
