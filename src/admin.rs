@@ -156,7 +156,11 @@ pub fn router(admin: Admin) -> Router {
             limiter: Arc::clone(&limiter),
         })
         .merge(rate::router(Arc::clone(&limiter)))
-        .merge(counters::router(Arc::clone(&limiter), options.counters));
+        .merge(counters::router(
+            Arc::clone(&limiter),
+            cluster.clone(),
+            options.counters,
+        ));
     if options.ui {
         router = router.merge(ui::router(ui::UiState {
             history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),

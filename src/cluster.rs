@@ -20,6 +20,7 @@ mod convert;
 mod detector;
 pub mod lease;
 mod metrics;
+pub mod names;
 pub mod remote;
 pub mod service;
 
