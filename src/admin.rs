@@ -134,6 +134,8 @@ struct AdminState {
     limiter: Arc<Limiter>,
 }
 
+/// The HTTP listener's routes. With the dashboard on, this starts the task sampling its
+/// history (on the current tokio runtime); the task ends once the router is dropped.
 pub fn router(admin: Admin) -> Router {
     let Admin {
         health,
@@ -154,9 +156,14 @@ pub fn router(admin: Admin) -> Router {
             limiter: Arc::clone(&limiter),
         })
         .merge(rate::router(Arc::clone(&limiter)))
-        .merge(counters::router(Arc::clone(&limiter), options.counters));
+        .merge(counters::router(
+            Arc::clone(&limiter),
+            cluster.clone(),
+            options.counters,
+        ));
     if options.ui {
         router = router.merge(ui::router(ui::UiState {
+            history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),
             limiter: Arc::clone(&limiter),
             cluster,
             reload,

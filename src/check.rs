@@ -107,11 +107,16 @@ impl Check {
     }
 }
 
-/// A counter as it stands at `now`, without consuming: admitted when `cost` would fit.
+/// A counter as it stands at `now`, without consuming: admitted when `cost` would fit, and
+/// when it would not, how long until it would (`retry_after`; `None`: never).
 pub fn peek(rate: &Rate, mut state: State, now: u64, cost: u64) -> Decision {
     let mut decision = algorithm::decide(rate, &mut state, now, 0);
     // With cost 0 nothing is ever denied, unless the limit denies everything.
     decision.allowed = decision.allowed && cost <= u64::from(decision.remaining);
+    if !decision.allowed {
+        // Decided on a copy: the wait for this cost, nothing consumed.
+        decision.retry_after = algorithm::decide(rate, &mut state, now, cost).retry_after;
+    }
     decision
 }
 

@@ -20,6 +20,7 @@ mod convert;
 mod detector;
 pub mod lease;
 mod metrics;
+pub mod names;
 pub mod remote;
 pub mod service;
 
@@ -479,6 +480,81 @@ impl Cluster {
         Ok(decisions)
     }
 
+    /// [`Store::peek`] when some checks belong to other nodes: each owner is asked once
+    /// (`Remote::peek`, at most `convert::MAX_CHECKS_PER_GROUP` checks per call), all at
+    /// once, and the answers are put back in request order.
+    async fn peek_distributed(&self, node: &Node, checks: Checks) -> Result<Decisions, StoreError> {
+        let topology = node.topology.load();
+        // Per check: its owner's index in `owners` (`None`: this node) and its counters.
+        let mut owners: Vec<(Arc<Remote>, Checks)> = Vec::new();
+        let mut local = Checks::new();
+        let mut places = Vec::with_capacity(checks.len());
+        for check in checks {
+            let remote = topology
+                .ring
+                .owner_index(check.route())
+                .and_then(|owner| topology.remotes.get(owner)?.as_ref());
+            let len = check.counters.len();
+            let Some(remote) = remote else {
+                places.push((None, len));
+                local.push(check);
+                continue;
+            };
+            let index = owners
+                .iter()
+                .position(|(other, _)| Arc::ptr_eq(other, remote))
+                .unwrap_or_else(|| {
+                    owners.push((Arc::clone(remote), Checks::new()));
+                    owners.len() - 1
+                });
+            places.push((Some(index), len));
+            owners[index].1.push(check);
+        }
+        drop(topology);
+        let asked = owners.iter().map(|(remote, checks)| async move {
+            let mut decisions = Decisions::new();
+            for chunk in checks.chunks(convert::MAX_CHECKS_PER_GROUP) {
+                let chunk: Checks = chunk.iter().cloned().collect();
+                let expected: usize = chunk.iter().map(|check| check.counters.len()).sum();
+                let answer = remote.peek(&chunk).await.map_err(|error| match error {
+                    PeerError::Remote {
+                        peer,
+                        kind,
+                        message,
+                    } => ClusterError::Owner {
+                        peer,
+                        kind,
+                        message,
+                    },
+                    _ => ClusterError::Unreachable {
+                        peer: Arc::clone(remote.address()),
+                    },
+                })?;
+                if answer.len() != expected {
+                    return Err(ClusterError::Protocol {
+                        peer: Arc::clone(remote.address()),
+                        problem: format!("{} decisions for {expected} counters", answer.len()),
+                    });
+                }
+                decisions.extend(answer);
+            }
+            Ok(decisions)
+        });
+        let here = self.engine.peek(&local);
+        let answers = futures_util::future::try_join_all(asked).await?;
+        let mut here = here.into_iter();
+        let mut theirs: Vec<_> = answers.into_iter().map(IntoIterator::into_iter).collect();
+        let mut decisions = Decisions::new();
+        for (owner, len) in places {
+            let source: &mut dyn Iterator<Item = Decision> = match owner {
+                None => &mut here,
+                Some(index) => &mut theirs[index],
+            };
+            decisions.extend(source.take(len));
+        }
+        Ok(decisions)
+    }
+
     /// Stops routing to this node and tells the others it is leaving (before the drain).
     pub async fn leave(&self) {
         let Some(node) = &self.node else { return };
@@ -564,13 +640,15 @@ impl Store for Cluster {
         }
     }
 
+    /// This node's own checks read on its engine; the others asked of their owners
+    /// (`Peek`), never a fallback: an owner that cannot answer is an error.
     fn peek(&self, checks: Checks) -> Checked<'_> {
         if let Some(node) = &self.node
             && !node.owns_all(&checks)
         {
-            return Checked::Pending(Box::pin(self.check_distributed(node, checks, None)));
+            return Checked::Pending(Box::pin(self.peek_distributed(node, checks)));
         }
-        Store::check(self, checks)
+        Checked::Ready(Ok(self.engine.peek(&checks)))
     }
 
     /// Forgets the counters here (where a fallback may have counted them) and on their

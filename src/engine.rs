@@ -208,6 +208,20 @@ impl Engine {
         self.start(checks)?.finish().await
     }
 
+    /// What each check's counters say now for the check's cost, consuming nothing and
+    /// never waiting (explanations): one decision per counter, in order, each admitted or
+    /// not, with how long until it would be when not (`retry_after`; `None`: never).
+    pub fn peek(&self, checks: &Checks) -> Decisions {
+        let cells = &self.inner.cells;
+        let mut decisions = Decisions::new();
+        for check in checks {
+            let mut shard = cells[crate::key::shard_of(check.route(), cells.len())].lock();
+            let now = self.inner.clock.now();
+            shard.peek(check, now, &mut decisions);
+        }
+        decisions
+    }
+
     /// Lends hits of `counter` (a key this node owns) to another node: see
     /// [`algorithm::lend`].
     pub fn lend(&self, counter: &Counter, policy: LendPolicy) -> Option<Lent> {

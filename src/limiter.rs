@@ -41,7 +41,8 @@ mod verdict;
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
 pub use self::headers::{HeaderNames, HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
 pub use self::names::{
-    CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, NamesFigures,
+    CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, MergedPage,
+    NamesFigures,
 };
 use self::query::validate;
 pub use self::query::{Descriptor, Entries, LimitOverride, Query, bounds};

@@ -29,6 +29,7 @@ use crate::tls::{Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
+use crate::cluster::names::{NameSource, Named, NamesPage};
 use crate::cluster::service::PeerService;
 use crate::cluster::{Cluster, ClusterOptions};
 use crate::engine::{Engine, EngineConfig};
@@ -92,6 +93,33 @@ async fn sweep_counter_names(limiter: Arc<Limiter>) {
             tracing::debug!(%error, "counter names sweep failed; retrying at the next one");
         }
     }
+}
+
+/// This node's counter names as the peer service serves them (`Names`), when it keeps any.
+fn name_source(limiter: &Arc<Limiter>) -> Option<NameSource> {
+    limiter.counter_names()?;
+    let limiter = Arc::clone(limiter);
+    Some(Arc::new(
+        move |domain: &str, after: Option<u64>, limit: usize| {
+            let names = limiter.counter_names()?;
+            let (page, more) = names.page(domain, after, limit);
+            let figures = names.figures();
+            let count = |value: usize| u64::try_from(value).unwrap_or(u64::MAX);
+            Some(NamesPage {
+                names: page
+                    .into_iter()
+                    .map(|(route, name)| Named {
+                        route,
+                        entries: name.entries.to_vec(),
+                    })
+                    .collect(),
+                more,
+                kept: count(figures.kept),
+                capacity: count(figures.capacity),
+                dropped: figures.dropped,
+            })
+        },
+    ))
 }
 
 /// Keeps gRPC health equal to `health.is_ready()` (which turns true once limits load, when
@@ -431,11 +459,12 @@ impl Server {
         let http =
             axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let cluster = self.cluster.clone();
+        let names = name_source(&self.limiter);
         let peer = async {
             let Some((listener, _)) = self.peer else {
                 return Ok(());
             };
-            let Some(service) = PeerService::new(&cluster) else {
+            let Some(service) = PeerService::with_names(&cluster, names) else {
                 return Ok(());
             };
             let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));

@@ -371,6 +371,18 @@ impl Shard {
         back
     }
 
+    /// Pushes what each counter of `check` says at `now` for the check's cost, consuming
+    /// nothing (an explanation): admitted or not, and when not, how long until it would be.
+    /// Handed-over states waiting for the keys are merged first, as a check would.
+    pub fn peek(&mut self, check: &Check, now: u64, out: &mut Decisions) {
+        if !self.counters.pending.is_empty() {
+            for counter in &check.counters {
+                self.counters.absorb(counter, now);
+            }
+        }
+        self.counters.peek(check, now, out);
+    }
+
     /// Forgets the counters of `keys` (and handed-over states waiting for them); returns
     /// how many were held. Waiters stay queued: their next look finds the room.
     pub fn reset(&mut self, keys: &[KeyId]) -> usize {

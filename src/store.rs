@@ -10,10 +10,11 @@
 //! (`max_wait` waiting needs a FIFO queue next to the counter) says `wait: false`, and the
 //! limiter then never asks it to wait.
 //!
-//! Explanations (`Limiter::explain`) ask two more things, both with defaults: where a
-//! descriptor's counters live ([`Store::placement`]) and their state without consuming
-//! ([`Store::peek`]: checks of cost 0, decided where `check` would decide them, with no
-//! fallback standing in for an owner that cannot answer).
+//! Explanations (`Limiter::explain`) ask two more things: where a descriptor's counters
+//! live ([`Store::placement`], with a default) and their state without consuming
+//! ([`Store::peek`]: checks read where `check` would decide them, each counter saying
+//! whether the check's cost fits and when it would, with no fallback standing in for an
+//! owner that cannot answer).
 //!
 //! An operator's reset (`DELETE /counters/{domain}`) asks [`Store::reset`] to forget a
 //! descriptor's counters wherever they live; a store that cannot says so (the default).
@@ -82,12 +83,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         }
     }
 
-    /// Reports `checks` (of cost 0, never waiting) as their counters stand, from wherever
-    /// they live; a store that would stand in for an unreachable owner answers an error
-    /// instead, so the state reported is always the real one.
-    fn peek(&self, checks: Checks) -> Checked<'_> {
-        self.check(checks)
-    }
+    /// Reports `checks` as their counters stand, from wherever they live, consuming nothing
+    /// and never waiting (a check's `wait` is ignored): one decision per counter, in order,
+    /// saying whether the check's cost would be admitted now, what remains, and when it
+    /// would not be, how long until it would (`retry_after`; `None`: never).
+    /// [`check::peek`](crate::check::peek) computes that from a counter's state. A store
+    /// that would stand in for an unreachable owner answers an error instead, so the state
+    /// reported is always the real one.
+    fn peek(&self, checks: Checks) -> Checked<'_>;
 
     /// Forgets the counters of `keys` (all limits of one descriptor: one route) wherever
     /// they live, so the descriptor starts afresh; answers how many existed. An owner that

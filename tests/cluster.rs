@@ -496,6 +496,30 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
             "{answer}"
         );
     }
+    // The owner weighs the asked hits (Peek carries them): 8 do not fit in the 7 left and
+    // pass again when the window resets; 11 never fit.
+    for (hits, retry) in [(8, true), (11, false)] {
+        let body = serde_json::json!({
+            "domain": "edge",
+            "hits_addend": hits,
+            "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
+        })
+        .to_string();
+        let response = support::http_post(nodes[0].http_addr(), "/debug/explain", &[], &body)
+            .expect("answers");
+        let answer: serde_json::Value = serde_json::from_str(&response.body).expect("JSON");
+        let descriptor = &answer["descriptors"][0];
+        assert_eq!(descriptor["would_reject"], true, "{answer}");
+        assert_eq!(descriptor["local"], false, "{answer}");
+        let limit = &descriptor["limits"][0];
+        assert_eq!(limit["remaining"], 7, "nothing consumed: {answer}");
+        if retry {
+            assert!(limit["retry_after_ms"].as_u64().is_some(), "{answer}");
+            assert_eq!(limit["retry_after_ms"], limit["reset_after_ms"], "{answer}");
+        } else {
+            assert_eq!(limit["retry_after_ms"], serde_json::Value::Null, "{answer}");
+        }
+    }
     let (_, answer) = explain(&nodes[1]);
     assert_eq!(answer["descriptors"][0]["local"], true, "{answer}");
     assert!(answer["descriptors"][0]["shard"].is_u64(), "{answer}");

@@ -1,14 +1,20 @@
 //! `GET /counters/{domain}` through the binary: the live counters of a domain with their
 //! state, paged, with `--counter-names`; 404 without it or for an unknown domain; 400
-//! naming a bad parameter.
+//! naming a bad parameter. With `?cluster=1`, on three nodes, every counter once with its
+//! owner's count whichever nodes its requests went through, and a stopped member reported
+//! missing while the others' counters are still listed.
 
 mod support;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Ratekeeper, TempDir, http_get, http_post, serve_limits};
+use support::{
+    Ratekeeper, TempDir, eventually, http_get, http_post, http_request, metric, serve_limits,
+    write_config,
+};
 
 const LIMITS: &str = "\
 domain: edge
@@ -142,4 +148,207 @@ fn errors_name_the_problem() {
             "{query}: {body}"
         );
     }
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// `n` nodes in cluster mode keeping counter names, each knowing the ones before it;
+/// waits until every node sees all `n`. The failure detector pings once an hour, so a
+/// node stopped by the test stays on the others' rings.
+fn cluster(config: &std::path::Path, n: usize) -> Vec<Ratekeeper> {
+    let mut nodes: Vec<Ratekeeper> = Vec::new();
+    for _ in 0..n {
+        let peers: Vec<String> = nodes
+            .iter()
+            .map(|node| node.peer_addr().to_string())
+            .collect();
+        let joined = peers.join(",");
+        let mut args = vec![
+            "--peer-addr",
+            "127.0.0.1:0",
+            "--peer-timeout",
+            "1s",
+            "--peer-ping-interval",
+            "3600s",
+            "--counter-names",
+            "100",
+        ];
+        if !peers.is_empty() {
+            args.extend(["--peers", joined.as_str()]);
+        }
+        nodes.push(Ratekeeper::start(config, &args));
+    }
+    for node in &nodes {
+        let agreed = eventually(WAIT, || {
+            metric(node.http_addr(), "ratekeeper_cluster_members") == n as f64
+        });
+        assert!(agreed, "a node never saw {n} members: {}", node.stderr());
+    }
+    nodes
+}
+
+/// The peer address of the node owning `value`'s counter, by `/debug/explain`.
+fn owner(http: SocketAddr, value: &str) -> String {
+    let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
+    let response = http_post(http, "/debug/explain", &[], &body.to_string()).expect("answers");
+    let explained: Value = serde_json::from_str(&response.body).expect("json");
+    explained["descriptors"][0]["owner"]
+        .as_str()
+        .expect("an owner in cluster mode")
+        .to_owned()
+}
+
+/// `(value, used, owner)` of each listed counter, in the order listed.
+fn listed(body: &Value) -> Vec<(String, u64, String)> {
+    body["counters"]
+        .as_array()
+        .expect("counters")
+        .iter()
+        .map(|counter| {
+            (
+                counter["entries"][0]["value"]
+                    .as_str()
+                    .expect("value")
+                    .to_owned(),
+                counter["limits"][0]["used"].as_u64().expect("used"),
+                counter["owner"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn signal(node: &mut Ratekeeper, signal: &str) {
+    let pid = node.process().id().to_string();
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+#[test]
+fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
+    let dir = TempDir::new("counters-cluster");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let mut nodes = cluster(&config, 3);
+    let http: Vec<SocketAddr> = nodes.iter().map(Ratekeeper::http_addr).collect();
+    let peers: Vec<String> = nodes
+        .iter()
+        .map(|node| node.peer_addr().to_string())
+        .collect();
+    // Two keys owned by each node, sent through the two others, every other key first
+    // through its owner. A counter is named by the node whose request found it full: its
+    // owner, or another node. Key j is used j + 3 times.
+    // (value, owner, used, the nodes naming it)
+    let mut keys: Vec<(String, usize, u64, Vec<usize>)> = Vec::new();
+    for (owned_by, peer) in peers.iter().enumerate() {
+        let mut found = (0..1000)
+            .map(|n| format!("o{owned_by}-{n}"))
+            .filter(|value| owner(http[0], value) == *peer);
+        for _ in 0..2 {
+            let value = found.next().expect("a key owned by each node");
+            let entries = [("api_key", value.as_str())];
+            let j = keys.len() as u64;
+            let (next, after) = ((owned_by + 1) % 3, (owned_by + 2) % 3);
+            let through_owner = j.is_multiple_of(2);
+            let mut naming = vec![if through_owner { owned_by } else { next }];
+            if through_owner {
+                hit(http[owned_by], &entries, 1);
+            }
+            hit(
+                http[next],
+                &entries,
+                (j + 2 - u64::from(through_owner)) as u32,
+            );
+            hit(http[after], &entries, 1);
+            if j == 1 {
+                // Reset (asked of the owner, so `next` keeps its name), then counted again
+                // from full through `after`: the counter is named on two nodes.
+                let path = format!("/counters/edge?descriptor=api_key={value}");
+                let response =
+                    http_request(http[owned_by], "DELETE", &path, &[], "").expect("answers");
+                assert_eq!(response.status, 200, "{}", response.body);
+                hit(http[after], &entries, (j + 3) as u32);
+                naming.push(after);
+            }
+            keys.push((value, owned_by, j + 3, naming));
+        }
+    }
+    // Alone, a node lists the counters it holds and named itself.
+    for (index, node_http) in http.iter().enumerate() {
+        let (status, body) = get(*node_http, "/counters/edge");
+        assert_eq!(status, 200, "{body}");
+        let mut here: Vec<String> = listed(&body).into_iter().map(|(value, ..)| value).collect();
+        here.sort();
+        let mut expected: Vec<String> = keys
+            .iter()
+            .enumerate()
+            .filter(|(j, (_, owned_by, ..))| *owned_by == index && j.is_multiple_of(2))
+            .map(|(_, (value, ..))| value.clone())
+            .collect();
+        expected.sort();
+        assert_eq!(here, expected, "node {index}: {body}");
+    }
+    // With ?cluster=1, any node lists them all, once, with the owner's count, by use.
+    let mut by_use: Vec<(String, u64, String)> = keys
+        .iter()
+        .map(|(value, owned_by, used, _)| (value.clone(), *used, peers[*owned_by].clone()))
+        .collect();
+    by_use.sort_by_key(|(_, used, _)| std::cmp::Reverse(*used));
+    for node_http in &http {
+        let (status, body) = get(*node_http, "/counters/edge?cluster=1");
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(listed(&body), by_use, "{body}");
+        assert_eq!(body["next"], Value::Null);
+        assert_eq!(body["cluster"]["missing"], json!([]), "{body}");
+        let mut members: Vec<String> = body["cluster"]["members"]
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|member| member.as_str().expect("address").to_owned())
+            .collect();
+        members.sort();
+        let mut all = peers.clone();
+        all.sort();
+        assert_eq!(members, all);
+        assert_eq!(body["names"]["capacity"], 300, "three maps: {body}");
+        assert_eq!(body["names"]["kept"], 7, "key 1 named twice: {body}");
+    }
+    // Pages of 4 walk the same counters, each once.
+    let (_, first) = get(http[1], "/counters/edge?cluster=1&limit=4");
+    let next = first["next"].as_str().expect("a second page").to_owned();
+    let (_, second) = get(
+        http[1],
+        &format!("/counters/edge?cluster=1&limit=4&after={next}"),
+    );
+    assert_eq!(second["next"], Value::Null, "{second}");
+    let mut walked: Vec<(String, u64, String)> = listed(&first);
+    walked.extend(listed(&second));
+    walked.sort();
+    let mut expected = by_use.clone();
+    expected.sort();
+    assert_eq!(walked, expected);
+
+    // A member that does not answer (stopped: its connections stay open, silent) is
+    // reported; the counters the others name and own are still listed.
+    signal(&mut nodes[2], "-STOP");
+    let started = std::time::Instant::now();
+    let (status, body) = get(http[0], "/counters/edge?cluster=1");
+    signal(&mut nodes[2], "-CONT");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "bounded by deadlines"
+    );
+    let missing = body["cluster"]["missing"].as_array().expect("missing");
+    assert_eq!(missing.len(), 1, "{body}");
+    assert_eq!(missing[0]["member"], peers[2].as_str(), "{body}");
+    let mut reachable: Vec<(String, u64, String)> = keys
+        .iter()
+        .filter(|(_, owned_by, _, naming)| *owned_by != 2 && naming.iter().any(|node| *node != 2))
+        .map(|(value, owned_by, used, _)| (value.clone(), *used, peers[*owned_by].clone()))
+        .collect();
+    reachable.sort_by_key(|(_, used, _)| std::cmp::Reverse(*used));
+    assert_eq!(reachable.len(), 3, "{reachable:?}");
+    assert_eq!(listed(&body), reachable, "{body}");
 }

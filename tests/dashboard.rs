@@ -1,9 +1,10 @@
 //! `GET /ui` in a real headless browser (Debian's chromium): a cluster of two ratekeeper
 //! processes under traffic, some of it over the limit, and a broken config reload; the
 //! page, once its scripts ran, shows the live figures: the limits with a non-zero
-//! over-limit count, a chart per limit, the hottest counter, both ring members healthy,
-//! the reload error, and the explain form's answer. A screenshot is kept under
-//! `<target>/test-artifacts/`.
+//! over-limit count, a chart per limit (drawn at once from the server's history, so the
+//! over-limit traffic sent before the page was opened is on it), the hottest counter, both
+//! ring members healthy, the reload error, and the explain form's answer. A screenshot is
+//! kept under `<target>/test-artifacts/`.
 
 mod support;
 
@@ -68,6 +69,30 @@ fn start(config: &Path, peers: &[SocketAddr]) -> Ratekeeper {
     Ratekeeper::start(config, &args)
 }
 
+/// The value of attribute `name` in the first tag of `html` that has it.
+fn attribute<'a>(html: &'a str, name: &str) -> Option<&'a str> {
+    let start = html.find(&format!(" {name}=\""))? + name.len() + 3;
+    html[start..].split('"').next()
+}
+
+/// The figures of `limit`'s chart in `dom`: its peak over-limit rate, its over-limit hits
+/// in the charted window, and how many sample intervals it draws.
+fn chart(dom: &str, limit: &str) -> Option<(f64, u64, u64)> {
+    let tag = dom
+        .split("class=\"chart\" ")
+        .skip(1)
+        .map(|rest| &rest[..rest.find("</div>").unwrap_or(rest.len())])
+        .find(|tag| {
+            attribute(&format!(" {tag}"), "data-key").is_some_and(|key| key.ends_with(limit))
+        })?;
+    let tag = format!(" {tag}");
+    Some((
+        attribute(&tag, "data-peak")?.parse().ok()?,
+        attribute(&tag, "data-over-window")?.parse().ok()?,
+        attribute(&tag, "data-points")?.parse().ok()?,
+    ))
+}
+
 /// The numbers in `data-over="N"` attributes of `dom`.
 fn over_figures(dom: &str) -> Vec<u64> {
     dom.split("data-over=\"")
@@ -112,6 +137,19 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
         !data["reload"]["last_error"].is_null()
     });
     assert!(failed, "the broken reload is reported: {}", first.stderr());
+    // The server samples every 10 s: wait for the sample that saw the over-limit hits.
+    let sampled = eventually(Duration::from_secs(25), || {
+        let response = http_get(http, "/ui/data", &[]).expect("answers");
+        let data: Value = serde_json::from_str(&response.body).expect("json");
+        data["history"]["series"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|series| series["key"] == "edge|edge > api_key|per_key")
+            .flat_map(|series| series["points"].as_array().cloned().unwrap_or_default())
+            .any(|point| point[2] == 12)
+    });
+    assert!(sampled, "the history has the over-limit hits");
 
     let page = http_get(http, "/ui", &[]).expect("answers");
     assert_eq!(page.status, 200);
@@ -146,11 +184,15 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
     );
     let over = over_figures(&dom);
     assert!(over.contains(&12), "12 hits over per_key: {over:?}");
-    assert!(
-        dom.contains("class=\"chart\""),
-        "a chart per limit: {}",
-        context()
-    );
+    // Opened after the traffic, the page charts it at once, from the server's history.
+    let (peak, over_in_window, intervals) =
+        chart(&dom, "|per_key").unwrap_or_else(|| panic!("a per_key chart: {}", context()));
+    assert_eq!(over_in_window, 12, "{}", context());
+    assert!(peak > 0.0, "an over-limit rate on the chart: {}", context());
+    assert!(intervals >= 1, "{}", context());
+    let (peak, over_in_window, _) =
+        chart(&dom, "|per_path").unwrap_or_else(|| panic!("a per_path chart: {}", context()));
+    assert_eq!((peak, over_in_window), (0.0, 0), "per_path was never over");
     for node in [&first, &second] {
         let address = node.peer_addr().to_string();
         assert!(
@@ -182,7 +224,7 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
     assert!(
         explained.contains(&format!("api_key={local}"))
             && explained.contains("per_key: used 2, remaining 0")
-            && explained.contains("would reject"),
+            && explained.contains("would reject, passes again in "),
         "{explained}"
     );
 

@@ -95,6 +95,96 @@ fn explain_reports_the_limit_and_counter_and_consumes_nothing() {
 }
 
 #[test]
+fn a_rejected_request_is_told_when_it_would_pass_again() {
+    let (_dir, server) = start();
+    let http = server.http_addr();
+    let carol = request(&[&[("api_key", "carol")]]);
+    let explain = |body: &Value| {
+        let (status, answer) = post_json(http, "/debug/explain", body);
+        assert_eq!(status, 200, "{answer}");
+        answer["descriptors"][0].clone()
+    };
+    let within = explain(&carol);
+    assert_eq!(within["would_reject"], false, "{within}");
+    assert_eq!(within["retry_after_ms"], Value::Null, "{within}");
+    assert_eq!(within["limits"][0]["would_reject"], false, "{within}");
+    assert_eq!(within["limits"][0]["retry_after_ms"], Value::Null);
+    for _ in 0..5 {
+        assert_eq!(post_json(http, "/json", &carol).0, 200);
+    }
+    // A fixed window admits again when it resets.
+    let over = explain(&carol);
+    assert_eq!(over["would_reject"], true, "{over}");
+    let limit = &over["limits"][0];
+    assert_eq!(limit["would_reject"], true, "{over}");
+    let retry = limit["retry_after_ms"].as_u64().expect("a retry time");
+    assert!(retry > 0 && retry <= 86_400_000, "{over}");
+    assert_eq!(limit["reset_after_ms"], retry, "{over}");
+    assert_eq!(over["retry_after_ms"], retry, "{over}");
+
+    // A bucket of 20 refilled at 10 an hour: one hit fits again in 6 minutes.
+    let mut path = request(&[&[("tenant", "acme"), ("path", "/v1")]]);
+    path["hits_addend"] = json!(20);
+    assert_eq!(post_json(http, "/json", &path).0, 200);
+    path["hits_addend"] = json!(1);
+    let bucket = explain(&path);
+    let retry = bucket["retry_after_ms"].as_u64().expect("a retry time");
+    assert!((350_000..=360_000).contains(&retry), "{bucket}");
+    assert!(
+        bucket["limits"][0]["reset_after_ms"]
+            .as_u64()
+            .is_some_and(|reset| reset > 7_000_000),
+        "full again only after 2 hours: {bucket}"
+    );
+
+    // More hits than the limit holds never pass: rejected, and no time to wait for.
+    let mut greedy = request(&[&[("api_key", "dave")]]);
+    greedy["hits_addend"] = json!(6);
+    let never = explain(&greedy);
+    assert_eq!(never["would_reject"], true, "{never}");
+    assert_eq!(never["limits"][0]["remaining"], 5, "{never}");
+    assert_eq!(never["retry_after_ms"], Value::Null, "{never}");
+    assert_eq!(never["limits"][0]["retry_after_ms"], Value::Null);
+
+    let addr = format!("http://{http}");
+    let command = |descriptor: &str, hits: &str| {
+        let (status, stdout, stderr) = run_ratekeeper(&[
+            "explain",
+            "--addr",
+            &addr,
+            "--domain",
+            "edge",
+            "--descriptor",
+            descriptor,
+            "--hits",
+            hits,
+        ]);
+        assert!(status.success(), "{stdout}{stderr}");
+        stdout
+    };
+    let stdout = command("api_key=carol", "1");
+    for expected in [
+        "    rejects 1 hit now; admitted again in ",
+        "  over: this request would be rejected now; retry in ",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+    let stdout = command("api_key=dave", "6");
+    for expected in [
+        "    rejects 6 hits now, and always will",
+        "  over: this request would be rejected now, and will never pass",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
+    }
+}
+
+#[test]
 fn every_reason_for_no_limit_is_reported() {
     let (_dir, server) = start();
     let http = server.http_addr();

@@ -556,6 +556,17 @@ fn explain_reads_the_counter_in_redis_and_says_so_when_redis_is_down() {
         "{answer}"
     );
     assert_eq!(ask(http, "seen"), Some(true), "explaining consumed nothing");
+    // The asked hits are weighed against the state read, not sent to the script.
+    let mut greedy: serde_json::Value = serde_json::from_str(&body("seen")).expect("json");
+    greedy["hits_addend"] = 7.into();
+    let response = http_post(http, "/debug/explain", &[], &greedy.to_string()).expect("answers");
+    let answer: serde_json::Value = serde_json::from_str(&response.body).expect("json");
+    let limit = &answer["descriptors"][0]["limits"][0];
+    assert_eq!(limit["remaining"], 6, "{answer}");
+    assert_eq!(limit["would_reject"], true, "{answer}");
+    assert!(limit["retry_after_ms"].as_u64().is_some(), "{answer}");
+    assert_eq!(limit["retry_after_ms"], limit["reset_after_ms"], "{answer}");
+    assert_eq!(ask(http, "seen"), Some(true), "still nothing consumed");
     server.kill();
     let response = explain();
     assert_eq!(response.status, 503, "no made-up state: {}", response.body);

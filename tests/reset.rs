@@ -1,8 +1,9 @@
 //! `DELETE /counters/{domain}?descriptor=...` through the binary: a blocked descriptor
 //! passes again after its reset, on one node, across a cluster of three (the reset asked
 //! of a node that does not own the counter), and with the counters in Redis (where other
-//! processes see the reset too). Bad input answers 400 naming the parameter; an unknown
-//! domain 404; `--admin-counters=false` turns the endpoint off.
+//! processes see the reset too; on a Redis Cluster, where a descriptor's keys share one
+//! hash slot, only that descriptor's keys go). Bad input answers 400 naming the parameter;
+//! an unknown domain 404; `--admin-counters=false` turns the endpoint off.
 
 mod support;
 
@@ -12,7 +13,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{
-    Ratekeeper, RedisServer, TempDir, eventually, http_post, http_request, metric, write_config,
+    Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_post, http_request, metric,
+    write_config,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -244,4 +246,97 @@ fn a_reset_deletes_the_counters_in_redis_for_every_process() {
     let (status, body) = reset(one.http_addr(), "/counters/edge?descriptor=api_key=other");
     assert_eq!((status, body["removed"].clone()), (200, json!(1)), "{body}");
     assert!(ask(one.http_addr(), &[("api_key", "other")]));
+}
+
+/// The counter keys each master of `cluster` holds, sorted.
+fn keys_per_master(cluster: &RedisCluster) -> Vec<Vec<String>> {
+    cluster
+        .masters
+        .iter()
+        .map(|master| {
+            let mut keys: Vec<String> = master
+                .cli(&["keys", "rk:*"])
+                .lines()
+                .map(str::trim)
+                .filter(|key| !key.is_empty())
+                .map(str::to_owned)
+                .collect();
+            keys.sort();
+            keys
+        })
+        .collect()
+}
+
+/// The route of a key `rk:{ROUTE}:ID` (its hash tag).
+fn route(key: &str) -> &str {
+    key.split(['{', '}']).nth(1).unwrap_or(key)
+}
+
+#[test]
+fn a_reset_on_a_redis_cluster_deletes_one_descriptors_keys_in_their_slot() {
+    let dir = TempDir::new("reset-redis-cluster");
+    let cluster = RedisCluster::start(dir.path(), 3);
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    // No over-limit cache: every answer below is the cluster's.
+    let node = Ratekeeper::start(
+        &config,
+        &["--store", &cluster.url(), "--store-blocked-keys", "0"],
+    );
+    let http = node.http_addr();
+    let path = [("tenant", "acme"), ("path", "/v1")];
+    block(http, &path);
+    let others: Vec<String> = (0..6).map(|n| format!("k{n}")).collect();
+    for other in &others {
+        block(http, &[("api_key", other)]);
+    }
+    let before = keys_per_master(&cluster);
+    assert_eq!(before.iter().map(Vec::len).sum::<usize>(), 8, "{before:?}");
+    // The descriptor's two limits are two keys with one hash tag, on one master.
+    let holder = before
+        .iter()
+        .position(|keys| {
+            let routes: Vec<&str> = keys.iter().map(|key| route(key)).collect();
+            routes.windows(2).any(|pair| pair[0] == pair[1])
+        })
+        .unwrap_or_else(|| panic!("two keys of one route on one master: {before:?}"));
+    let shared = before[holder]
+        .windows(2)
+        .find(|pair| route(&pair[0]) == route(&pair[1]))
+        .map(|pair| route(&pair[0]).to_owned())
+        .expect("the shared route");
+
+    let (status, body) = reset(http, "/counters/edge?descriptor=tenant=acme,path=/v1");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["removed"], 2, "both limits' keys: {body}");
+    assert_eq!(
+        body["limits"],
+        json!(["per_path", "per_path_hour"]),
+        "{body}"
+    );
+    let after = keys_per_master(&cluster);
+    let expected: Vec<Vec<String>> = before
+        .iter()
+        .map(|keys| {
+            keys.iter()
+                .filter(|key| route(key) != shared)
+                .cloned()
+                .collect()
+        })
+        .collect();
+    assert_eq!(after, expected, "only that descriptor's keys are gone");
+    assert!(ask(http, &path), "the descriptor passes again");
+    assert!(ask(http, &path), "with its whole limit");
+    assert!(!ask(http, &path), "and is limited again after it");
+    for other in &others {
+        assert!(
+            !ask(http, &[("api_key", other)]),
+            "{other} is still blocked: its counter is untouched"
+        );
+    }
+
+    // Another descriptor, maybe on another master: reset alone, like the first.
+    let (status, body) = reset(http, "/counters/edge?descriptor=api_key=k3");
+    assert_eq!((status, body["removed"].clone()), (200, json!(1)), "{body}");
+    assert!(ask(http, &[("api_key", "k3")]));
+    assert!(!ask(http, &[("api_key", "k4")]), "k4 untouched");
 }

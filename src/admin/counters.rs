@@ -14,9 +14,19 @@
 //! `/debug/explain` reads it: cost 0, nothing consumed); `limits` has the same fields as
 //! there. Pages follow the counters' route hashes: pass `next` as `after` for the next
 //! page (`null`: the last page); a page may hold fewer than `limit` counters when some
-//! recovered meanwhile. `limit` is 1 to 1000 (default 100). Errors: 400 naming the
-//! parameter, 404 for an unknown domain or when names are not kept, 503 when the store
-//! cannot answer.
+//! recovered meanwhile. `limit` is 1 to 1000 (default 100). A page is sorted by use (the
+//! largest share of a limit used first). Errors: 400 naming the parameter, 404 for an
+//! unknown domain or when names are not kept, 503 when the store cannot answer.
+//!
+//! `?cluster=1` (cluster mode): the whole cluster's counters. This node asks every other
+//! ring member for its names of the domain after the same cursor (peer call `Names`, at
+//! most `limit` each, all at once, each within 2 s), merges them with its own (a counter
+//! named on several nodes is listed once), reads each counter's state from its owner, and
+//! answers the `limit` first routes like a local page, each counter with its `owner`, plus
+//! `"cluster": {"members": [..], "missing": [{"member", "problem"}]}`: a member that did
+//! not answer (or keeps no names, or whose counters' state could not be read) is reported
+//! there, and the page is made of the others. `names` adds up every answering member's
+//! figures. Outside cluster mode it is the local listing.
 //!
 //! `DELETE /counters/{domain}?descriptor=key=value,key=value`: forgets the counters of that
 //! descriptor (every limit it matches) wherever they live: this node's engine, the key's
@@ -37,7 +47,8 @@
 
 use std::sync::Arc;
 
-use crate::limiter::{Query, ResetOutcome};
+use crate::cluster::Cluster;
+use crate::limiter::{ListedCounter, NamesFigures, Query, ResetOutcome};
 use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
@@ -49,18 +60,24 @@ use serde_json::{Value, json};
 use super::error;
 use super::explain::limit;
 use super::rate::percent_decode;
-use crate::limiter::{CounterName, CounterPage, Limiter, MAX_PAGE};
+use crate::limiter::{CounterName, Limiter, MAX_PAGE};
 
 /// Counters per page unless `limit` says otherwise.
 const DEFAULT_PAGE: usize = 100;
 
-pub(super) fn router(limiter: Arc<Limiter>, enabled: bool) -> Router {
+#[derive(Clone)]
+struct CountersState {
+    limiter: Arc<Limiter>,
+    cluster: Cluster,
+}
+
+pub(super) fn router(limiter: Arc<Limiter>, cluster: Cluster, enabled: bool) -> Router {
     if !enabled {
         return Router::new().route("/counters/{domain}", get(off).delete(off));
     }
     Router::new()
         .route("/counters/{domain}", get(list).delete(reset))
-        .with_state(limiter)
+        .with_state(CountersState { limiter, cluster })
 }
 
 async fn off() -> Response {
@@ -71,7 +88,7 @@ async fn off() -> Response {
 }
 
 async fn reset(
-    State(limiter): State<Arc<Limiter>>,
+    State(CountersState { limiter, .. }): State<CountersState>,
     domain: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Response {
@@ -163,8 +180,11 @@ fn entries(raw: &str) -> Result<Vec<(String, String)>, String> {
     Ok(out)
 }
 
+const NOT_KEPT: &str =
+    "counter names are not kept: start ratekeeper with --counter-names N to list counters";
+
 async fn list(
-    State(limiter): State<Arc<Limiter>>,
+    State(state): State<CountersState>,
     domain: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Response {
@@ -172,26 +192,97 @@ async fn list(
         Ok(domain) => domain,
         Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
     };
-    let (after, page_size) = match params(query.as_deref().unwrap_or_default()) {
+    let params = match params(query.as_deref().unwrap_or_default()) {
         Ok(params) => params,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
     };
+    let limiter = &state.limiter;
     if limiter.limits().load().domain(&domain).is_none() {
         return error(StatusCode::NOT_FOUND, &format!("unknown domain {domain:?}"));
     }
-    match limiter.counters(&domain, after, page_size).await {
-        Ok(Some(page)) => (StatusCode::OK, axum::Json(render(&domain, &page))).into_response(),
-        Ok(None) => error(
-            StatusCode::NOT_FOUND,
-            "counter names are not kept: start ratekeeper with --counter-names N to list counters",
-        ),
+    if params.cluster
+        && let Some(me) = state.cluster.me()
+    {
+        return list_cluster(&state, me, &domain, &params).await;
+    }
+    match limiter.counters(&domain, params.after, params.limit).await {
+        Ok(Some(page)) => {
+            let body = render(&domain, &page.counters, page.next, page.figures);
+            (StatusCode::OK, axum::Json(body)).into_response()
+        }
+        Ok(None) => error(StatusCode::NOT_FOUND, NOT_KEPT),
         Err(failed) => error(failed.http_status(), &failed.to_string()),
     }
 }
 
-/// `after` (a cursor: 16 hex digits) and `limit`, each at most once, nothing else.
-fn params(query: &str) -> Result<(Option<u64>, usize), String> {
-    let (mut after, mut page_size) = (None, None);
+/// `?cluster=1`: this node's names and every other member's, merged, each counter's state
+/// read from its owner.
+async fn list_cluster(state: &CountersState, me: &str, domain: &str, params: &Params) -> Response {
+    let Some(names) = state.limiter.counter_names() else {
+        return error(StatusCode::NOT_FOUND, NOT_KEPT);
+    };
+    let (mut named, mut more) = names.page(domain, params.after, params.limit);
+    let mut figures = names.figures();
+    let mut members = vec![json!(me)];
+    let mut missing: Vec<(String, String)> = Vec::new();
+    let answers = state
+        .cluster
+        .member_names(domain, params.after, params.limit)
+        .await;
+    for (member, answer) in answers {
+        members.push(json!(&*member));
+        match answer {
+            Ok(page) => {
+                more |= page.more;
+                let count = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+                figures.kept = figures.kept.saturating_add(count(page.kept));
+                figures.capacity = figures.capacity.saturating_add(count(page.capacity));
+                figures.dropped = figures.dropped.saturating_add(page.dropped);
+                named.extend(page.names.into_iter().map(|named| {
+                    let name = CounterName {
+                        domain: Box::from(domain),
+                        entries: named.entries.into_boxed_slice(),
+                    };
+                    (named.route, Arc::new(name))
+                }));
+            }
+            Err(why) => missing.push((member.to_string(), why.to_string())),
+        }
+    }
+    let page = state
+        .limiter
+        .cluster_counters(named, more, params.limit)
+        .await;
+    for (owner, why) in page.unanswered {
+        let member = owner.as_deref().unwrap_or(me).to_owned();
+        if !missing.iter().any(|(other, _)| *other == member) {
+            missing.push((member, format!("its counters' state: {why}")));
+        }
+    }
+    let mut body = render(domain, &page.counters, page.next, figures);
+    body["cluster"] = json!({
+        "members": members,
+        "missing": missing
+            .iter()
+            .map(|(member, problem)| json!({"member": member, "problem": problem}))
+            .collect::<Vec<_>>(),
+    });
+    (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+/// A listing's query parameters.
+#[derive(Debug, PartialEq, Eq)]
+struct Params {
+    after: Option<u64>,
+    limit: usize,
+    /// `cluster=1`: every member's counters.
+    cluster: bool,
+}
+
+/// `after` (a cursor: 16 hex digits), `limit` and `cluster` (`1`/`true`, `0`/`false`),
+/// each at most once, nothing else.
+fn params(query: &str) -> Result<Params, String> {
+    let (mut after, mut page_size, mut cluster) = (None, None, None);
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
         let text = String::from_utf8_lossy(&percent_decode(raw.as_bytes())).into_owned();
@@ -215,15 +306,28 @@ fn params(query: &str) -> Result<(Option<u64>, usize), String> {
                     })?;
                 page_size = Some(size);
             }
-            "after" | "limit" => return Err(format!("{name}: given more than once")),
+            "cluster" if cluster.is_none() => {
+                cluster = Some(match text.as_str() {
+                    "1" | "true" => true,
+                    "0" | "false" => false,
+                    _ => return Err(format!("cluster: expected 1 or 0, got {text:?}")),
+                });
+            }
+            "after" | "limit" | "cluster" => {
+                return Err(format!("{name}: given more than once"));
+            }
             _ => {
                 return Err(format!(
-                    "unknown parameter {name:?} (expected after or limit)"
+                    "unknown parameter {name:?} (expected after, limit or cluster)"
                 ));
             }
         }
     }
-    Ok((after, page_size.unwrap_or(DEFAULT_PAGE)))
+    Ok(Params {
+        after,
+        limit: page_size.unwrap_or(DEFAULT_PAGE),
+        cluster: cluster.unwrap_or(false),
+    })
 }
 
 /// A counter's descriptor entries as `[{"key": .., "value": ..}]`.
@@ -234,9 +338,13 @@ pub(super) fn entries_json(name: &CounterName) -> Value {
         .collect()
 }
 
-fn render(domain: &str, page: &CounterPage) -> Value {
-    let counters: Vec<Value> = page
-        .counters
+fn render(
+    domain: &str,
+    counters: &[ListedCounter],
+    next: Option<u64>,
+    figures: NamesFigures,
+) -> Value {
+    let counters: Vec<Value> = counters
         .iter()
         .map(|listed| {
             let mut out = json!({
@@ -245,13 +353,13 @@ fn render(domain: &str, page: &CounterPage) -> Value {
                 "shadow": listed.explained.shadow,
                 "limits": listed.explained.limits.iter().map(limit).collect::<Vec<_>>(),
             });
-            if let Some((shard, _)) = listed
-                .explained
-                .placement
-                .as_ref()
-                .and_then(|placement| placement.shard)
-            {
-                out["shard"] = json!(shard);
+            if let Some(placement) = &listed.explained.placement {
+                if let Some((shard, _)) = placement.shard {
+                    out["shard"] = json!(shard);
+                }
+                if let Some(owner) = &placement.owner {
+                    out["owner"] = json!(&**owner);
+                }
             }
             out
         })
@@ -259,11 +367,11 @@ fn render(domain: &str, page: &CounterPage) -> Value {
     json!({
         "domain": domain,
         "counters": counters,
-        "next": page.next.map(|route| format!("{route:016x}")),
+        "next": next.map(|route| format!("{route:016x}")),
         "names": {
-            "kept": page.figures.kept,
-            "capacity": page.figures.capacity,
-            "dropped": page.figures.dropped,
+            "kept": figures.kept,
+            "capacity": figures.capacity,
+            "dropped": figures.dropped,
         },
     })
 }
@@ -309,8 +417,21 @@ mod tests {
 
     #[test]
     fn parameters_are_checked_and_named() {
-        assert_eq!(params(""), Ok((None, DEFAULT_PAGE)));
-        assert_eq!(params("after=00000000000000ff&limit=5"), Ok((Some(255), 5)));
+        let expected = |after, limit, cluster| Params {
+            after,
+            limit,
+            cluster,
+        };
+        assert_eq!(params(""), Ok(expected(None, DEFAULT_PAGE, false)));
+        assert_eq!(
+            params("after=00000000000000ff&limit=5"),
+            Ok(expected(Some(255), 5, false))
+        );
+        assert_eq!(params("cluster=1&limit=7"), Ok(expected(None, 7, true)));
+        assert_eq!(
+            params("cluster=false"),
+            Ok(expected(None, DEFAULT_PAGE, false))
+        );
         for (query, problem) in [
             ("limit=0", "limit: expected a whole number from 1 to 1000"),
             (
@@ -320,6 +441,8 @@ mod tests {
             ("after=xyz", "after: expected a cursor"),
             ("after=", "after: expected a cursor"),
             ("after=1&after=2", "after: given more than once"),
+            ("cluster=yes", "cluster: expected 1 or 0"),
+            ("cluster=1&cluster=1", "cluster: given more than once"),
             ("page=2", "unknown parameter \"page\""),
         ] {
             let error = params(query).expect_err(query);

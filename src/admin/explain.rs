@@ -8,12 +8,18 @@
 //! {"domain": "edge", "domain_found": true, "descriptors": [{
 //!   "entries": [{"key": "api_key", "value": "k1"}], "hits": 1,
 //!   "match": "limited", "reason": "matched edge > api_key", "path": "edge > api_key",
-//!   "shadow": false, "would_reject": false, "replaced": [],
+//!   "shadow": false, "would_reject": false, "retry_after_ms": null, "replaced": [],
 //!   "shard": 3, "shards": 8, "owner": "10.0.0.2:8091", "local": false,
 //!   "limits": [{"name": "per_key", "requests_per_unit": 5, "unit": "minute",
 //!               "algorithm": "fixed_window", "burst": 5, "used": 2, "remaining": 3,
-//!               "reset_after_ms": 41200, "max_wait_ms": null}]}]}
+//!               "reset_after_ms": 41200, "would_reject": false, "retry_after_ms": null,
+//!               "max_wait_ms": null}]}]}
 //! ```
+//!
+//! `retry_after_ms` (a limit's, and the descriptor's: the longest of its rejecting limits)
+//! is, when the hits would be rejected now, how long until they would be admitted if nothing
+//! else were counted meanwhile; `null` when they would pass now, and when they never can
+//! (more hits than the limit's capacity, or a limit of 0).
 //!
 //! `match` is one of `unknown_domain`, `no_match`, `allow_listed`, `replaced`, `unlimited`,
 //! `limited`, `request_limit`; `replaced` lists `{"limit", "by", "at"}` for the limits
@@ -66,6 +72,7 @@ fn render(query: &Query<'_>, explanation: &Explanation) -> Value {
                 "path": explained.path.as_deref(),
                 "shadow": explained.shadow,
                 "would_reject": explained.would_reject(),
+                "retry_after_ms": explained.retry_after().map(millis),
                 "replaced": explained.replaced.iter().map(|replaced| json!({
                     "limit": &*replaced.limit,
                     "by": replaced.by.as_deref(),
@@ -103,6 +110,8 @@ pub(super) fn limit(state: &LimitState) -> Value {
         "used": state.used,
         "remaining": state.remaining,
         "reset_after_ms": millis(state.reset_after),
+        "would_reject": state.rejects,
+        "retry_after_ms": state.retry_after.map(millis),
         "max_wait_ms": state.max_wait.map(millis),
     })
 }

@@ -8,13 +8,21 @@
 //! - `cluster`: the ring's members, each with its health as this node sees it (a peer's
 //!   circuit breaker open: down), and the peers the failure detector took off the ring
 //!   (`off_ring`, down);
-//! - `reload`: reload counts, the last success and the last failure's errors.
+//! - `reload`: reload counts, the last success and the last failure's errors;
+//! - `history`: per limit, its hits and over-limit totals sampled on the server every 10 s
+//!   for the last 10 minutes ([`history`]: `interval_ms`, `keep`, `now_ms`, and `series`,
+//!   each `{"key", "domain", "path", "limit", "points": [[unix_ms, hits, over], ...]}`,
+//!   `truncated` counting the limits not followed).
 //!
-//! The page computes the over-limit rate per limit from successive polls and charts the
-//! last minutes (kept in the page, bounded); it explains a descriptor with
-//! `POST /debug/explain` and resets one with `DELETE /counters/{domain}`. Nothing here is
-//! on the request path: `/ui/data` reads atomics, the limits snapshot, and (for `hot`) the
-//! same cost-0 checks `/counters` makes, bounded by [`HOT_DOMAINS`] x [`HOT_PAGE`].
+//! The page charts the over-limit rate per limit from `history` (so a page opened now
+//! shows the minutes before), the current poll's totals extending each chart to now; it
+//! explains a descriptor with `POST /debug/explain` and resets one with
+//! `DELETE /counters/{domain}`. Nothing here is on the request path: `/ui/data` reads
+//! atomics, the limits snapshot, the history's rings (sampled by a background task), and
+//! (for `hot`) the same cost-0 checks `/counters` makes, bounded by [`HOT_DOMAINS`] x
+//! [`HOT_PAGE`].
+
+pub mod history;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -26,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
+use self::history::History;
 use crate::cluster::Cluster;
 use crate::limiter::Limiter;
 use crate::limits::Limits;
@@ -48,6 +57,8 @@ pub(super) struct UiState {
     pub reload: Arc<ReloadStats>,
     /// `--admin-counters`: the page may list and reset counters.
     pub counters: bool,
+    /// The per-limit totals of the last minutes, sampled in the background.
+    pub history: History,
 }
 
 pub(super) fn router(state: UiState) -> Router {
@@ -85,8 +96,38 @@ async fn data(State(state): State<UiState>) -> Response {
         "cluster": cluster(&state.cluster),
         "reload": reload(&state.reload),
         "counters_enabled": state.counters,
+        "history": history_json(&state.history),
     });
     ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
+}
+
+/// The sampled per-limit totals, each point `[unix_ms, hits, over]`.
+fn history_json(history: &History) -> Value {
+    let sampled = history.series();
+    let series: Vec<Value> = sampled
+        .series
+        .iter()
+        .map(|(key, points)| {
+            let points: Vec<[u64; 3]> = points
+                .iter()
+                .map(|point| [point.at_ms, point.hits, point.over])
+                .collect();
+            json!({
+                "key": key.joined(),
+                "domain": &*key.domain,
+                "path": &*key.path,
+                "limit": &*key.limit,
+                "points": points,
+            })
+        })
+        .collect();
+    json!({
+        "interval_ms": u64::try_from(history.interval().as_millis()).unwrap_or(u64::MAX),
+        "keep": history.keep(),
+        "now_ms": history.now_ms(),
+        "series": series,
+        "truncated": sampled.truncated,
+    })
 }
 
 /// The configured entries of every domain, in config order, with their limits' figures.

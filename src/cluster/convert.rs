@@ -9,6 +9,8 @@ use crate::error::ErrorKind;
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
 
+use super::names::{self, Named, NamesPage};
+
 /// The protocol version this build speaks.
 pub const VERSION: u32 = 1;
 
@@ -185,6 +187,81 @@ pub fn error_from_wire(code: i32) -> ErrorKind {
     }
 }
 
+/// A page of names for the wire.
+pub fn names_to_wire(page: Option<NamesPage>) -> wire::NamesReply {
+    let Some(page) = page else {
+        return wire::NamesReply::default();
+    };
+    wire::NamesReply {
+        keeps_names: true,
+        names: page
+            .names
+            .into_iter()
+            .map(|named| wire::Named {
+                route: named.route,
+                entries: named
+                    .entries
+                    .into_iter()
+                    .map(|(key, value)| wire::Entry {
+                        key: key.into(),
+                        value: value.into(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        more: page.more,
+        kept: page.kept,
+        capacity: page.capacity,
+        dropped: page.dropped,
+    }
+}
+
+/// A peer's page of names of `domain`, asked with `limit`: in route order, each within the
+/// bounds of a name; `None` when it keeps none.
+pub fn names_from_wire(
+    domain: &str,
+    limit: usize,
+    reply: wire::NamesReply,
+) -> Result<Option<NamesPage>, String> {
+    if !reply.keeps_names {
+        return Ok(None);
+    }
+    if reply.names.len() > limit.min(names::MAX_NAMES) {
+        return Err(format!(
+            "{} names for a limit of {limit}",
+            reply.names.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(reply.names.len());
+    for named in reply.names {
+        let entries: Vec<(Box<str>, Box<str>)> = named
+            .entries
+            .into_iter()
+            .map(|entry| (entry.key.into_boxed_str(), entry.value.into_boxed_str()))
+            .collect();
+        if !names::fits(domain, &entries) || entries.iter().any(|(key, _)| key.is_empty()) {
+            return Err("a name out of bounds".to_owned());
+        }
+        if out
+            .last()
+            .is_some_and(|last: &Named| last.route >= named.route)
+        {
+            return Err("names out of route order".to_owned());
+        }
+        out.push(Named {
+            route: named.route,
+            entries,
+        });
+    }
+    Ok(Some(NamesPage {
+        names: out,
+        more: reply.more,
+        kept: reply.kept,
+        capacity: reply.capacity,
+        dropped: reply.dropped,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,5 +280,41 @@ mod tests {
         // A node that predates the code sends 0 with text; an unknown code is no better.
         assert_eq!(error_from_wire(0), ErrorKind::Internal);
         assert_eq!(error_from_wire(99), ErrorKind::Internal);
+    }
+
+    #[test]
+    fn a_peers_names_are_checked_before_use() {
+        let named = |route: u64, key: &str, value: &str| Named {
+            route,
+            entries: vec![(Box::from(key), Box::from(value))],
+        };
+        let page = NamesPage {
+            names: vec![named(1, "api_key", "a"), named(7, "api_key", "b")],
+            more: true,
+            kept: 2,
+            capacity: 10,
+            dropped: 0,
+        };
+        let wire = names_to_wire(Some(page.clone()));
+        assert_eq!(names_from_wire("edge", 2, wire.clone()), Ok(Some(page)));
+        assert_eq!(names_from_wire("edge", 5, names_to_wire(None)), Ok(None));
+        let bad = |change: &dyn Fn(&mut wire::NamesReply), problem: &str| {
+            let mut reply = wire.clone();
+            change(&mut reply);
+            let error = names_from_wire("edge", 2, reply).expect_err(problem);
+            assert!(error.contains(problem), "{error}");
+        };
+        bad(&|reply| reply.names.reverse(), "route order");
+        bad(&|reply| reply.names[1].route = 1, "route order");
+        bad(&|reply| reply.names.push(reply.names[0].clone()), "3 names");
+        bad(&|reply| reply.names[0].entries.clear(), "out of bounds");
+        bad(
+            &|reply| reply.names[0].entries[0].key.clear(),
+            "out of bounds",
+        );
+        bad(
+            &|reply| reply.names[0].entries[0].value = "x".repeat(names::MAX_NAME_BYTES),
+            "out of bounds",
+        );
     }
 }

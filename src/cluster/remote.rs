@@ -265,6 +265,89 @@ impl Remote {
         }
     }
 
+    /// Asks this peer (the keys' owner) how its counters stand for `checks`' costs, consuming
+    /// nothing (an explanation): one decision per counter, in order. A node without the
+    /// call (an older version) is reported as such.
+    pub async fn peek(&self, checks: &Checks) -> Result<Decisions, PeerError> {
+        let message = wire::PeekRequest {
+            version: VERSION,
+            sender: self.me.to_string(),
+            checks: checks
+                .iter()
+                .map(|check| wire::Check {
+                    max_wait_nanos: 0,
+                    max_queue: 0,
+                    lease: false,
+                    ..convert::check_to_wire(check)
+                })
+                .collect(),
+        };
+        let deadline = self.timeout.max(Duration::from_secs(1));
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(deadline);
+        let mut client = self.client.clone();
+        match tokio::time::timeout(deadline, client.peek(request)).await {
+            Ok(Ok(reply)) => Ok(reply
+                .into_inner()
+                .decisions
+                .iter()
+                .map(convert::decision_from_wire)
+                .collect()),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                Err(PeerError::Remote {
+                    peer: Arc::clone(&self.address),
+                    kind: ErrorKind::Internal,
+                    message: "this node's version cannot explain counters (upgrade it)".to_owned(),
+                })
+            }
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable("peek timed out")),
+        }
+    }
+
+    /// Asks this peer for its counter names of `domain` above `after` (at most `limit`)
+    /// within `deadline`; `None` when it keeps none. A node without the call (an older
+    /// version) is reported as such.
+    pub async fn names(
+        &self,
+        domain: &str,
+        after: Option<u64>,
+        limit: usize,
+        deadline: Duration,
+    ) -> Result<Option<super::names::NamesPage>, PeerError> {
+        let message = wire::NamesRequest {
+            version: VERSION,
+            sender: self.me.to_string(),
+            domain: domain.to_owned(),
+            has_after: after.is_some(),
+            after: after.unwrap_or(0),
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+        };
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(deadline);
+        let mut client = self.client.clone();
+        match tokio::time::timeout(deadline, client.names(request)).await {
+            Ok(Ok(reply)) => {
+                convert::names_from_wire(domain, limit, reply.into_inner()).map_err(|problem| {
+                    PeerError::Remote {
+                        peer: Arc::clone(&self.address),
+                        kind: ErrorKind::Internal,
+                        message: format!("a malformed listing: {problem}"),
+                    }
+                })
+            }
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                Err(PeerError::Remote {
+                    peer: Arc::clone(&self.address),
+                    kind: ErrorKind::Internal,
+                    message: "this node's version cannot list counters (upgrade it)".to_owned(),
+                })
+            }
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable(format!("no listing within {deadline:?}"))),
+        }
+    }
+
     /// Tells this peer we joined; returns the members it knows.
     pub async fn join(&self) -> Result<Vec<String>, PeerError> {
         self.membership(true).await

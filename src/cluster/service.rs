@@ -1,5 +1,6 @@
-//! The peer service other nodes call: forwarded checks, handoffs, membership, and the
-//! failure detector's pings.
+//! The peer service other nodes call: forwarded checks, handoffs, membership, the failure
+//! detector's pings, and the operator's resets, explanations (peeks) and counter listings
+//! (names).
 //!
 //! Everything a peer sends is validated (see `convert`); a malformed message is
 //! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. Forwarded checks go
@@ -13,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::convert::{self, VERSION};
 use super::lease;
+use super::names::{self, NameSource};
 use super::{Cluster, Node};
 use crate::check::{Checks, Counter};
 use crate::key::KeyId;
@@ -20,18 +22,38 @@ use crate::peer::v1 as wire;
 use crate::peer::v1::peer_server::{Peer, PeerServer};
 
 /// The `ratekeeper.peer.v1.Peer` service of one node.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PeerService {
     cluster: Cluster,
+    /// This node's counter names, for `Names` (`None`: it keeps none).
+    names: Option<NameSource>,
+}
+
+impl std::fmt::Debug for PeerService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerService")
+            .field("cluster", &self.cluster)
+            .field("names", &self.names.is_some())
+            .finish()
+    }
 }
 
 impl PeerService {
     /// The service for a cluster member; `None` outside cluster mode.
     pub fn new(cluster: &Cluster) -> Option<PeerServer<PeerService>> {
+        PeerService::with_names(cluster, None)
+    }
+
+    /// [`PeerService::new`], serving the counter names `names` gives (`Names`).
+    pub fn with_names(
+        cluster: &Cluster,
+        names: Option<NameSource>,
+    ) -> Option<PeerServer<PeerService>> {
         cluster.node.as_ref()?;
         Some(
             PeerServer::new(PeerService {
                 cluster: cluster.clone(),
+                names,
             })
             .max_decoding_message_size(64 << 20),
         )
@@ -269,6 +291,57 @@ impl Peer for PeerService {
         }
         tracing::debug!(from = %batch.sender, taken_back, "leased hits given back");
         Ok(Response::new(wire::RefundReply { taken_back }))
+    }
+
+    async fn peek(
+        &self,
+        request: Request<wire::PeekRequest>,
+    ) -> Result<Response<wire::PeekReply>, Status> {
+        self.node()?;
+        let message = request.into_inner();
+        same_version(message.version)?;
+        if message.checks.len() > convert::MAX_CHECKS_PER_GROUP {
+            return Err(Status::invalid_argument(format!(
+                "checks: {} given, at most {}",
+                message.checks.len(),
+                convert::MAX_CHECKS_PER_GROUP
+            )));
+        }
+        let checks = message
+            .checks
+            .into_iter()
+            .map(|check| convert::check_from_wire(check).map(|(check, _)| check))
+            .collect::<Result<Checks, _>>()
+            .map_err(Status::invalid_argument)?;
+        let decisions = self.cluster.engine().peek(&checks);
+        Ok(Response::new(wire::PeekReply {
+            decisions: decisions.iter().map(convert::decision_to_wire).collect(),
+        }))
+    }
+
+    async fn names(
+        &self,
+        request: Request<wire::NamesRequest>,
+    ) -> Result<Response<wire::NamesReply>, Status> {
+        self.node()?;
+        let message = request.into_inner();
+        same_version(message.version)?;
+        if message.domain.is_empty() || message.domain.len() > names::MAX_NAME_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "domain: {} bytes, expected 1 to {}",
+                message.domain.len(),
+                names::MAX_NAME_BYTES
+            )));
+        }
+        let limit = usize::try_from(message.limit)
+            .unwrap_or(usize::MAX)
+            .clamp(1, names::MAX_NAMES);
+        let after = message.has_after.then_some(message.after);
+        let page = self
+            .names
+            .as_ref()
+            .and_then(|names| names(&message.domain, after, limit));
+        Ok(Response::new(convert::names_to_wire(page)))
     }
 
     async fn ping(

@@ -2,8 +2,9 @@
 //! consuming anything.
 //!
 //! [`Limiter::explain`] matches the query with the same planning as `decide`
-//! ([`Limiter::plan`]), then asks the store for the counters' state with checks of cost 0
-//! ([`Store::peek`](crate::store::Store::peek)): in cluster mode those go to each key's owner
+//! ([`Limiter::plan`]), then asks the store how the counters stand for the descriptor's hits
+//! ([`Store::peek`](crate::store::Store::peek), which consumes nothing): whether they would
+//! be admitted, and if not, when they would be. In cluster mode those go to each key's owner
 //! over the peer protocol, so the state is the owner's, and an owner that cannot answer is
 //! an error rather than a fallback's guess. Nothing is counted in the metrics: an
 //! explanation is not a request.
@@ -82,6 +83,12 @@ pub struct LimitState {
     pub remaining: u32,
     /// Until the limit has fully recovered (the window ends, the bucket is full).
     pub reset_after: Duration,
+    /// Whether this limit alone would reject the descriptor's hits now.
+    pub rejects: bool,
+    /// When it rejects: how long until the hits would be admitted (nothing else counted
+    /// meanwhile); `None` when they never can (more hits than the limit's capacity), and
+    /// when it does not reject.
+    pub retry_after: Option<Duration>,
     pub max_wait: Option<Duration>,
 }
 
@@ -106,11 +113,21 @@ pub struct DescriptorExplanation {
 impl DescriptorExplanation {
     /// Whether `cost` hits would be rejected right now (a shadow limit never rejects).
     pub fn would_reject(&self) -> bool {
-        !self.shadow
-            && self
-                .limits
-                .iter()
-                .any(|limit| u64::from(limit.remaining) < self.cost)
+        !self.shadow && self.limits.iter().any(|limit| limit.rejects)
+    }
+
+    /// When the descriptor's hits would be admitted again, if they would be rejected now:
+    /// the longest wait of the limits that reject them; `None` when none rejects, or when
+    /// one never admits them.
+    pub fn retry_after(&self) -> Option<Duration> {
+        if !self.would_reject() {
+            return None;
+        }
+        self.limits
+            .iter()
+            .filter(|limit| limit.rejects)
+            .map(|limit| limit.retry_after)
+            .try_fold(Duration::ZERO, |longest, wait| Some(longest.max(wait?)))
     }
 }
 
@@ -150,7 +167,7 @@ impl Limiter {
             mut checks,
         } = self.plan(query, domain, &overrides);
         for check in &mut checks {
-            check.cost = 0;
+            // Never waits, and consumes nothing: the cost is only weighed.
             check.wait = None;
         }
         let placements: Vec<Placement> = checks
@@ -224,6 +241,11 @@ fn limit_state(limit: &Limit, decision: &Decision) -> Option<LimitState> {
             .saturating_sub(u64::from(decision.remaining)),
         remaining: decision.remaining,
         reset_after: Duration::from_nanos(decision.reset_after),
+        rejects: !decision.allowed,
+        retry_after: (!decision.allowed)
+            .then_some(decision.retry_after)
+            .flatten()
+            .map(Duration::from_nanos),
         max_wait: limit.max_wait,
     })
 }

@@ -5,17 +5,24 @@
 //! Opt-in (`--counter-names N`): without it the limiter keeps nothing and pays one branch
 //! per request. With it, a decided descriptor is noted only when its counters were full
 //! before the request (`remaining + cost >= capacity`: a new key, or one that had fully
-//! recovered), and only when this node holds them; a noted name costs one read-locked
-//! probe of a sharded map afterwards, and a new one a short write lock. So a hot key costs
-//! nothing, and a key costs at most one probe per window.
+//! recovered), wherever they live (in cluster mode, a node names the counters of the
+//! requests it received, its own and those other nodes own); a noted name costs one
+//! read-locked probe of a sharded map afterwards, and a new one a short write lock. So a
+//! hot key costs nothing, and a key costs at most one probe per window.
+//!
+//! [`Limiter::counters`] lists the named counters this node holds;
+//! [`Limiter::cluster_counters`] lists names gathered from every member (one counter may be
+//! named on several), each once, with its state read from its owner. Both sort a page by
+//! use.
 //!
 //! Invariants:
 //! - Bounded: at most `capacity` names, each at most [`MAX_NAME_BYTES`] of text; names
 //!   that do not fit are dropped (and counted) until a sweep makes room.
 //! - A name does not keep a counter alive and says nothing by itself: listing and sweeping
 //!   read the counter's state through [`Limiter::explain`] (cost 0, the same planning as a
-//!   request), and the sweep ([`Limiter::sweep_counter_names`]) forgets names whose
-//!   counters are back to full, no longer match a limit, or moved to another node.
+//!   request; from the owner in cluster mode), and the sweep
+//!   ([`Limiter::sweep_counter_names`]) forgets names whose counters are back to full or no
+//!   longer match a limit. Names whose owner cannot answer are kept until it can.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -183,8 +190,23 @@ impl CounterNames {
 /// One listed counter: its descriptor and what it meets now.
 #[derive(Debug)]
 pub struct ListedCounter {
+    pub route: u64,
     pub name: Arc<CounterName>,
     pub explained: DescriptorExplanation,
+}
+
+/// Counter names with their routes.
+type NameList = Vec<(u64, Arc<CounterName>)>;
+
+/// A page of [`Limiter::cluster_counters`].
+#[derive(Debug)]
+pub struct MergedPage {
+    pub counters: Vec<ListedCounter>,
+    /// Where the next page starts (`after`), when there is one.
+    pub next: Option<u64>,
+    /// The owners (`None`: this node's store) that could not tell their counters' state,
+    /// and why; their counters are not in the page.
+    pub unanswered: Vec<(Option<Arc<str>>, Error)>,
 }
 
 /// A page of [`Limiter::counters`].
@@ -233,14 +255,15 @@ impl Limiter {
                             >= rate.capacity()
                     })
             });
-            if was_full && self.store.placement(*route).local {
+            if was_full {
                 names.note(*route, query.domain, descriptor.entries.iter().copied());
             }
         }
     }
 
     /// Up to `limit` (at most [`MAX_PAGE`]) counters of `domain` held on this node with
-    /// something counted, after the route `after`, in route order. Consumes nothing.
+    /// something counted, after the route `after` (pages follow the routes), the page
+    /// sorted by use ([`sort_by_use`]). Consumes nothing.
     pub async fn counters(
         &self,
         domain: &str,
@@ -259,15 +282,17 @@ impl Limiter {
         let mut counters = Vec::with_capacity(page.len());
         for chunk in page.chunks(CHUNK) {
             let explained = self.explain_names(chunk).await?;
-            for ((_, name), explained) in chunk.iter().zip(explained) {
-                if is_live(&explained) {
+            for ((route, name), explained) in chunk.iter().zip(explained) {
+                if is_counted(&explained) && is_here(&explained) {
                     counters.push(ListedCounter {
+                        route: *route,
                         name: Arc::clone(name),
                         explained,
                     });
                 }
             }
         }
+        sort_by_use(&mut counters);
         Ok(Some(CounterPage {
             counters,
             next,
@@ -275,37 +300,109 @@ impl Limiter {
         }))
     }
 
-    /// Forgets the names whose counters are back to full, match no limit any more, or are
-    /// held by another node now; returns how many were forgotten.
+    /// One page of `domain`'s counters across the cluster: `named` are the names this node
+    /// and the other members keep (each member's first page after the same cursor), `more`
+    /// whether any of them has more. Each counter is listed once, with its state read from
+    /// its owner (those with nothing counted are left out); a page holds the `limit` (at
+    /// most [`MAX_PAGE`]) first routes, sorted by use. The counters of an owner that cannot
+    /// answer are left out and the owner reported in `unanswered`. Consumes nothing.
+    pub async fn cluster_counters(
+        &self,
+        mut named: Vec<(u64, Arc<CounterName>)>,
+        more: bool,
+        limit: usize,
+    ) -> MergedPage {
+        named.sort_unstable_by_key(|(route, _)| *route);
+        named.dedup_by_key(|(route, _)| *route);
+        let limit = limit.clamp(1, MAX_PAGE);
+        let more = more || named.len() > limit;
+        named.truncate(limit);
+        let next = if more {
+            named.last().map(|(route, _)| *route)
+        } else {
+            None
+        };
+        let mut page = MergedPage {
+            counters: Vec::with_capacity(named.len()),
+            next,
+            unanswered: Vec::new(),
+        };
+        // By owner, so an owner that cannot answer costs only its own counters.
+        for (owner, group) in self.by_owner(named) {
+            for chunk in group.chunks(CHUNK) {
+                match self.explain_names(chunk).await {
+                    Ok(explained) => page.counters.extend(
+                        chunk
+                            .iter()
+                            .zip(explained)
+                            .filter(|(_, explained)| is_counted(explained))
+                            .map(|((route, name), explained)| ListedCounter {
+                                route: *route,
+                                name: Arc::clone(name),
+                                explained,
+                            }),
+                    ),
+                    Err(error) => {
+                        page.unanswered.push((owner, error));
+                        break;
+                    }
+                }
+            }
+        }
+        sort_by_use(&mut page.counters);
+        page
+    }
+
+    /// `named` (one domain) grouped by the node owning their counters (`None`: this store
+    /// has no owners), in order of first appearance.
+    fn by_owner(&self, named: NameList) -> Vec<(Option<Arc<str>>, NameList)> {
+        let mut groups: Vec<(Option<Arc<str>>, NameList)> = Vec::new();
+        for (route, name) in named {
+            let owner = self.store.placement(route).owner;
+            match groups.iter_mut().find(|(other, _)| *other == owner) {
+                Some((_, group)) => group.push((route, name)),
+                None => groups.push((owner, vec![(route, name)])),
+            }
+        }
+        groups
+    }
+
+    /// Forgets the names whose counters are back to full or match no limit any more, as
+    /// their owners say; returns how many were forgotten. Names whose owner cannot answer
+    /// are kept, and the first such error is answered after the rest was swept.
     pub async fn sweep_counter_names(&self) -> Result<usize, Error> {
         let Some(names) = self.counter_names() else {
             return Ok(0);
         };
         let mut all = names.all();
         let mut stale: Vec<u64> = Vec::new();
-        all.retain(|(route, _)| {
-            let local = self.store.placement(*route).local;
-            if !local {
-                stale.push(*route);
-            }
-            local
-        });
-        // One query per domain and chunk.
+        let mut failed = None;
+        // One query per domain, owner and chunk.
         all.sort_unstable_by(|(a, left), (b, right)| left.domain.cmp(&right.domain).then(a.cmp(b)));
         for group in all.chunk_by(|(_, left), (_, right)| left.domain == right.domain) {
-            for chunk in group.chunks(CHUNK) {
-                let explained = self.explain_names(chunk).await?;
-                stale.extend(
-                    chunk
-                        .iter()
-                        .zip(&explained)
-                        .filter(|(_, explained)| !is_live(explained))
-                        .map(|((route, _), _)| *route),
-                );
+            for (_, owned) in self.by_owner(group.to_vec()) {
+                for chunk in owned.chunks(CHUNK) {
+                    match self.explain_names(chunk).await {
+                        Ok(explained) => stale.extend(
+                            chunk
+                                .iter()
+                                .zip(&explained)
+                                .filter(|(_, explained)| !is_counted(explained))
+                                .map(|((route, _), _)| *route),
+                        ),
+                        Err(error) => {
+                            failed.get_or_insert(error);
+                            break;
+                        }
+                    }
+                }
             }
         }
         names.forget(&stale);
-        Ok(stale.len())
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(stale.len()),
+        }
     }
 
     /// Explains the descriptors of `chunk` (one domain, at most [`CHUNK`]) with cost 0.
@@ -325,14 +422,38 @@ impl Limiter {
     }
 }
 
-/// A counter worth listing: it matches a limit, lives here, and has something counted.
-fn is_live(explained: &DescriptorExplanation) -> bool {
-    explained.matched.is_limited()
-        && explained
-            .placement
-            .as_ref()
-            .is_none_or(|placement| placement.local)
-        && explained.limits.iter().any(|limit| limit.used > 0)
+/// A counter worth listing: it matches a limit and has something counted.
+fn is_counted(explained: &DescriptorExplanation) -> bool {
+    explained.matched.is_limited() && explained.limits.iter().any(|limit| limit.used > 0)
+}
+
+/// A counter this node holds (or reaches itself, like Redis).
+fn is_here(explained: &DescriptorExplanation) -> bool {
+    explained
+        .placement
+        .as_ref()
+        .is_none_or(|placement| placement.local)
+}
+
+/// Most used first: the largest share of a limit's capacity used, then the most hits used
+/// on one limit, then route order (so equal counters keep a stable order).
+fn sort_by_use(counters: &mut [ListedCounter]) {
+    let usage = |listed: &ListedCounter| {
+        let limits = &listed.explained.limits;
+        let share = limits
+            .iter()
+            .map(|limit| limit.used as f64 / limit.rate.capacity().max(1) as f64)
+            .fold(0.0, f64::max);
+        let used = limits.iter().map(|limit| limit.used).max().unwrap_or(0);
+        (share, used)
+    };
+    counters.sort_by(|left, right| {
+        let ((left_share, left_used), (right_share, right_used)) = (usage(left), usage(right));
+        right_share
+            .total_cmp(&left_share)
+            .then(right_used.cmp(&left_used))
+            .then(left.route.cmp(&right.route))
+    });
 }
 
 #[cfg(test)]

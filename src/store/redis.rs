@@ -45,7 +45,7 @@ pub use self::connection::{Target, redact};
 use self::metrics::RedisStats;
 use crate::algorithm::{self, Algorithm, NANOS_PER_SEC, Rate, State};
 use crate::breaker::Breaker;
-use crate::check::{Check, Checks, Decision, Decisions, States};
+use crate::check::{self, Check, Checks, Decision, Decisions, States};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
@@ -229,10 +229,21 @@ impl Store for RedisStore {
         }
     }
 
-    /// `checks` as Redis holds them, or an error: never the failure policy's stand-in.
+    /// `checks` as Redis holds them, or an error: never the failure policy's stand-in. The
+    /// script reads the counters with every cost set to 0 (it consumes nothing); each
+    /// check's own cost is then weighed against the states it read.
     fn peek(&self, checks: Checks) -> Checked<'_> {
         let inner = &*self.inner;
         let now = inner.clock.now();
+        let costs: SmallVec<[u64; 4]> = checks.iter().map(|check| check.cost).collect();
+        let checks: Checks = checks
+            .into_iter()
+            .map(|check| Check {
+                cost: 0,
+                wait: None,
+                ..check
+            })
+            .collect();
         Checked::Pending(Box::pin(async move {
             let unavailable = |problem: String| StoreError::Remote {
                 store: inner.options.target.describe(),
@@ -245,10 +256,17 @@ impl Store for RedisStore {
                 .await
                 .map_err(|_| unavailable(format!("no answer within {:?}", inner.options.timeout)))?
                 .map_err(|error| unavailable(error.to_string()))?;
-            let (at, replies) = answer;
-            inner
-                .read(&checks, at, &replies)
-                .ok_or_else(|| unavailable("a reply of the wrong shape".to_owned()))
+            let (now, replies) = answer;
+            let mut out = Decisions::new();
+            let mut at = 0;
+            for (check, cost) in checks.iter().zip(costs) {
+                let (_, at_time, states) = read_states(check, now, &replies, &mut at)
+                    .ok_or_else(|| unavailable("a reply of the wrong shape".to_owned()))?;
+                for (counter, state) in check.counters.iter().zip(states) {
+                    out.push(check::peek(&counter.rate, state, at_time, cost));
+                }
+            }
+            Ok(out)
         }))
     }
 
@@ -373,28 +391,7 @@ impl Inner {
         let mut out = Decisions::new();
         let mut at = 0;
         for check in checks {
-            let admitted = matches!(replies.get(at)?, redis::Value::Int(1));
-            let block = replies.get(at + 1..at + 1 + check.counters.len())?;
-            at += 1 + check.counters.len();
-            let stored = block
-                .iter()
-                .map(Stored::read)
-                .collect::<Option<SmallVec<[Option<Stored>; 4]>>>()?;
-            // The script decides at the latest of our clock and the keys' times.
-            let at_time = stored
-                .iter()
-                .flatten()
-                .map(|stored| stored.time)
-                .fold(now, u64::max);
-            let mut states: States = check
-                .counters
-                .iter()
-                .zip(&stored)
-                .map(|(counter, stored)| match stored {
-                    Some(stored) => stored.state(&counter.rate),
-                    None => algorithm::init(&counter.rate, at_time),
-                })
-                .collect();
+            let (admitted, at_time, mut states) = read_states(check, now, replies, &mut at)?;
             let denied = check.decide(&mut states, at_time, &mut out);
             if denied.is_none() != admitted {
                 self.disagreed(admitted);
@@ -504,6 +501,39 @@ impl Drop for Probe<'_> {
             self.breaker.abandon();
         }
     }
+}
+
+/// One check's part of the script's reply, from `replies[*at]` on (`at` moves past it):
+/// whether the script admitted it, the time it decided at (the latest of `now` and the
+/// keys' times), and its counters' states. `None` if the reply does not have that shape.
+fn read_states(
+    check: &Check,
+    now: u64,
+    replies: &[redis::Value],
+    at: &mut usize,
+) -> Option<(bool, u64, States)> {
+    let admitted = matches!(replies.get(*at)?, redis::Value::Int(1));
+    let block = replies.get(*at + 1..*at + 1 + check.counters.len())?;
+    *at += 1 + check.counters.len();
+    let stored = block
+        .iter()
+        .map(Stored::read)
+        .collect::<Option<SmallVec<[Option<Stored>; 4]>>>()?;
+    let at_time = stored
+        .iter()
+        .flatten()
+        .map(|stored| stored.time)
+        .fold(now, u64::max);
+    let states = check
+        .counters
+        .iter()
+        .zip(&stored)
+        .map(|(counter, stored)| match stored {
+            Some(stored) => stored.state(&counter.rate),
+            None => algorithm::init(&counter.rate, at_time),
+        })
+        .collect();
+    Some((admitted, at_time, states))
 }
 
 /// `rk:{ROUTE}:ID`: the route in braces is the Redis Cluster hash tag, so all counters of

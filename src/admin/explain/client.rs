@@ -265,13 +265,30 @@ pub fn render(answer: &Value) -> String {
                 limit["remaining"],
                 seconds(limit["reset_after_ms"].as_u64().unwrap_or(0))
             );
+            if limit["would_reject"] == true {
+                out += &match limit["retry_after_ms"].as_u64() {
+                    Some(wait) => format!(
+                        "    rejects {hits} hit{plural} now; admitted again in {}\n",
+                        seconds(wait)
+                    ),
+                    None => format!("    rejects {hits} hit{plural} now, and always will\n"),
+                };
+            }
         }
         let verdict = if descriptor["shadow"] == true {
-            "shadow mode: counted, never rejected"
+            "shadow mode: counted, never rejected".to_owned()
         } else if descriptor["would_reject"] == true {
-            "over: this request would be rejected now"
+            match descriptor["retry_after_ms"].as_u64() {
+                Some(wait) => format!(
+                    "over: this request would be rejected now; retry in {}",
+                    seconds(wait)
+                ),
+                None => "over: this request would be rejected now, and will never pass (more \
+                         hits than a limit allows)"
+                    .to_owned(),
+            }
         } else {
-            "within the limit: this request would pass now"
+            "within the limit: this request would pass now".to_owned()
         };
         out += &format!("  {verdict}\n");
     }

@@ -237,3 +237,97 @@ async fn bad_input_is_refused_naming_the_field() {
         .expect_err("no descriptors");
     assert_eq!(error.to_string(), "descriptors: must not be empty");
 }
+
+const EVERY_ALGORITHM: &str = r#"
+domain: retry
+descriptors:
+  - key: fixed_window
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: sliding_window
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_window}
+  - key: token_bucket
+    rate_limit: {unit: minute, requests_per_unit: 6, algorithm: token_bucket, burst: 3}
+  - key: gcra
+    rate_limit: {unit: minute, requests_per_unit: 6, algorithm: gcra, burst: 3}
+"#;
+
+#[tokio::test(start_paused = true)]
+async fn a_rejecting_limit_says_exactly_when_the_hits_pass_again() {
+    for algorithm in ["fixed_window", "sliding_window", "token_bucket", "gcra"] {
+        for cost in [1, 2, 3] {
+            let limiter = Limiter::at_test_start(EVERY_ALGORITHM, LimiterOptions::default());
+            let entries: &[(&str, &str)] = &[(algorithm, "k")];
+            let hits = |cost| query("retry", &[entries], cost);
+            for _ in 0..3 {
+                assert!(!limiter.decide(&hits(1)).await.expect("decides").is_over());
+            }
+            let explain = || async {
+                let explanation = limiter.explain(&hits(cost)).await.expect("explains");
+                explanation.descriptors.into_iter().next().expect("one")
+            };
+            let explained = explain().await;
+            let case = format!("{algorithm}, {cost} hits: {explained:?}");
+            assert!(explained.would_reject(), "{case}");
+            assert!(explained.limits[0].rejects, "{case}");
+            let wait = explained.retry_after().expect("a wait");
+            assert_eq!(explained.limits[0].retry_after, Some(wait), "{case}");
+            assert!(wait > Duration::ZERO, "{case}");
+            // A millisecond early the hits are still over; at the wait they pass.
+            tokio::time::advance(wait - Duration::from_millis(1)).await;
+            assert!(explain().await.would_reject(), "{case}");
+            let early = limiter.decide(&hits(cost)).await.expect("decides");
+            assert!(early.is_over(), "{case}");
+            tokio::time::advance(Duration::from_millis(1)).await;
+            let explained = explain().await;
+            assert!(!explained.would_reject(), "{case}");
+            assert_eq!(explained.retry_after(), None, "passes now: {case}");
+            assert_eq!(explained.limits[0].retry_after, None, "{case}");
+            let now = limiter.decide(&hits(cost)).await.expect("decides");
+            assert!(!now.is_over(), "{case}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hits_beyond_a_limits_capacity_are_rejected_for_ever() {
+    let every = Limiter::at_test_start(EVERY_ALGORITHM, LimiterOptions::default());
+    for algorithm in ["fixed_window", "sliding_window", "token_bucket", "gcra"] {
+        let explanation = every
+            .explain(&query("retry", &[&[(algorithm, "fresh")]], 4))
+            .await
+            .expect("explains");
+        let explained = &explanation.descriptors[0];
+        assert_eq!(explained.limits[0].remaining, 3, "{algorithm}: untouched");
+        assert!(explained.would_reject(), "{algorithm}: 4 hits never fit 3");
+        assert!(explained.limits[0].rejects);
+        assert_eq!(explained.limits[0].retry_after, None, "{algorithm}");
+        assert_eq!(explained.retry_after(), None, "{algorithm}");
+    }
+    // The descriptor waits for its longest-waiting rejecting limit; "never" is the longest.
+    let limiter = limiter();
+    let free = |cost| query("edge", &[&[("api_key", "free")]], cost);
+    for _ in 0..2 {
+        assert!(!limiter.decide(&free(1)).await.expect("decides").is_over());
+    }
+    let waits = |explanation: &Explanation| -> Vec<Option<Duration>> {
+        let limits = &explanation.descriptors[0].limits;
+        limits.iter().map(|limit| limit.retry_after).collect()
+    };
+    // 2 per second (used up), 4 per day in a bucket of 4 (2 left): only the first rejects.
+    let one = limiter.explain(&free(1)).await.expect("explains");
+    assert_eq!(waits(&one), [Some(Duration::from_secs(1)), None]);
+    assert_eq!(
+        one.descriptors[0].retry_after(),
+        Some(Duration::from_secs(1))
+    );
+    // 3 hits: never within a second, in 6 hours (a token per 6 hours) in the bucket.
+    let three = limiter.explain(&free(3)).await.expect("explains");
+    assert_eq!(waits(&three), [None, Some(Duration::from_secs(6 * 3600))]);
+    let rejecting: Vec<bool> = three.descriptors[0]
+        .limits
+        .iter()
+        .map(|l| l.rejects)
+        .collect();
+    assert_eq!(rejecting, [true, true]);
+    assert_eq!(three.descriptors[0].retry_after(), None);
+}

@@ -144,3 +144,102 @@ async fn long_descriptors_are_not_kept_and_nothing_is_kept_when_off() {
             .is_none()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_page_is_sorted_by_use() {
+    let limiter = limiter(100);
+    for (value, hits) in [("one", 1), ("four", 4), ("two", 2), ("three", 3)] {
+        hit(&limiter, "api_key", value, hits).await;
+    }
+    let page = limiter
+        .counters("edge", None, 10)
+        .await
+        .expect("lists")
+        .expect("kept");
+    let order: Vec<&str> = page
+        .counters
+        .iter()
+        .map(|listed| &*listed.name.entries[0].1)
+        .collect();
+    assert_eq!(order, ["four", "three", "two", "one"]);
+}
+
+/// The name of `value` as another member would send it.
+fn named(value: &str) -> (u64, Arc<CounterName>) {
+    let mut key = crate::key::KeyBuilder::new("edge");
+    key.entry("api_key", value);
+    let name = CounterName {
+        domain: Box::from("edge"),
+        entries: Box::new([(Box::from("api_key"), Box::from(value))]),
+    };
+    (key.route(), Arc::new(name))
+}
+
+#[tokio::test(start_paused = true)]
+async fn names_from_several_members_are_listed_once_each_in_pages() {
+    // This store holds every counter; the names came from several "members".
+    let limiter = limiter(100);
+    for (value, hits) in [("a", 1), ("b", 5), ("c", 2), ("d", 3)] {
+        hit(&limiter, "api_key", value, hits).await;
+    }
+    let mut from_members: Vec<(u64, Arc<CounterName>)> = ["a", "b", "c", "d", "b", "c"]
+        .into_iter()
+        .map(named)
+        .collect();
+    // A name whose counter has nothing counted is not listed.
+    from_members.push(named("idle"));
+    let all = limiter
+        .cluster_counters(from_members.clone(), false, 10)
+        .await;
+    let listed: Vec<(&str, u64)> = all
+        .counters
+        .iter()
+        .map(|listed| (&*listed.name.entries[0].1, listed.explained.limits[0].used))
+        .collect();
+    assert_eq!(listed, [("b", 5), ("d", 3), ("c", 2), ("a", 1)]);
+    assert_eq!(all.next, None);
+    assert!(all.unanswered.is_empty());
+
+    // Pages of 2 follow the routes, so a walk lists each counted one exactly once.
+    let mut routes: Vec<(u64, String)> = from_members
+        .iter()
+        .map(|(route, name)| (*route, name.entries[0].1.to_string()))
+        .collect();
+    routes.sort_unstable();
+    routes.dedup();
+    assert_eq!(routes.len(), 5);
+    let mut walked: Vec<String> = Vec::new();
+    let mut after: Option<u64> = None;
+    for page_index in 0..3 {
+        let rest: Vec<(u64, Arc<CounterName>)> = from_members
+            .iter()
+            .filter(|(route, _)| after.is_none_or(|after| *route > after))
+            .cloned()
+            .collect();
+        let page = limiter.cluster_counters(rest, false, 2).await;
+        let expected: Vec<&str> = routes
+            .iter()
+            .skip(page_index * 2)
+            .take(2)
+            .map(|(_, value)| value.as_str())
+            .filter(|value| *value != "idle")
+            .collect();
+        let mut got: Vec<String> = page
+            .counters
+            .iter()
+            .map(|listed| listed.name.entries[0].1.to_string())
+            .collect();
+        got.sort();
+        let mut expected: Vec<String> = expected.into_iter().map(str::to_owned).collect();
+        expected.sort();
+        assert_eq!(got, expected, "page {page_index}");
+        walked.extend(got);
+        after = page.next;
+        assert_eq!(after.is_some(), page_index < 2, "page {page_index}");
+    }
+    walked.sort();
+    assert_eq!(walked, ["a", "b", "c", "d"]);
+    // A member with more names than it sent makes a next page even when this one is short.
+    let last = limiter.cluster_counters(vec![named("a")], true, 5).await;
+    assert_eq!(last.next, Some(named("a").0));
+}
