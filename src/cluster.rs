@@ -348,19 +348,16 @@ impl Cluster {
         Store::check(self, checks).wait().await
     }
 
-    /// [`Cluster::check`] when some checks belong to other nodes. Without `fallback`, an
-    /// owner that cannot be reached is an error instead of a case for the fallback policy.
-    ///
-    /// `leased` holds, per check, its decision when it was admitted from a lease already
-    /// ([`Node::spend_leases`]); `None` for a peek, which always asks the owners.
+    /// [`Cluster::check`] when some checks belong to other nodes; an owner that cannot be
+    /// reached is a case for the fallback policy. `leased` holds, per check, its decision
+    /// when it was admitted from a lease already ([`Node::spend_leases`]).
     async fn check_distributed(
         &self,
         node: &Node,
         checks: Checks,
-        leased: Option<SpentLeases>,
+        leased: SpentLeases,
     ) -> Result<Decisions, StoreError> {
-        let fallback = leased.is_some();
-        let mut spent = leased.unwrap_or_default().into_iter();
+        let mut spent = leased.into_iter();
         let topology = node.topology.load();
         let target = |check: &Check| -> Option<&Arc<Remote>> {
             let route = check.counters.first()?.key.route;
@@ -405,13 +402,6 @@ impl Cluster {
         let mut waiting: Vec<(usize, Arc<str>, oneshot::Receiver<remote::Answer>)> = Vec::new();
         let mut fallbacks: Vec<(usize, Checks)> = Vec::new();
         let mut local = Checks::new();
-        let groups_targets: Vec<Option<Arc<str>>> = groups
-            .iter()
-            .map(|(target, _)| match target {
-                Target::Local | Target::Leased => None,
-                Target::Remote(remote) => Some(Arc::clone(remote.address())),
-            })
-            .collect();
         for (index, (target, group)) in groups.into_iter().enumerate() {
             match target {
                 Target::Local => local = group,
@@ -450,13 +440,6 @@ impl Cluster {
                     return Err(ClusterError::Protocol { peer, problem }.into());
                 }
             }
-        }
-        if !fallback && let Some((index, _)) = fallbacks.first() {
-            let peer = match &groups_targets[*index] {
-                Some(peer) => Arc::clone(peer),
-                None => Arc::clone(&node.me),
-            };
-            return Err(ClusterError::Unreachable { peer }.into());
         }
         for (index, group) in fallbacks {
             node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -600,7 +583,7 @@ impl Store for Cluster {
             if spent.iter().all(Option::is_some) {
                 return Checked::Ready(Ok(spent.into_iter().flatten().collect()));
             }
-            let distributed = self.check_distributed(node, checks, Some(spent));
+            let distributed = self.check_distributed(node, checks, spent);
             return Checked::Pending(Box::pin(distributed));
         }
         match self.engine.start(checks) {
