@@ -39,8 +39,7 @@ mod loadgen;
 
 use loadgen::*;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -208,26 +207,6 @@ fn start_node(
         http,
         peer,
     }
-}
-
-/// The body of `GET path` on a node's HTTP listener.
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
-    let timeout = Duration::from_secs(5);
-    let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(std::io::Error::other(format!("GET {path}: {head}")));
-    }
-    Ok(body.to_owned())
 }
 
 /// Node A's cluster counters at one moment.

@@ -21,7 +21,9 @@
 //! (`hot`, `spread`, `multi`). Environment: `RLS_BENCH_ROUNDS` (default 5),
 //! `RLS_BENCH_SECONDS` (4), `RLS_BENCH_WARMUP` (1), `RLS_BENCH_CONNECTIONS` (8),
 //! `RLS_BENCH_STREAMS` (32), `RLS_BENCH_BODY` (`build`: write each request's bytes, the
-//! cheapest; `pool`: pick from pre-encoded frames). `RLS_BENCH_SERVE=SECONDS` only starts the two servers and
+//! cheapest; `pool`: pick from pre-encoded frames), `RLS_BENCH_UI_POLL_MS` (the dashboard
+//! open: ratekeeper keeps `--counter-names 10000` and a thread fetches `/ui/data` that
+//! often, as the page does every 2000 ms). `RLS_BENCH_SERVE=SECONDS` only starts the two servers and
 //! prints their addresses, to drive or profile them by hand (`client::command_line` shows
 //! how to run the load generator alone).
 
@@ -398,7 +400,33 @@ fn main() {
     let noop_runtime = runtime("noop-rt", 2);
     let ratekeeper_runtime = runtime("ratekeeper-rt", 2);
     let noop = start_noop(&noop_runtime, stop_rx.clone());
-    let ratekeeper = start_ratekeeper(&ratekeeper_runtime, API_KEY_LIMITS, None, stop_rx);
+    // With RLS_BENCH_UI_POLL_MS, the dashboard is open: ratekeeper keeps counter names (for
+    // its hottest counters) and a thread fetches `/ui/data` that often for the whole run.
+    let ui_poll = std::env::var("RLS_BENCH_UI_POLL_MS")
+        .ok()
+        .map(|ms| Duration::from_millis(ms.parse().expect("RLS_BENCH_UI_POLL_MS is a number")));
+    let mut options = ratekeeper::server::ServerOptions::new(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+    );
+    if ui_poll.is_some() {
+        options.limiter.counter_names = 10_000;
+    }
+    let (ratekeeper, ratekeeper_http) =
+        start_ratekeeper_listening(&ratekeeper_runtime, API_KEY_LIMITS, &options, stop_rx);
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    if let Some(every) = ui_poll {
+        let polls = std::sync::Arc::clone(&polls);
+        std::thread::spawn(move || {
+            loop {
+                let body = http_get(ratekeeper_http, "/ui/data").expect("/ui/data answers");
+                assert!(body.contains("\"limits\""), "the dashboard's data: {body}");
+                polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::thread::sleep(every);
+            }
+        });
+        println!("the dashboard is open: /ui/data fetched every {every:?}, counter names kept");
+    }
     let addr = |target| match target {
         Target::Noop => noop,
         Target::Ratekeeper => ratekeeper,
@@ -435,6 +463,13 @@ fn main() {
     println!("|---|---|---:|---:|---:|---:|---:|---:|");
     for row in summary {
         println!("{row}");
+    }
+    if ui_poll.is_some() {
+        println!();
+        println!(
+            "/ui/data was fetched {} times during the run",
+            polls.load(std::sync::atomic::Ordering::Relaxed)
+        );
     }
     println!();
     print_load("end");

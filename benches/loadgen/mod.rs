@@ -242,14 +242,47 @@ pub fn start_ratekeeper_with(
     options: &ratekeeper::server::ServerOptions,
     stop: watch::Receiver<bool>,
 ) -> SocketAddr {
+    start_ratekeeper_listening(runtime, yaml, options, stop).0
+}
+
+/// [`start_ratekeeper_with`], answering the gRPC and the HTTP (admin) addresses.
+pub fn start_ratekeeper_listening(
+    runtime: &Runtime,
+    yaml: &str,
+    options: &ratekeeper::server::ServerOptions,
+    stop: watch::Receiver<bool>,
+) -> (SocketAddr, SocketAddr) {
     let limits =
         ratekeeper::limits::Limits::parse_str("bench.yaml", yaml).expect("the bench limits parse");
     let server = runtime
         .block_on(ratekeeper::server::Server::bind(options, limits, 0))
         .expect("bind ratekeeper");
     let addr = server.grpc_addr().expect("grpc on tcp");
+    let http = server.http_addr();
     runtime.spawn(async move {
         server.run(stopped(stop)).await.expect("ratekeeper runs");
     });
-    addr
+    (addr, http)
+}
+
+/// The body of `GET path` on a server's HTTP listener (HTTP/1.1, one connection per call);
+/// an error unless it answers 200.
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(5);
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    if !head.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!("GET {path}: {head}")));
+    }
+    Ok(body.to_owned())
 }
