@@ -84,7 +84,8 @@ fn run(nodes: &[Ratekeeper], first: u64, keys: u64, requests: u64) -> (u64, u64)
             config.warmup = Duration::ZERO;
             config.stop = Stop::Count(requests);
             config.seed = first * 3 + index as u64 + 1;
-            config.timeout = Duration::from_secs(10);
+            // With a count to send, the whole run must end within this (it takes 1-8 s).
+            config.timeout = Duration::from_secs(60);
             std::thread::spawn(move || client::run(&config))
         })
         .collect();
