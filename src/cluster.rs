@@ -305,6 +305,13 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// How many members the ring has (this node included; 0 outside cluster mode).
+    pub fn member_count(&self) -> usize {
+        self.node
+            .as_ref()
+            .map_or(0, |node| node.topology.load().ring.len())
+    }
+
     /// Every other node this node knows of, and whether the failure detector finds it
     /// reachable (cluster mode; empty otherwise).
     pub fn peer_health(&self) -> Vec<(String, bool)> {

@@ -9,8 +9,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -21,10 +19,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::ring::{DEFAULT_VNODES, Ring};
-use support::{Ratekeeper, TempDir, eventually, write_config};
+use support::{
+    Ratekeeper, TempDir, eventually, start_cluster, start_member, wait_for_members, write_config,
+};
 use tonic::transport::Channel;
 
 const WAIT: Duration = Duration::from_secs(20);
+/// Every node's forward deadline (see the module doc).
+const PEER_ARGS: &[&str] = &["--peer-timeout", "2s"];
 
 fn limits(requests_per_unit: u32) -> String {
     format!(
@@ -32,39 +34,9 @@ fn limits(requests_per_unit: u32) -> String {
     )
 }
 
-fn node(config: &Path, peer_addr: &str, peers: &[SocketAddr]) -> Ratekeeper {
-    let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
-    let joined = peers.join(",");
-    let mut args = vec!["--peer-addr", peer_addr, "--peer-timeout", "2s"];
-    if !peers.is_empty() {
-        args.extend(["--peers", joined.as_str()]);
-    }
-    Ratekeeper::start(config, &args)
-}
-
 /// The value of the first `/metrics` sample of `node` starting with `prefix` (0 if absent).
 fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
     support::metric(node.http_addr(), prefix)
-}
-
-/// Starts `n` nodes, each joining the ones before it, and waits until all see all.
-fn cluster(config: &Path, n: usize) -> Vec<Ratekeeper> {
-    let mut nodes: Vec<Ratekeeper> = Vec::new();
-    for _ in 0..n {
-        let peers: Vec<SocketAddr> = nodes.iter().map(Ratekeeper::peer_addr).collect();
-        nodes.push(node(config, "127.0.0.1:0", &peers));
-    }
-    wait_for_members(&nodes, n);
-    nodes
-}
-
-fn wait_for_members(nodes: &[Ratekeeper], n: usize) {
-    for node in nodes {
-        let agreed = eventually(WAIT, || {
-            metric(node, "ratekeeper_cluster_members") == n as f64
-        });
-        assert!(agreed, "a node never saw {n} members: {}", node.stderr());
-    }
 }
 
 async fn clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
@@ -136,7 +108,7 @@ fn fallbacks(nodes: &[Ratekeeper]) -> f64 {
 async fn one_key_round_robin_is_admitted_exactly_the_limit_in_total() {
     let dir = TempDir::new("cluster-exact");
     write_config(dir.path(), "edge.yaml", &limits(10));
-    let nodes = cluster(dir.path(), 3);
+    let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     let mut clients = clients(&nodes).await;
     let mut total = 0;
     for n in 0..30 {
@@ -160,7 +132,7 @@ async fn one_key_round_robin_is_admitted_exactly_the_limit_in_total() {
 async fn many_keys_spread_over_all_owners_and_each_holds_its_limit() {
     let dir = TempDir::new("cluster-spread");
     write_config(dir.path(), "edge.yaml", &limits(2));
-    let nodes = cluster(dir.path(), 3);
+    let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     let mut clients = clients(&nodes).await;
     let values: Vec<String> = (0..120).map(|n| format!("user-{n}")).collect();
     let mut owned = [0usize; 3];
@@ -197,7 +169,7 @@ async fn many_keys_spread_over_all_owners_and_each_holds_its_limit() {
 async fn a_request_whose_keys_live_on_different_owners_gets_every_status_right() {
     let dir = TempDir::new("cluster-multi");
     write_config(dir.path(), "edge.yaml", &limits(3));
-    let nodes = cluster(dir.path(), 3);
+    let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     // Ports (so ring placement) differ per run: pick values covering every owner, 2 or 3 each.
     let mut per_owner = [0usize; 3];
     let picked: Vec<String> = (0..1000)
@@ -275,7 +247,7 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
     const LIMIT: usize = 30;
     let dir = TempDir::new("cluster-kill");
     write_config(dir.path(), "edge.yaml", &limits(LIMIT as u32));
-    let mut nodes = cluster(dir.path(), 3);
+    let mut nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     let victim_peer = nodes[2].peer_addr();
     let value = (0..400)
         .map(|n| format!("k-{n}"))
@@ -338,10 +310,11 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
 
     // The node returns on the same address: back on every ring, and the key's counter
     // moves to it with the survivors' count.
-    let returned = node(
+    let returned = start_member(
         dir.path(),
         &victim_peer.to_string(),
         &[nodes[0].peer_addr(), nodes[1].peer_addr()],
+        PEER_ARGS,
     );
     wait_for_members(&nodes[..2], 3);
     wait_for_members(std::slice::from_ref(&returned), 3);
@@ -363,7 +336,7 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
 async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
     let dir = TempDir::new("cluster-handoff");
     write_config(dir.path(), "edge.yaml", &limits(20));
-    let mut nodes = cluster(dir.path(), 3);
+    let mut nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     // A key owned by the node we will restart.
     let value = (0..400)
         .map(|n| format!("h-{n}"))
@@ -395,10 +368,11 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
     );
 
     // The node comes back: ownership returns to it, with the count.
-    let returned = node(
+    let returned = start_member(
         dir.path(),
         &restarted_peer.to_string(),
         &[nodes[0].peer_addr(), nodes[1].peer_addr()],
+        PEER_ARGS,
     );
     wait_for_members(&nodes[..2], 3);
     let moved_back = eventually(WAIT, || {
@@ -428,7 +402,7 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
 async fn the_http_api_shares_the_cluster_wide_limit() {
     let dir = TempDir::new("cluster-http");
     write_config(dir.path(), "edge.yaml", &limits(10));
-    let nodes = cluster(dir.path(), 3);
+    let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     let mut statuses = Vec::new();
     for n in 0..30 {
         let response = support::http_post(
@@ -456,7 +430,7 @@ async fn the_http_api_shares_the_cluster_wide_limit() {
 async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_it() {
     let dir = TempDir::new("cluster-explain");
     write_config(dir.path(), "edge.yaml", &limits(10));
-    let mut nodes = cluster(dir.path(), 3);
+    let mut nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     let value = (0..400)
         .map(|n| format!("e-{n}"))
         .find(|value| owner(&nodes, value) == 1)

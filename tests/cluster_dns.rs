@@ -25,13 +25,10 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use support::{
-    ANSWER_WITHIN, away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
-    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
-    edge_owner_of as owner_of, grpc_clients as clients, metric_total as sum,
-};
-use support::{
-    NODE_PEER_PORT, Netns, Ratekeeper, TempDir, edge_request as request, eventually,
-    eventually_some, write_config,
+    Failures, NODE_PEER_PORT, Netns, Ratekeeper, TempDir, away_from_the_top_of_the_hour,
+    cluster_diagnosis, cluster_members as members, edge_decide as decide, edge_explain as explain,
+    edge_key_where as key_where, edge_owner_of as owner_of, edge_try, eventually, eventually_some,
+    grpc_clients as clients, metric_total as sum, write_config,
 };
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
@@ -150,7 +147,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     for (node, name) in NAMES[..2].iter().enumerate() {
         eprintln!("kill: {name} showed 2 members after {:?}", detected[node]);
     }
-    load.tally.assert_no_errors();
+    load.tally.failures.assert_none();
     for (node, name) in NAMES[..2].iter().enumerate() {
         let within = detected[node].is_some_and(|elapsed| elapsed <= DETECT_WITHIN);
         assert!(
@@ -200,7 +197,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
         during.answered(1),
         during.admitted()
     );
-    during.assert_no_errors();
+    during.failures.assert_none();
     assert_eq!(
         during.admitted(),
         during.answered(0) + during.answered(1),
@@ -332,9 +329,7 @@ fn settled_count(nodes: &[Ratekeeper], value: &str) -> Option<u64> {
 struct Tally {
     answered: [AtomicU64; 2],
     admitted: AtomicU64,
-    /// Requests that got an error, no answer or an unexpected code: the first few.
-    failed: AtomicU64,
-    errors: std::sync::Mutex<Vec<String>>,
+    failures: Failures,
 }
 
 impl Tally {
@@ -344,30 +339,6 @@ impl Tally {
 
     fn admitted(&self) -> u64 {
         self.admitted.load(Ordering::Relaxed)
-    }
-
-    fn fail(&self, problem: String) {
-        self.failed.fetch_add(1, Ordering::Relaxed);
-        let mut errors = self
-            .errors
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if errors.len() < 10 {
-            errors.push(problem);
-        }
-    }
-
-    fn assert_no_errors(&self) {
-        let errors = self
-            .errors
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        assert!(
-            errors.is_empty(),
-            "{} requests got an error or no answer, first ones:\n{}",
-            self.failed.load(Ordering::Relaxed),
-            errors.join("\n")
-        );
     }
 }
 
@@ -392,28 +363,16 @@ impl Load {
                 let (stop, tally) = (Arc::clone(&stop), Arc::clone(&tally));
                 tokio::spawn(async move {
                     while !stop.load(Ordering::Acquire) {
-                        let answer = tokio::time::timeout(
-                            ANSWER_WITHIN,
-                            client.should_rate_limit(request(&value)),
-                        )
-                        .await;
-                        let problem = match answer {
-                            Ok(Ok(response)) => match response.into_inner().overall_code {
-                                code if code == Code::Ok as i32 => {
+                        match edge_try(&mut client, &value).await {
+                            Ok(admitted) => {
+                                if admitted {
                                     tally.admitted.fetch_add(1, Ordering::Relaxed);
-                                    None
                                 }
-                                code if code == Code::OverLimit as i32 => None,
-                                code => Some(format!("answered code {code}")),
-                            },
-                            Ok(Err(status)) => Some(format!("error {status}")),
-                            Err(_) => Some(format!("no answer within {ANSWER_WITHIN:?}")),
-                        };
-                        match problem {
-                            None => {
                                 tally.answered[node].fetch_add(1, Ordering::Relaxed);
                             }
-                            Some(problem) => tally.fail(format!("{}: {problem}", NAMES[node])),
+                            Err(problem) => {
+                                tally.failures.record(format!("{}: {problem}", NAMES[node]));
+                            }
                         }
                         tokio::time::sleep(PACE).await;
                     }

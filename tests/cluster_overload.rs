@@ -17,14 +17,11 @@ mod support;
 mod loadgen;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
 use loadgen::client::{self, Config, Stop};
 use loadgen::workload::Workload;
-use support::{Ratekeeper, TempDir, eventually, write_config};
-
-const WAIT: Duration = Duration::from_secs(20);
+use support::{Ratekeeper, TempDir, start_cluster, write_config};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -40,27 +37,6 @@ fn limits(limit: u64) -> String {
         loadgen::workload::DOMAIN,
         loadgen::workload::KEY,
     )
-}
-
-/// Three nodes with default peer settings, each knowing the ones started before it.
-fn cluster(config: &Path) -> Vec<Ratekeeper> {
-    let mut nodes: Vec<Ratekeeper> = Vec::new();
-    for _ in 0..3 {
-        let peers: Vec<String> = nodes.iter().map(|n| n.peer_addr().to_string()).collect();
-        let joined = peers.join(",");
-        let mut args = vec!["--peer-addr", "127.0.0.1:0"];
-        if !peers.is_empty() {
-            args.extend(["--peers", joined.as_str()]);
-        }
-        nodes.push(Ratekeeper::start(config, &args));
-    }
-    for node in &nodes {
-        let agreed = eventually(WAIT, || {
-            support::metric(node.http_addr(), "ratekeeper_cluster_members") == 3.0
-        });
-        assert!(agreed, "a node never saw 3 members: {}", node.stderr());
-    }
-    nodes
 }
 
 /// One run: three load generators at once, one per node, over `keys` fresh keys from
@@ -114,7 +90,7 @@ fn saturate(label: &str, keys: u64, limit: u64, requests: u64) {
     let runs = env_or("OVERLOAD_RUNS", 20);
     let dir = TempDir::new(label);
     write_config(dir.path(), "bench.yaml", &limits(limit));
-    let nodes = cluster(dir.path());
+    let nodes = start_cluster(dir.path(), 3, &[]);
     let mut ratios = Vec::new();
     let started = std::time::Instant::now();
     for run_index in 0..runs {

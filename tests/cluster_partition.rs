@@ -16,18 +16,18 @@
 mod support;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use support::{
-    ANSWER_WITHIN, away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
-    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
-    edge_owner_of as owner_of, grpc_clients as clients, metric_total as sum,
+    Failures, Netns, Ratekeeper, TempDir, away_from_the_top_of_the_hour, cluster_diagnosis,
+    cluster_members as members, edge_decide as decide, edge_explain as explain,
+    edge_key_where as key_where, edge_owner_of as owner_of, edge_try, eventually,
+    grpc_clients as clients, metric_total as sum, write_config,
 };
-use support::{Netns, Ratekeeper, TempDir, edge_request as request, eventually, write_config};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
@@ -147,7 +147,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
         answered_by_c > 0,
         "C answered no client request during the cut"
     );
-    load.tally.assert_no_errors();
+    load.tally.failures.assert_none();
     for (node, name) in NAMES.iter().enumerate() {
         eprintln!(
             "detection: {name} showed {} members after {:?}",
@@ -209,7 +209,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
         eprintln!("heal: {name} showed 3 members after {:?}", rejoined[node]);
     }
     tally.report();
-    tally.assert_no_errors();
+    tally.failures.assert_none();
     let (majority_side, c_side) = (
         tally.hot_admitted(0) + tally.hot_admitted(1),
         tally.hot_admitted(C),
@@ -298,9 +298,7 @@ struct Tally {
     answered: [[AtomicU64; PHASES]; 3],
     /// Admitted hits of the hot key per node and phase.
     hot: [[AtomicU64; PHASES]; 3],
-    /// Requests that got an error or no answer, and the first few of them.
-    failed: AtomicU64,
-    errors: Mutex<Vec<String>>,
+    failures: Failures,
 }
 
 impl Tally {
@@ -314,17 +312,6 @@ impl Tally {
             .iter()
             .map(|count| count.load(Ordering::Relaxed))
             .sum()
-    }
-
-    fn fail(&self, problem: String) {
-        self.failed.fetch_add(1, Ordering::Relaxed);
-        let mut errors = self
-            .errors
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        if errors.len() < 10 {
-            errors.push(problem);
-        }
     }
 
     fn report(&self) {
@@ -341,19 +328,6 @@ impl Tally {
                  admitted {hot:?}"
             );
         }
-    }
-
-    fn assert_no_errors(&self) {
-        let errors = self
-            .errors
-            .lock()
-            .unwrap_or_else(|poison| poison.into_inner());
-        assert!(
-            errors.is_empty(),
-            "{} requests got an error or no answer, first ones:\n{}",
-            self.failed.load(Ordering::Relaxed),
-            errors.join("\n")
-        );
     }
 }
 
@@ -381,35 +355,17 @@ impl Load {
             self.tasks.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Acquire) {
                     let phase = phase.load(Ordering::Acquire);
-                    let answer = tokio::time::timeout(
-                        ANSWER_WITHIN,
-                        client.should_rate_limit(request(&value)),
-                    )
-                    .await;
-                    let problem = match answer {
-                        Ok(Ok(response)) => match response.into_inner().overall_code {
-                            code if code == Code::Ok as i32 => {
-                                if hot {
-                                    tally.hot[node][phase].fetch_add(1, Ordering::Relaxed);
-                                }
-                                None
+                    match edge_try(&mut client, &value).await {
+                        Ok(admitted) => {
+                            if admitted && hot {
+                                tally.hot[node][phase].fetch_add(1, Ordering::Relaxed);
                             }
-                            code if code == Code::OverLimit as i32 => None,
-                            code => Some(format!("answered code {code}")),
-                        },
-                        Ok(Err(status)) => Some(format!("error {status}")),
-                        Err(_) => Some(format!("no answer within {ANSWER_WITHIN:?}")),
-                    };
-                    match problem {
-                        None => {
                             tally.answered[node][phase].fetch_add(1, Ordering::Relaxed);
                         }
-                        Some(problem) => {
-                            tally.fail(format!(
-                                "{} {value} (phase {phase}): {problem}",
-                                NAMES[node]
-                            ));
-                        }
+                        Err(problem) => tally.failures.record(format!(
+                            "{} {value} (phase {phase}): {problem}",
+                            NAMES[node]
+                        )),
                     }
                     tokio::time::sleep(if hot { HOT_PACE } else { PACE }).await;
                 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{
-    Ratekeeper, TempDir, eventually, http_get, http_post, http_request, metric, serve_limits,
+    Ratekeeper, TempDir, http_get, http_post, http_request, serve_limits, start_cluster,
     write_config,
 };
 
@@ -150,43 +150,6 @@ fn errors_name_the_problem() {
     }
 }
 
-const WAIT: Duration = Duration::from_secs(20);
-
-/// `n` nodes in cluster mode keeping counter names, each knowing the ones before it;
-/// waits until every node sees all `n`. The failure detector pings once an hour, so a
-/// node stopped by the test stays on the others' rings.
-fn cluster(config: &std::path::Path, n: usize) -> Vec<Ratekeeper> {
-    let mut nodes: Vec<Ratekeeper> = Vec::new();
-    for _ in 0..n {
-        let peers: Vec<String> = nodes
-            .iter()
-            .map(|node| node.peer_addr().to_string())
-            .collect();
-        let joined = peers.join(",");
-        let mut args = vec![
-            "--peer-addr",
-            "127.0.0.1:0",
-            "--peer-timeout",
-            "1s",
-            "--peer-ping-interval",
-            "3600s",
-            "--counter-names",
-            "100",
-        ];
-        if !peers.is_empty() {
-            args.extend(["--peers", joined.as_str()]);
-        }
-        nodes.push(Ratekeeper::start(config, &args));
-    }
-    for node in &nodes {
-        let agreed = eventually(WAIT, || {
-            metric(node.http_addr(), "ratekeeper_cluster_members") == n as f64
-        });
-        assert!(agreed, "a node never saw {n} members: {}", node.stderr());
-    }
-    nodes
-}
-
 /// The peer address of the node owning `value`'s counter, by `/debug/explain`.
 fn owner(http: SocketAddr, value: &str) -> String {
     let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
@@ -230,7 +193,20 @@ fn signal(node: &mut Ratekeeper, signal: &str) {
 fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
     let dir = TempDir::new("counters-cluster");
     let config = write_config(dir.path(), "edge.yaml", LIMITS);
-    let mut nodes = cluster(&config, 3);
+    // Nodes keep counter names; the failure detector pings once an hour, so a node the test
+    // stops stays on the others' rings.
+    let mut nodes = start_cluster(
+        &config,
+        3,
+        &[
+            "--peer-timeout",
+            "1s",
+            "--peer-ping-interval",
+            "3600s",
+            "--counter-names",
+            "100",
+        ],
+    );
     let http: Vec<SocketAddr> = nodes.iter().map(Ratekeeper::http_addr).collect();
     let peers: Vec<String> = nodes
         .iter()

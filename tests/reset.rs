@@ -8,16 +8,12 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{
-    Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_post, http_request, metric,
+    Ratekeeper, RedisCluster, RedisServer, TempDir, http_post, http_request, metric, start_cluster,
     write_config,
 };
-
-const WAIT: Duration = Duration::from_secs(20);
 
 const LIMITS: &str = "\
 domain: edge
@@ -143,29 +139,6 @@ fn a_bad_reset_is_refused_naming_the_problem() {
     );
 }
 
-fn cluster(config: &Path, n: usize) -> Vec<Ratekeeper> {
-    let mut nodes: Vec<Ratekeeper> = Vec::new();
-    for _ in 0..n {
-        let peers: Vec<String> = nodes
-            .iter()
-            .map(|node| node.peer_addr().to_string())
-            .collect();
-        let joined = peers.join(",");
-        let mut args = vec!["--peer-addr", "127.0.0.1:0", "--peer-timeout", "2s"];
-        if !peers.is_empty() {
-            args.extend(["--peers", joined.as_str()]);
-        }
-        nodes.push(Ratekeeper::start(config, &args));
-    }
-    for node in &nodes {
-        let agreed = eventually(WAIT, || {
-            metric(node.http_addr(), "ratekeeper_cluster_members") == n as f64
-        });
-        assert!(agreed, "a node never saw {n} members: {}", node.stderr());
-    }
-    nodes
-}
-
 /// Whether `http`'s node owns `value`'s counter, by `/debug/explain`.
 fn owns(http: SocketAddr, value: &str) -> bool {
     let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
@@ -181,7 +154,7 @@ fn owns(http: SocketAddr, value: &str) -> bool {
 fn a_reset_reaches_the_owner_across_a_cluster_of_three() {
     let dir = TempDir::new("reset-cluster");
     let config = write_config(dir.path(), "edge.yaml", LIMITS);
-    let nodes = cluster(&config, 3);
+    let nodes = start_cluster(&config, 3, &["--peer-timeout", "2s"]);
     let (first, asked, last) = (
         nodes[0].http_addr(),
         nodes[1].http_addr(),

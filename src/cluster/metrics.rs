@@ -25,7 +25,7 @@ impl Collector for ClusterCollector {
             &mut encoder,
             "cluster_members",
             "Nodes on this node's hash ring, itself included",
-            self.cluster.members().len() as u64,
+            self.cluster.member_count() as u64,
         )?;
         let totals: [(&str, &str, &AtomicU64); 5] = [
             (

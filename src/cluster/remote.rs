@@ -170,6 +170,48 @@ impl Remote {
         }
     }
 
+    /// An answer from this peer that is not what the call expects.
+    fn answered(&self, message: String) -> PeerError {
+        PeerError::Remote {
+            peer: Arc::clone(&self.address),
+            kind: ErrorKind::Internal,
+            message,
+        }
+    }
+
+    /// One call other than a forward: `message` sent through `send` with `deadline` (also
+    /// the gRPC timeout the peer sees). A peer that answers UNIMPLEMENTED predates the call
+    /// (added within version 1): an error saying it cannot `what`; any other failure, or
+    /// no answer in time, is unreachable.
+    async fn call<T, R, F, Fut>(
+        &self,
+        what: &str,
+        deadline: Duration,
+        message: T,
+        send: F,
+    ) -> Result<R, PeerError>
+    where
+        F: FnOnce(PeerClient<Channel>, tonic::Request<T>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, tonic::Status>>,
+    {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(deadline);
+        match tokio::time::timeout(deadline, send(self.client.clone(), request)).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                Err(self.answered(format!("this node's version cannot {what} (upgrade it)")))
+            }
+            Ok(Err(status)) => Err(self.unreachable(status.message())),
+            Err(_) => Err(self.unreachable(format!("no answer to {what} within {deadline:?}"))),
+        }
+    }
+
+    /// The deadline of membership, reset, refund and explain calls: not on the request
+    /// path, so longer than a forward's when that is short.
+    fn admin_deadline(&self) -> Duration {
+        self.timeout.max(Duration::from_secs(1))
+    }
+
     /// Hands counters to this peer (it owns them now). Not on the request path, so it gets
     /// a longer deadline than forwards.
     pub async fn handoff(&self, counters: &[(KeyId, Slot)]) -> Result<u32, PeerError> {
@@ -181,14 +223,12 @@ impl Remote {
                 .map(|(key, slot)| convert::state_to_wire(key, slot))
                 .collect(),
         };
-        let mut request = tonic::Request::new(batch);
-        request.set_timeout(Duration::from_secs(5));
-        let mut client = self.client.clone();
-        match tokio::time::timeout(Duration::from_secs(5), client.handoff(request)).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner().accepted),
-            Ok(Err(status)) => Err(self.unreachable(status.message())),
-            Err(_) => Err(self.unreachable("handoff timed out")),
-        }
+        let send =
+            |mut client: PeerClient<Channel>, request| async move { client.handoff(request).await };
+        let reply = self
+            .call("take counters", Duration::from_secs(5), batch, send)
+            .await?;
+        Ok(reply.accepted)
     }
 
     /// Gives unspent leased hits back to this peer (their counters' owner); answers how
@@ -206,15 +246,12 @@ impl Remote {
                 })
                 .collect(),
         };
-        let deadline = self.timeout.max(Duration::from_secs(1));
-        let mut request = tonic::Request::new(batch);
-        request.set_timeout(deadline);
-        let mut client = self.client.clone();
-        match tokio::time::timeout(deadline, client.refund(request)).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner().taken_back),
-            Ok(Err(status)) => Err(self.unreachable(status.message())),
-            Err(_) => Err(self.unreachable("refund timed out")),
-        }
+        let send =
+            |mut client: PeerClient<Channel>, request| async move { client.refund(request).await };
+        let reply = self
+            .call("take leased hits back", self.admin_deadline(), batch, send)
+            .await?;
+        Ok(reply.taken_back)
     }
 
     /// Keeps the leases the owner granted with `decisions` (answering `checks`).
@@ -247,22 +284,12 @@ impl Remote {
             sender: self.me.to_string(),
             keys: keys.iter().map(convert::key_to_wire).collect(),
         };
-        let deadline = self.timeout.max(Duration::from_secs(1));
-        let mut request = tonic::Request::new(message);
-        request.set_timeout(deadline);
-        let mut client = self.client.clone();
-        match tokio::time::timeout(deadline, client.reset(request)).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner().removed),
-            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-                Err(PeerError::Remote {
-                    peer: Arc::clone(&self.address),
-                    kind: ErrorKind::Internal,
-                    message: "this node's version cannot reset counters (upgrade it)".to_owned(),
-                })
-            }
-            Ok(Err(status)) => Err(self.unreachable(status.message())),
-            Err(_) => Err(self.unreachable("reset timed out")),
-        }
+        let send =
+            |mut client: PeerClient<Channel>, request| async move { client.reset(request).await };
+        let reply = self
+            .call("reset counters", self.admin_deadline(), message, send)
+            .await?;
+        Ok(reply.removed)
     }
 
     /// Asks this peer (the keys' owner) how its counters stand for `checks`' costs, consuming
@@ -282,27 +309,16 @@ impl Remote {
                 })
                 .collect(),
         };
-        let deadline = self.timeout.max(Duration::from_secs(1));
-        let mut request = tonic::Request::new(message);
-        request.set_timeout(deadline);
-        let mut client = self.client.clone();
-        match tokio::time::timeout(deadline, client.peek(request)).await {
-            Ok(Ok(reply)) => Ok(reply
-                .into_inner()
-                .decisions
-                .iter()
-                .map(convert::decision_from_wire)
-                .collect()),
-            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-                Err(PeerError::Remote {
-                    peer: Arc::clone(&self.address),
-                    kind: ErrorKind::Internal,
-                    message: "this node's version cannot explain counters (upgrade it)".to_owned(),
-                })
-            }
-            Ok(Err(status)) => Err(self.unreachable(status.message())),
-            Err(_) => Err(self.unreachable("peek timed out")),
-        }
+        let send =
+            |mut client: PeerClient<Channel>, request| async move { client.peek(request).await };
+        let reply = self
+            .call("explain counters", self.admin_deadline(), message, send)
+            .await?;
+        Ok(reply
+            .decisions
+            .iter()
+            .map(convert::decision_from_wire)
+            .collect())
     }
 
     /// Asks this peer for its counter names of `domain` above `after` (at most `limit`)
@@ -323,29 +339,11 @@ impl Remote {
             after: after.unwrap_or(0),
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
         };
-        let mut request = tonic::Request::new(message);
-        request.set_timeout(deadline);
-        let mut client = self.client.clone();
-        match tokio::time::timeout(deadline, client.names(request)).await {
-            Ok(Ok(reply)) => {
-                convert::names_from_wire(domain, limit, reply.into_inner()).map_err(|problem| {
-                    PeerError::Remote {
-                        peer: Arc::clone(&self.address),
-                        kind: ErrorKind::Internal,
-                        message: format!("a malformed listing: {problem}"),
-                    }
-                })
-            }
-            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-                Err(PeerError::Remote {
-                    peer: Arc::clone(&self.address),
-                    kind: ErrorKind::Internal,
-                    message: "this node's version cannot list counters (upgrade it)".to_owned(),
-                })
-            }
-            Ok(Err(status)) => Err(self.unreachable(status.message())),
-            Err(_) => Err(self.unreachable(format!("no listing within {deadline:?}"))),
-        }
+        let send =
+            |mut client: PeerClient<Channel>, request| async move { client.names(request).await };
+        let reply = self.call("list counters", deadline, message, send).await?;
+        convert::names_from_wire(domain, limit, reply)
+            .map_err(|problem| self.answered(format!("a malformed listing: {problem}")))
     }
 
     /// Tells this peer we joined; returns the members it knows.
@@ -363,22 +361,20 @@ impl Remote {
             version: VERSION,
             address: self.me.to_string(),
         };
-        let mut request = tonic::Request::new(member);
-        let deadline = self.timeout.max(Duration::from_secs(1));
-        request.set_timeout(deadline);
-        let mut client = self.client.clone();
-        let call = async {
+        let send = |mut client: PeerClient<Channel>, request| async move {
             if join {
                 client.join(request).await
             } else {
                 client.leave(request).await
             }
         };
-        match tokio::time::timeout(deadline, call).await {
-            Ok(Ok(reply)) => Ok(reply.into_inner().addresses),
-            Ok(Err(status)) => Err(self.unreachable(status.message())),
-            Err(_) => Err(self.unreachable("timed out")),
-        }
+        let what = if join {
+            "take a member"
+        } else {
+            "drop a member"
+        };
+        let reply = self.call(what, self.admin_deadline(), member, send).await?;
+        Ok(reply.addresses)
     }
 
     /// Sends one batch and answers every group in it.

@@ -64,9 +64,7 @@ impl PeerService {
         let node = self.node()?;
         let member = request.into_inner();
         same_version(member.version)?;
-        if member.address.is_empty() || member.address.len() > 256 {
-            return Err(Status::invalid_argument("address: must be 1 to 256 bytes"));
-        }
+        count_within("address bytes", member.address.len(), 1, 256)?;
         Ok((node, member.address))
     }
 
@@ -76,9 +74,7 @@ impl PeerService {
             .as_ref()
             .ok_or_else(|| Status::failed_precondition("not in cluster mode"))
     }
-}
 
-impl PeerService {
     /// Lends the sender hits of `counter` (it asked for a lease and was admitted) as
     /// [`lease::policy`] allows, and writes the lease into `decision`.
     fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) {
@@ -104,6 +100,17 @@ impl PeerService {
     }
 }
 
+/// INVALID_ARGUMENT naming `field` unless it holds `least` to `most` items.
+fn count_within(field: &str, len: usize, least: usize, most: usize) -> Result<(), Status> {
+    if (least..=most).contains(&len) {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(format!(
+            "{field}: {len} given, expected {least} to {most}"
+        )))
+    }
+}
+
 fn same_version(version: u32) -> Result<(), Status> {
     if version == VERSION {
         Ok(())
@@ -122,21 +129,18 @@ impl Peer for PeerService {
     ) -> Result<Response<wire::CheckBatchReply>, Status> {
         let batch = request.into_inner();
         same_version(batch.version)?;
-        if batch.groups.len() > convert::MAX_GROUPS {
-            return Err(Status::invalid_argument(format!(
-                "groups: {} given, at most {}",
-                batch.groups.len(),
-                convert::MAX_GROUPS
-            )));
-        }
+        count_within("groups", batch.groups.len(), 0, convert::MAX_GROUPS)?;
         let engine = self.cluster.engine();
         // Start every group's engine call, then collect the answers in order. Remember the
         // checks whose sender asked for a lease: (decision index, counter).
         let mut calls = Vec::with_capacity(batch.groups.len());
         for group in batch.groups {
-            if group.checks.len() > convert::MAX_CHECKS_PER_GROUP {
-                return Err(Status::invalid_argument("too many checks in a group"));
-            }
+            count_within(
+                "checks",
+                group.checks.len(),
+                0,
+                convert::MAX_CHECKS_PER_GROUP,
+            )?;
             let mut checks = Checks::with_capacity(group.checks.len());
             let mut wanted: Vec<(usize, Counter)> = Vec::new();
             let mut offset = 0;
@@ -161,7 +165,7 @@ impl Peer for PeerService {
                 *asked.entry(counter.key).or_default() += 1;
             }
         }
-        let members = self.cluster.members().len().max(1) as u64;
+        let members = self.cluster.member_count().max(1) as u64;
         let mut groups = Vec::with_capacity(calls.len());
         for (call, wanted) in calls {
             let decided = match call {
@@ -204,9 +208,7 @@ impl Peer for PeerService {
         let node = self.node()?;
         let batch = request.into_inner();
         same_version(batch.version)?;
-        if batch.counters.len() > convert::MAX_HANDOFF {
-            return Err(Status::invalid_argument("too many counters in one handoff"));
-        }
+        count_within("counters", batch.counters.len(), 0, convert::MAX_HANDOFF)?;
         let counters = batch
             .counters
             .iter()
@@ -230,13 +232,12 @@ impl Peer for PeerService {
         self.node()?;
         let message = request.into_inner();
         same_version(message.version)?;
-        if message.keys.is_empty() || message.keys.len() > convert::MAX_COUNTERS_PER_CHECK {
-            return Err(Status::invalid_argument(format!(
-                "keys: {} given, expected 1 to {}",
-                message.keys.len(),
-                convert::MAX_COUNTERS_PER_CHECK
-            )));
-        }
+        count_within(
+            "keys",
+            message.keys.len(),
+            1,
+            convert::MAX_COUNTERS_PER_CHECK,
+        )?;
         let keys = message
             .keys
             .iter()
@@ -275,9 +276,7 @@ impl Peer for PeerService {
         self.node()?;
         let batch = request.into_inner();
         same_version(batch.version)?;
-        if batch.refunds.len() > convert::MAX_HANDOFF {
-            return Err(Status::invalid_argument("too many refunds in one batch"));
-        }
+        count_within("refunds", batch.refunds.len(), 0, convert::MAX_HANDOFF)?;
         let engine = self.cluster.engine();
         let mut taken_back = 0;
         for refund in &batch.refunds {
@@ -300,13 +299,12 @@ impl Peer for PeerService {
         self.node()?;
         let message = request.into_inner();
         same_version(message.version)?;
-        if message.checks.len() > convert::MAX_CHECKS_PER_GROUP {
-            return Err(Status::invalid_argument(format!(
-                "checks: {} given, at most {}",
-                message.checks.len(),
-                convert::MAX_CHECKS_PER_GROUP
-            )));
-        }
+        count_within(
+            "checks",
+            message.checks.len(),
+            0,
+            convert::MAX_CHECKS_PER_GROUP,
+        )?;
         let checks = message
             .checks
             .into_iter()
@@ -326,13 +324,12 @@ impl Peer for PeerService {
         self.node()?;
         let message = request.into_inner();
         same_version(message.version)?;
-        if message.domain.is_empty() || message.domain.len() > names::MAX_NAME_BYTES {
-            return Err(Status::invalid_argument(format!(
-                "domain: {} bytes, expected 1 to {}",
-                message.domain.len(),
-                names::MAX_NAME_BYTES
-            )));
-        }
+        count_within(
+            "domain bytes",
+            message.domain.len(),
+            1,
+            names::MAX_NAME_BYTES,
+        )?;
         let limit = usize::try_from(message.limit)
             .unwrap_or(usize::MAX)
             .clamp(1, names::MAX_NAMES);

@@ -13,7 +13,7 @@
 
 mod certs;
 mod chromium;
-mod edge;
+mod cluster;
 mod envoy;
 mod http;
 mod netns;
@@ -33,6 +33,6 @@ mod upstream;
     reason = "each test binary uses only some of these names; the rest are unused there"
 )]
 pub use self::{
-    certs::*, chromium::*, edge::*, envoy::*, http::*, netns::*, nginx::*, poll::*, process::*,
+    certs::*, chromium::*, cluster::*, envoy::*, http::*, netns::*, nginx::*, poll::*, process::*,
     ratekeeper::*, redis::*, repo::*, server::*, temp::*, tools::*, upstream::*,
 };

@@ -1,7 +1,12 @@
-//! The cluster tests' shared vocabulary: one hit on `edge` / `api_key = value` through gRPC,
-//! which node owns a value, what `/debug/explain` says of it, and each node's view of the
-//! cluster for a failure message.
+//! The cluster tests' shared vocabulary: starting a cluster of real processes on
+//! 127.0.0.1, one hit on `edge` / `api_key = value` through gRPC (and the failures a load of
+//! them saw), which node owns a value, what `/debug/explain` says of it, and each node's
+//! view of the cluster for a failure message.
 
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -14,11 +19,55 @@ use ratekeeper::ring::{DEFAULT_VNODES, Ring};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-use super::http::{http_get, http_post};
+use super::http::{http_get, http_post, metric};
+use super::poll::eventually;
 use super::ratekeeper::Ratekeeper;
 
 /// How long one gRPC hit may take before the test fails.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(5);
+/// How long the members of a new cluster get to see each other.
+pub const FORM_WITHIN: Duration = Duration::from_secs(20);
+
+/// A cluster member on 127.0.0.1: its peer listener on `peer_addr`, joining `peers`, with
+/// `extra_args`.
+pub fn start_member(
+    config: &Path,
+    peer_addr: &str,
+    peers: &[SocketAddr],
+    extra_args: &[&str],
+) -> Ratekeeper {
+    let peers: Vec<String> = peers.iter().map(ToString::to_string).collect();
+    let joined = peers.join(",");
+    let mut args = vec!["--peer-addr", peer_addr];
+    if !peers.is_empty() {
+        args.extend(["--peers", joined.as_str()]);
+    }
+    args.extend_from_slice(extra_args);
+    Ratekeeper::start(config, &args)
+}
+
+/// `n` members, each joining the ones started before it, with `extra_args`; returns once
+/// every one sees all `n`.
+pub fn start_cluster(config: &Path, n: usize, extra_args: &[&str]) -> Vec<Ratekeeper> {
+    let mut nodes: Vec<Ratekeeper> = Vec::new();
+    for _ in 0..n {
+        let peers: Vec<SocketAddr> = nodes.iter().map(Ratekeeper::peer_addr).collect();
+        nodes.push(start_member(config, "127.0.0.1:0", &peers, extra_args));
+    }
+    wait_for_members(&nodes, n);
+    nodes
+}
+
+/// Waits (up to [`FORM_WITHIN`]) until each of `nodes` has `n` members on its ring; fails
+/// with the node's stderr otherwise.
+pub fn wait_for_members(nodes: &[Ratekeeper], n: usize) {
+    for node in nodes {
+        let agreed = eventually(FORM_WITHIN, || {
+            metric(node.http_addr(), "ratekeeper_cluster_members") == n as f64
+        });
+        assert!(agreed, "a node never saw {n} members: {}", node.stderr());
+    }
+}
 
 /// A gRPC client per node.
 pub async fn grpc_clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
@@ -47,16 +96,66 @@ pub fn edge_request(value: &str) -> RateLimitRequest {
     }
 }
 
+/// One hit on `value` within [`ANSWER_WITHIN`]: admitted (`true`) or over the limit; an
+/// error, no answer or another code is the problem, in words.
+pub async fn edge_try(
+    client: &mut RateLimitServiceClient<Channel>,
+    value: &str,
+) -> Result<bool, String> {
+    let call = client.should_rate_limit(edge_request(value));
+    match tokio::time::timeout(ANSWER_WITHIN, call).await {
+        Ok(Ok(response)) => match response.into_inner().overall_code {
+            code if code == Code::Ok as i32 => Ok(true),
+            code if code == Code::OverLimit as i32 => Ok(false),
+            code => Err(format!("answered code {code}")),
+        },
+        Ok(Err(status)) => Err(format!("error {status}")),
+        Err(_) => Err(format!("no answer within {ANSWER_WITHIN:?}")),
+    }
+}
+
 /// The overall code for one hit on `value`; an error or no answer within
 /// [`ANSWER_WITHIN`] fails the test.
 pub async fn edge_decide(client: &mut RateLimitServiceClient<Channel>, value: &str) -> Code {
-    let call = client.should_rate_limit(edge_request(value));
-    let answer = tokio::time::timeout(ANSWER_WITHIN, call)
-        .await
-        .unwrap_or_else(|_| panic!("no answer for {value} within {ANSWER_WITHIN:?}"))
-        .unwrap_or_else(|status| panic!("an error for {value}: {status}"))
-        .into_inner();
-    Code::try_from(answer.overall_code).unwrap_or(Code::Unknown)
+    match edge_try(client, value).await {
+        Ok(true) => Code::Ok,
+        Ok(false) => Code::OverLimit,
+        Err(problem) => panic!("{value}: {problem}"),
+    }
+}
+
+/// The requests of a load that got an error or no answer: how many, and the first few.
+#[derive(Debug, Default)]
+pub struct Failures {
+    count: AtomicU64,
+    first: Mutex<Vec<String>>,
+}
+
+impl Failures {
+    pub fn record(&self, problem: String) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let mut first = self
+            .first
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        if first.len() < 10 {
+            first.push(problem);
+        }
+    }
+
+    /// Fails the test, listing the first failures, if there was any.
+    pub fn assert_none(&self) {
+        let first = self
+            .first
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        assert!(
+            first.is_empty(),
+            "{} requests got an error or no answer, first ones:\n{}",
+            self.count.load(Ordering::Relaxed),
+            first.join("\n")
+        );
+    }
 }
 
 /// The first `<prefix>-<n>` for which `wanted` holds.
