@@ -234,3 +234,25 @@ fn error_response(failed: &Error) -> Response {
 fn error(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(serde_json::json!({ "error": message }))).into_response()
 }
+
+/// The parameters of a route's path (`Path<T>`), or 400 naming what is wrong with them in
+/// the admin's JSON error.
+struct PathParams<T>(T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for PathParams<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Response> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(params)) => Ok(PathParams(params)),
+            Err(rejection) => Err(error(StatusCode::BAD_REQUEST, &rejection.body_text())),
+        }
+    }
+}

@@ -50,16 +50,15 @@ use std::sync::Arc;
 use crate::cluster::Cluster;
 use crate::limiter::{ListedCounter, NamesFigures, Query, ResetOutcome};
 use axum::Router;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use super::error;
 use super::explain::limit;
 use super::rate::percent_decode;
+use super::{PathParams, error};
 use crate::limiter::{CounterName, Limiter, MAX_PAGE};
 
 /// Counters per page unless `limit` says otherwise.
@@ -89,13 +88,9 @@ async fn off() -> Response {
 
 async fn reset(
     State(CountersState { limiter, .. }): State<CountersState>,
-    domain: Result<Path<String>, PathRejection>,
+    PathParams(domain): PathParams<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let Path(domain) = match domain {
-        Ok(domain) => domain,
-        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
-    };
     let entries = match reset_params(query.as_deref().unwrap_or_default()) {
         Ok(entries) => entries,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
@@ -185,13 +180,9 @@ const NOT_KEPT: &str =
 
 async fn list(
     State(state): State<CountersState>,
-    domain: Result<Path<String>, PathRejection>,
+    PathParams(domain): PathParams<String>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    let Path(domain) = match domain {
-        Ok(domain) => domain,
-        Err(rejection) => return error(StatusCode::BAD_REQUEST, &rejection.body_text()),
-    };
     let params = match params(query.as_deref().unwrap_or_default()) {
         Ok(params) => params,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),

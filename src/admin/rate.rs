@@ -37,13 +37,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use axum::Router;
-use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
 
+use super::{PathParams, error};
 use crate::algorithm::NANOS_PER_SEC;
 use crate::limiter::{Limiter, LimiterOptions, Query, Verdict, bounds};
 use crate::limits::{Domain, Limits, parse_duration};
@@ -86,26 +86,18 @@ impl RateState {
 
 async fn rate_fixed(
     State(state): State<RateState>,
-    path: Result<Path<(String, String)>, PathRejection>,
+    PathParams((domain, name)): PathParams<(String, String)>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    match path {
-        Ok(Path((domain, name))) => check(&state, &domain, &name, None, query.as_deref()).await,
-        Err(rejection) => error(StatusCode::BAD_REQUEST, &rejection.body_text()),
-    }
+    check(&state, &domain, &name, None, query.as_deref()).await
 }
 
 async fn rate_valued(
     State(state): State<RateState>,
-    path: Result<Path<(String, String, String)>, PathRejection>,
+    PathParams((domain, name, value)): PathParams<(String, String, String)>,
     RawQuery(query): RawQuery,
 ) -> Response {
-    match path {
-        Ok(Path((domain, name, value))) => {
-            check(&state, &domain, &name, Some(value), query.as_deref()).await
-        }
-        Err(rejection) => error(StatusCode::BAD_REQUEST, &rejection.body_text()),
-    }
+    check(&state, &domain, &name, Some(value), query.as_deref()).await
 }
 
 async fn check(
@@ -167,10 +159,6 @@ fn answer(verdict: &Verdict, options: &LimiterOptions) -> Response {
         StatusCode::OK
     };
     (code, rate_limit_headers(verdict, options), axum::Json(body)).into_response()
-}
-
-fn error(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(json!({ "error": message }))).into_response()
 }
 
 // ---------------------------------------------------------------------------------------
