@@ -284,14 +284,25 @@ impl RateLimitService for RlsService {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        let answer = if crate::telemetry::tracing_enabled() {
-            traced(&self.limiter, &request).await
-        } else {
-            should_rate_limit(&self.limiter, request.get_ref()).await
-        };
-        answer
+        answer(&self.limiter, request.metadata(), request.get_ref())
+            .await
             .map(tonic::Response::new)
             .map_err(|error| error.to_grpc())
+    }
+}
+
+/// Decides one call: [`should_rate_limit`], traced when `--otlp-endpoint` is set (the
+/// trace context comes from the call's `metadata`). What both gRPC paths run: the server's
+/// own ([`crate::grpc`]) and [`RlsService`].
+pub async fn answer(
+    limiter: &Limiter,
+    metadata: &tonic::metadata::MetadataMap,
+    request: &RateLimitRequest,
+) -> Result<RateLimitResponse, Error> {
+    if crate::telemetry::tracing_enabled() {
+        traced(limiter, metadata, request).await
+    } else {
+        should_rate_limit(limiter, request).await
     }
 }
 
@@ -299,11 +310,12 @@ impl RateLimitService for RlsService {
 /// recording the overall code.
 async fn traced(
     limiter: &Limiter,
-    request: &tonic::Request<RateLimitRequest>,
+    metadata: &tonic::metadata::MetadataMap,
+    request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, Error> {
     use tracing::Instrument;
-    let span = crate::telemetry::request_span(request.metadata(), &request.get_ref().domain);
-    let answer = should_rate_limit(limiter, request.get_ref())
+    let span = crate::telemetry::request_span(metadata, &request.domain);
+    let answer = should_rate_limit(limiter, request)
         .instrument(span.clone())
         .await;
     let code = match &answer {

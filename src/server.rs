@@ -215,8 +215,6 @@ pub enum ServeError {
     Store(redis::RedisError),
     #[error("peer listener failed: {0}")]
     Peer(tonic::transport::Error),
-    #[error("grpc listener failed: {0}")]
-    Grpc(#[from] tonic::transport::Error),
     #[error("http listener failed: {0}")]
     Http(std::io::Error),
 }
@@ -441,10 +439,17 @@ impl Server {
             AbortOnDrop(tokio::spawn(sweep_counter_names(Arc::clone(&self.limiter))).abort_handle())
         });
         let incoming = self.grpc.incoming(self.tls.clone());
-        let grpc = tonic::transport::Server::builder()
-            .add_service(health_service)
+        // ShouldRateLimit is answered by `grpc` itself; health (and any other service) by
+        // tonic's router, which also takes the calls `grpc` leaves to it.
+        let routes = tonic::service::Routes::new(health_service)
             .add_service(rls)
-            .serve_with_incoming_shutdown(incoming, stopped(stop_rx));
+            .prepare();
+        let grpc = crate::grpc::serve(
+            incoming,
+            Arc::clone(&self.limiter),
+            routes,
+            stopped(stop_rx),
+        );
         // The HTTP listener (and the peer listener) outlive the gRPC drain, so probes see
         // 503 (not a refused connection), metrics can be scraped while requests drain, and
         // peers' forwards are still answered until the counters are handed over.
@@ -497,20 +502,19 @@ impl Server {
         };
         let serve = async {
             let grpc = async {
-                let result = grpc.await;
+                grpc.await;
                 // Drained: hand the counters to their owners, then close the other listeners.
                 cluster.hand_over_all().await;
                 let _ = grpc_done_tx.send(true);
-                result
             };
-            let (grpc, http, peer) = tokio::join!(grpc, async { http.await }, peer);
+            let ((), http, peer) = tokio::join!(grpc, async { http.await }, peer);
             let _ = drained_tx.send(());
-            (grpc, http, peer)
+            (http, peer)
         };
         tokio::pin!(serve);
         tokio::pin!(signal);
         let mut signal_done = false;
-        let (grpc, http, peer) = loop {
+        let (http, peer) = loop {
             tokio::select! {
                 results = &mut serve => break results,
                 expired = &mut signal, if !signal_done => {
@@ -522,7 +526,6 @@ impl Server {
             }
         };
         peer?;
-        grpc?;
         http.map_err(ServeError::Http)?;
         tracing::info!("drained, exiting");
         Ok(())

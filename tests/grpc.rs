@@ -330,3 +330,247 @@ impl Running {
             .expect("serves");
     }
 }
+
+/// What a raw HTTP/2 call got back: HTTP status, `grpc-status`, `grpc-message` (from the
+/// trailers, or from the headers of a trailers-only answer) and the body's bytes.
+struct RawAnswer {
+    http: u16,
+    grpc_status: Option<String>,
+    grpc_message: String,
+    body: Vec<u8>,
+}
+
+/// One call with a hand-made body and headers: what a client tonic would never send.
+async fn raw_call(
+    grpc: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> RawAnswer {
+    let tcp = tokio::net::TcpStream::connect(grpc)
+        .await
+        .expect("connects");
+    let (mut client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut request = http::Request::post(format!("http://{grpc}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let (response, mut send) = client
+        .send_request(request.body(()).expect("a request"), false)
+        .expect("sends");
+    send.send_data(bytes::Bytes::from(body), true)
+        .expect("sends the body");
+    let response = response.await.expect("an answer");
+    let http = response.status().as_u16();
+    let header = |map: &http::HeaderMap, name: &str| {
+        map.get(name)
+            .map(|value| value.to_str().expect("ascii").to_owned())
+    };
+    let mut grpc_status = header(response.headers(), "grpc-status");
+    let mut grpc_message = header(response.headers(), "grpc-message").unwrap_or_default();
+    let mut received = response.into_body();
+    let mut body = Vec::new();
+    while let Some(chunk) = received.data().await {
+        body.extend_from_slice(&chunk.expect("a data frame"));
+    }
+    if let Some(trailers) = received.trailers().await.expect("trailers") {
+        grpc_status = header(&trailers, "grpc-status").or(grpc_status);
+        grpc_message = header(&trailers, "grpc-message").unwrap_or(grpc_message);
+    }
+    RawAnswer {
+        http,
+        grpc_status,
+        grpc_message: percent_decoded(&grpc_message),
+        body,
+    }
+}
+
+/// `grpc-message` is percent-encoded on the wire.
+fn percent_decoded(text: &str) -> String {
+    let mut bytes = Vec::new();
+    let mut rest = text.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        match (first, tail) {
+            (b'%', [high, low, after @ ..]) => {
+                let hex = std::str::from_utf8(&[*high, *low])
+                    .expect("ascii")
+                    .to_owned();
+                bytes.push(u8::from_str_radix(&hex, 16).expect("a percent escape"));
+                rest = after;
+            }
+            _ => {
+                bytes.push(first);
+                rest = tail;
+            }
+        }
+    }
+    String::from_utf8(bytes).expect("utf-8")
+}
+
+/// `[flag][u32 big-endian length][message]`.
+fn grpc_frame(flag: u8, message: &[u8]) -> Vec<u8> {
+    let mut frame = vec![flag];
+    frame.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+    frame.extend_from_slice(message);
+    frame
+}
+
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+#[tokio::test]
+async fn malformed_calls_get_the_grpc_status_tonic_would_give_and_the_server_keeps_serving() {
+    use prost::Message;
+    let mut running = start(false).await;
+    let message = request("grpc", &["raw"]).encode_to_vec();
+
+    // A well-formed call by hand: one message in, one out, grpc-status 0 in the trailers.
+    let ok = raw_call(
+        running.grpc,
+        SHOULD_RATE_LIMIT,
+        &[],
+        grpc_frame(0, &message),
+    )
+    .await;
+    assert_eq!((ok.http, ok.grpc_status.as_deref()), (200, Some("0")));
+    let decoded =
+        envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse::decode(&ok.body[5..])
+            .expect("a RateLimitResponse");
+    assert_eq!(decoded.overall_code, Code::Ok as i32);
+    assert_eq!(decoded.statuses[0].limit_remaining, 4);
+
+    let cases: Vec<(&str, Vec<u8>, &[(&str, &str)], &str, &str)> = vec![
+        (
+            "no message",
+            Vec::new(),
+            &[],
+            "13",
+            "Missing request message.",
+        ),
+        (
+            "a cut-off header",
+            vec![0, 0, 0],
+            &[],
+            "13",
+            "Unexpected EOF decoding stream.",
+        ),
+        (
+            "a cut-off message",
+            grpc_frame(0, &message)[..8].to_vec(),
+            &[],
+            "13",
+            "Unexpected EOF decoding stream.",
+        ),
+        (
+            "a compressed message without grpc-encoding",
+            grpc_frame(1, &message),
+            &[],
+            "13",
+            "compressed-flag but no grpc-encoding",
+        ),
+        (
+            "an invalid compression flag",
+            grpc_frame(7, &message),
+            &[],
+            "13",
+            "invalid compression flag: 7",
+        ),
+        (
+            "a declared length over 1 MiB",
+            [0, 0, 0x20, 0, 0].to_vec(),
+            &[],
+            "11",
+            "the limit is: 1048576 bytes",
+        ),
+        (
+            "two messages",
+            [grpc_frame(0, &message), grpc_frame(0, &message)].concat(),
+            &[],
+            "3",
+            "takes one message",
+        ),
+        (
+            "bytes that are not protobuf",
+            grpc_frame(0, &[0xff; 9]),
+            &[],
+            "13",
+            "",
+        ),
+        (
+            "gzip, which this server does not accept",
+            grpc_frame(1, &message),
+            &[("grpc-encoding", "gzip")],
+            "12",
+            "",
+        ),
+    ];
+    for (what, body, headers, code, text) in cases {
+        let answer = raw_call(running.grpc, SHOULD_RATE_LIMIT, headers, body).await;
+        assert_eq!(answer.http, 200, "{what}");
+        assert_eq!(
+            answer.grpc_status.as_deref(),
+            Some(code),
+            "{what}: {}",
+            answer.grpc_message
+        );
+        assert!(
+            answer.grpc_message.contains(text),
+            "{what}: {:?} should say {text:?}",
+            answer.grpc_message
+        );
+    }
+
+    // Other methods and services are tonic's: unknown ones are UNIMPLEMENTED.
+    let unknown = raw_call(
+        running.grpc,
+        "/envoy.service.ratelimit.v3.RateLimitService/Nope",
+        &[],
+        grpc_frame(0, &message),
+    )
+    .await;
+    assert_eq!(unknown.grpc_status.as_deref(), Some("12"));
+
+    // Still serving, and none of the refused calls consumed anything: 5 - 2 = 3 left.
+    let fine = running
+        .client
+        .should_rate_limit(request("grpc", &["raw"]))
+        .await
+        .expect("serves after bad input")
+        .into_inner();
+    assert_eq!(fine.statuses[0].limit_remaining, 3);
+    running.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_waiting_call_is_cancelled_when_its_grpc_timeout_expires() {
+    use prost::Message;
+    // One token, then one every 3 s; a second call waits for it (max_wait 5s).
+    let limits = "
+domain: grpc
+descriptors:
+  - key: user
+    rate_limit: {algorithm: token_bucket, unit: minute, requests_per_unit: 20, burst: 1, max_wait: 5s}
+";
+    let running = start_with(limits, LimiterOptions::default()).await;
+    let message = grpc_frame(0, &request("grpc", &["paced"]).encode_to_vec());
+    let first = raw_call(running.grpc, SHOULD_RATE_LIMIT, &[], message.clone()).await;
+    assert_eq!(first.grpc_status.as_deref(), Some("0"));
+    let started = std::time::Instant::now();
+    let second = raw_call(
+        running.grpc,
+        SHOULD_RATE_LIMIT,
+        &[("grpc-timeout", "200m")],
+        message,
+    )
+    .await;
+    let waited = started.elapsed();
+    assert_eq!(second.grpc_status.as_deref(), Some("1"), "CANCELLED");
+    assert_eq!(second.grpc_message, "Timeout expired");
+    assert!(
+        waited >= Duration::from_millis(200) && waited < Duration::from_secs(2),
+        "answered after {waited:?}, not at the client's 200 ms deadline"
+    );
+    running.shutdown().await;
+}
