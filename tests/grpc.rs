@@ -441,7 +441,9 @@ async fn malformed_calls_get_the_grpc_status_tonic_would_give_and_the_server_kee
     assert_eq!(decoded.overall_code, Code::Ok as i32);
     assert_eq!(decoded.statuses[0].limit_remaining, 4);
 
-    let cases: Vec<(&str, Vec<u8>, &[(&str, &str)], &str, &str)> = vec![
+    // (what, body, extra headers, grpc-status, a part of grpc-message)
+    type Case<'a> = (&'a str, Vec<u8>, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "no message",
             Vec::new(),
