@@ -373,6 +373,10 @@ pub struct ServeArgs {
     /// Over-limit descriptors remembered to spare Redis calls (0: off).
     #[arg(long, env = "RATEKEEPER_STORE_BLOCKED_KEYS", default_value_t = 100_000)]
     pub store_blocked_keys: usize,
+    /// How long a Redis key outlives its window (1s to 1h). Longer: fewer keys expire and
+    /// are made again, which spares Redis's expiry stalls, for more keys held.
+    #[arg(long, env = "RATEKEEPER_STORE_TTL_MARGIN", value_parser = ttl_margin, default_value = "1s")]
+    pub store_ttl_margin: Duration,
 }
 
 /// `--response-headers` values.
@@ -523,6 +527,7 @@ impl ServeArgs {
                     },
                     cooldown: self.store_cooldown,
                     blocked_keys: self.store_blocked_keys,
+                    ttl_margin: self.store_ttl_margin,
                     ..RedisOptions::new(Target::clone(target))
                 }),
             },
@@ -606,6 +611,20 @@ fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).ok_or_else(|| format!("{text:?} is not a duration like 500ms or 30s"))
 }
 
+/// `--store-ttl-margin`: a duration within [`crate::store::redis::TTL_MARGINS`].
+fn ttl_margin(text: &str) -> Result<Duration, String> {
+    let margin = duration(text)?;
+    let range = crate::store::redis::TTL_MARGINS;
+    if !range.contains(&margin) {
+        return Err(format!(
+            "{text:?} is outside {:?} to {:?}",
+            range.start(),
+            range.end()
+        ));
+    }
+    Ok(margin)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -618,6 +637,32 @@ mod tests {
             panic!("serve expected");
         };
         serve.server_options().limiter
+    }
+
+    #[test]
+    fn the_redis_ttl_margin_is_taken_within_its_range_and_refused_outside_it() {
+        let margin = |value: &str| {
+            let cli = Cli::try_parse_from([
+                "ratekeeper",
+                "serve",
+                "--store",
+                "redis://127.0.0.1:6379",
+                "--store-ttl-margin",
+                value,
+            ]);
+            cli.map(|cli| match cli.command {
+                Command::Serve(serve) => serve.server_options().store.map(|redis| redis.ttl_margin),
+                _ => None,
+            })
+        };
+        assert_eq!(
+            margin("30s").expect("valid"),
+            Some(std::time::Duration::from_secs(30))
+        );
+        for bad in ["500ms", "2h", "soon"] {
+            let error = margin(bad).expect_err("refused").to_string();
+            assert!(error.contains("--store-ttl-margin"), "{error}");
+        }
     }
 
     #[test]

@@ -651,3 +651,40 @@ fn counters_counted_in_redis_are_listed_with_their_state() {
         "the state in Redis: {page}"
     );
 }
+
+#[test]
+fn keys_outlive_their_window_by_the_ttl_margin() {
+    let dir = TempDir::new("redis-ttl");
+    let server = RedisServer::start(dir.path(), &[]);
+    let config = write_config(
+        dir.path(),
+        "limits.yaml",
+        &LIMITS.replace("unit: hour", "unit: second"),
+    );
+    // The one key's TTL after one admitted request, in ms.
+    let ttl_after_one_request = |extra: &[&str]| {
+        server.cli(&["flushall"]);
+        let node = Ratekeeper::start(&config, &[&["--store", &server.url()], extra].concat());
+        assert_eq!(ask(node.http_addr(), "ttl"), Some(true));
+        let keys = server.cli(&["--scan", "--pattern", "rk:*"]);
+        let key = keys
+            .lines()
+            .next()
+            .expect("one counter key")
+            .trim()
+            .to_owned();
+        let ttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("a ttl");
+        ttl
+    };
+    // The window (at most 1 s left of it) plus the default margin of 1 s.
+    let default = ttl_after_one_request(&[]);
+    assert!(
+        default > 1_000 && default <= 2_002,
+        "a per-second key lives at most 2 s: {default} ms"
+    );
+    let longer = ttl_after_one_request(&["--store-ttl-margin", "30s"]);
+    assert!(
+        longer > 30_000 && longer <= 31_002,
+        "--store-ttl-margin 30s keeps it 30 s past its window: {longer} ms"
+    );
+}

@@ -1,6 +1,7 @@
 -- ratekeeper: decides the checks of one request atomically (see src/store/redis.rs).
 --
--- ARGV: now_s, now_n (the caller's clock: Unix seconds and nanoseconds), then per check:
+-- ARGV: now_s, now_n (the caller's clock: Unix seconds and nanoseconds), margin_ms (how long
+-- a key outlives the moment its state stops mattering: --store-ttl-margin), then per check:
 --   cost, counters, then per counter: algorithm (0 fixed_window, 1 sliding_window,
 --   2 token_bucket, 3 gcra), requests_per_unit, unit (seconds), burst, interval (ns per
 --   token, buckets only).
@@ -26,7 +27,6 @@
 -- builds no table per counter.
 
 local E9 = 1000000000
-local MARGIN_MS = 1000
 local fmod, floor, min = math.fmod, math.floor, math.min
 local pack, unpack = struct.pack, struct.unpack
 local call = redis.call
@@ -42,9 +42,10 @@ local function plus(s, n, d)
 end
 
 local now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local MARGIN_MS = tonumber(ARGV[3])
 local out, o = {}, 0
 local raws, states, ttls = {}, {}, {}
-local arg, key = 3, 1
+local arg, key = 4, 1
 local nargs = #ARGV
 while arg <= nargs do
   local cost, count = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1])

@@ -97,7 +97,16 @@ pub struct RedisOptions {
     pub cooldown: Duration,
     /// Most descriptors kept in the blocked cache.
     pub blocked_keys: usize,
+    /// How long a key outlives the moment its state stops mattering (the window's end, a
+    /// bucket's refill): the TTL's margin, within [`TTL_MARGINS`]. Longer: fewer keys
+    /// expire and are made again (Redis's expiry deletes in bursts that stall every call),
+    /// at the cost of more keys held.
+    pub ttl_margin: Duration,
 }
+
+/// The TTL margins a store accepts.
+pub const TTL_MARGINS: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(3600);
 
 impl RedisOptions {
     pub fn new(target: Target) -> RedisOptions {
@@ -108,6 +117,7 @@ impl RedisOptions {
             failure: FailurePolicy::Allow,
             cooldown: Duration::from_secs(1),
             blocked_keys: 100_000,
+            ttl_margin: Duration::from_secs(1),
         }
     }
 }
@@ -148,6 +158,14 @@ impl RedisStore {
         let caller = Arc::new(Caller {
             backend: Backend::new(&options.target, options.pool, options.timeout)?,
             script: redis::Script::new(SCRIPT),
+            // Within an hour, so it fits.
+            ttl_margin_ms: u64::try_from(
+                options
+                    .ttl_margin
+                    .clamp(*TTL_MARGINS.start(), *TTL_MARGINS.end())
+                    .as_millis(),
+            )
+            .unwrap_or(u64::MAX),
         });
         let batches = (!options.target.is_cluster())
             .then(|| batch::spawn(Arc::clone(&caller), options.pool.max(1) * 2));
@@ -462,6 +480,7 @@ impl std::fmt::Display for CallError {
 struct Caller {
     backend: Backend,
     script: redis::Script,
+    ttl_margin_ms: u64,
 }
 
 impl Caller {
@@ -471,7 +490,10 @@ impl Caller {
         now: u64,
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.script.prepare_invoke();
-        invocation.arg(now / NANOS_PER_SEC).arg(now % NANOS_PER_SEC);
+        invocation
+            .arg(now / NANOS_PER_SEC)
+            .arg(now % NANOS_PER_SEC)
+            .arg(self.ttl_margin_ms);
         for check in checks {
             invocation.arg(check.cost).arg(check.counters.len());
             for counter in &check.counters {
