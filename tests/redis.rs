@@ -52,6 +52,13 @@ fn ask(http: SocketAddr, value: &str) -> Option<bool> {
     }
 }
 
+/// The TTL (ms) of the first counter key `server` holds.
+fn first_key_ttl(server: &RedisServer) -> i64 {
+    let keys = server.cli(&["--scan", "--pattern", "rk:*"]);
+    let key = keys.lines().next().expect("one counter key").trim();
+    server.cli(&["pttl", key]).trim().parse().expect("a ttl")
+}
+
 /// One descriptor (`user` = `user` in `domain`) with a counter per rate.
 fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Check {
     let mut key = KeyBuilder::new(domain);
@@ -271,14 +278,7 @@ fn a_flood_against_a_blocked_key_costs_no_redis_call() {
         "no redis call for a key known to be over its limit"
     );
     assert!(metric(http, "ratekeeper_store_blocked_cache_hits_total") >= 200.0);
-    let ttl = server.cli(&["--scan", "--pattern", "rk:*"]);
-    let key = ttl
-        .lines()
-        .next()
-        .expect("one counter key")
-        .trim()
-        .to_owned();
-    let ttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("a ttl");
+    let ttl = first_key_ttl(&server);
     assert!(
         ttl > 0 && ttl <= 3_602_000,
         "keys expire on their own, within the window and a margin: {ttl} ms"
@@ -666,15 +666,7 @@ fn keys_outlive_their_window_by_the_ttl_margin() {
         server.cli(&["flushall"]);
         let node = Ratekeeper::start(&config, &[&["--store", &server.url()], extra].concat());
         assert_eq!(ask(node.http_addr(), "ttl"), Some(true));
-        let keys = server.cli(&["--scan", "--pattern", "rk:*"]);
-        let key = keys
-            .lines()
-            .next()
-            .expect("one counter key")
-            .trim()
-            .to_owned();
-        let ttl: i64 = server.cli(&["pttl", &key]).trim().parse().expect("a ttl");
-        ttl
+        first_key_ttl(&server)
     };
     // The window (at most 1 s left of it) plus the default margin of 1 s.
     let default = ttl_after_one_request(&[]);
