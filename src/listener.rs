@@ -1,7 +1,7 @@
 //! The gRPC listener's sockets: TCP (`--grpc-addr`) or a Unix domain socket
 //! (`--grpc-uds`, instead of TCP, like the reference's `GRPC_UDS`), each optionally behind
-//! TLS ([`crate::tls`]). [`GrpcListener::incoming`] is the stream of connections tonic
-//! serves.
+//! TLS ([`crate::tls`]). [`GrpcListener::incoming`] is the stream of connections
+//! [`crate::grpc`] serves.
 //!
 //! One accept task per listener takes connections and hands them over through a bounded
 //! channel; with TLS each connection's handshake runs on its own task, so a slow or silent
@@ -9,8 +9,9 @@
 //!
 //! Invariants:
 //! - Bounded: at most [`MAX_HANDSHAKES`] handshakes at once (accepting waits beyond that),
-//!   each at most [`HANDSHAKE_TIMEOUT`]; [`QUEUE`] accepted connections wait for tonic.
-//! - When tonic drops the stream (shutdown), the accept task ends and the listening socket
+//!   each at most [`HANDSHAKE_TIMEOUT`]; [`QUEUE`] accepted connections wait to be
+//!   served.
+//! - When the server drops the stream (shutdown), the accept task ends and the listening socket
 //!   closes; a Unix socket's file is removed then (or when the listener is dropped unused),
 //!   if it is still the one this process created.
 //! - Binding a Unix socket removes a stale socket file left by an earlier run, but never a
@@ -40,7 +41,7 @@ pub const MAX_HANDSHAKES: usize = 256;
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Accepted connections waiting for tonic to take them.
+/// Accepted connections waiting to be served.
 const QUEUE: usize = 16;
 
 /// Pause after a failed accept (say, out of file descriptors), so it is not a busy loop.
@@ -253,7 +254,7 @@ impl Socket {
     }
 }
 
-/// The connections tonic serves, from [`GrpcListener::incoming`].
+/// The connections [`crate::grpc`] serves, from [`GrpcListener::incoming`].
 #[derive(Debug)]
 pub struct Incoming {
     receiver: mpsc::Receiver<io::Result<Conn>>,
@@ -284,26 +285,6 @@ impl Conn {
             // Accepted connections are plain; a second handshake is a no-op.
             tls @ (Conn::TlsTcp(_) | Conn::TlsUnix(_)) => tls,
         })
-    }
-}
-
-/// What a gRPC handler can learn about its connection.
-#[derive(Clone, Debug)]
-pub struct ConnInfo {
-    /// The client's address (TCP only).
-    pub remote_addr: Option<SocketAddr>,
-}
-
-impl tonic::transport::server::Connected for Conn {
-    type ConnectInfo = ConnInfo;
-
-    fn connect_info(&self) -> ConnInfo {
-        let remote_addr = match self {
-            Conn::Tcp(stream) => stream.peer_addr().ok(),
-            Conn::TlsTcp(stream) => stream.get_ref().0.peer_addr().ok(),
-            Conn::Unix(_) | Conn::TlsUnix(_) => None,
-        };
-        ConnInfo { remote_addr }
     }
 }
 
