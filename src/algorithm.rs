@@ -360,10 +360,9 @@ pub fn lend(rate: &Rate, state: &mut State, now: u64, policy: LendPolicy) -> Opt
     if !taken.allowed {
         return None;
     }
-    let (window, valid_for) = match rate.algorithm {
-        Algorithm::FixedWindow => (state.a, until_window_end(rate.unit, now)),
-        Algorithm::SlidingWindow => (state.a >> 32, until_window_end(rate.unit, now)),
-        Algorithm::TokenBucket | Algorithm::Gcra => (0, u64::MAX),
+    let (window, valid_for) = match window_of(rate, state) {
+        Some(window) => (window, until_window_end(rate.unit, now)),
+        None => (0, u64::MAX),
     };
     Some(Lent {
         units,
@@ -372,6 +371,16 @@ pub fn lend(rate: &Rate, state: &mut State, now: u64, policy: LendPolicy) -> Opt
         reset_after: taken.reset_after,
         valid_for,
     })
+}
+
+/// The window a windowed counter's state is in (the one lent hits are counted in); `None`
+/// for buckets, which have no windows.
+fn window_of(rate: &Rate, state: &State) -> Option<u64> {
+    match rate.algorithm {
+        Algorithm::FixedWindow => Some(state.a),
+        Algorithm::SlidingWindow => Some(state.a >> 32),
+        Algorithm::TokenBucket | Algorithm::Gcra => None,
+    }
 }
 
 /// Gives back `units` lent from `window` ([`lend`]); answers how many were given back. The
@@ -385,11 +394,7 @@ pub fn refund(rate: &Rate, state: &mut State, now: u64, units: u64, window: u64)
     decide(rate, state, now, 0);
     match rate.algorithm {
         Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-            let current = match rate.algorithm {
-                Algorithm::FixedWindow => state.a,
-                _ => state.a >> 32,
-            };
-            if current != window {
+            if window_of(rate, state) != Some(window) {
                 return 0;
             }
             let back = units.min(u64::from(state.b));

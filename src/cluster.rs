@@ -425,20 +425,8 @@ impl Cluster {
         for (index, peer, rx) in waiting {
             match rx.await {
                 Ok(Ok(decisions)) => answers[index] = Some(decisions),
-                Ok(Err((
-                    PeerError::Remote {
-                        peer,
-                        kind,
-                        message,
-                    },
-                    _,
-                ))) => {
-                    return Err(ClusterError::Owner {
-                        peer,
-                        kind,
-                        message,
-                    }
-                    .into());
+                Ok(Err((error @ PeerError::Remote { .. }, _))) => {
+                    return Err(ClusterError::from(error).into());
                 }
                 // Unreachable, or no longer a member: the fallback policy decides.
                 Ok(Err((_, group))) => fallbacks.push((index, group)),
@@ -506,20 +494,7 @@ impl Cluster {
             for chunk in checks.chunks(convert::MAX_CHECKS_PER_GROUP) {
                 let chunk: Checks = chunk.iter().cloned().collect();
                 let expected: usize = chunk.iter().map(|check| check.counters.len()).sum();
-                let answer = remote.peek(&chunk).await.map_err(|error| match error {
-                    PeerError::Remote {
-                        peer,
-                        kind,
-                        message,
-                    } => ClusterError::Owner {
-                        peer,
-                        kind,
-                        message,
-                    },
-                    _ => ClusterError::Unreachable {
-                        peer: Arc::clone(remote.address()),
-                    },
-                })?;
+                let answer = remote.peek(&chunk).await?;
                 if answer.len() != expected {
                     return Err(ClusterError::Protocol {
                         peer: Arc::clone(remote.address()),
@@ -661,22 +636,11 @@ impl Store for Cluster {
             };
             match remote.reset(&keys).await {
                 Ok(removed) => Ok(here + removed as usize),
-                Err(PeerError::Remote {
-                    peer,
-                    kind,
-                    message,
-                }) => Err(ClusterError::Owner {
-                    peer,
-                    kind,
-                    message,
-                }
-                .into()),
                 Err(error) => {
-                    tracing::warn!(%error, "cannot reset counters on their owner");
-                    Err(ClusterError::Unreachable {
-                        peer: Arc::clone(remote.address()),
+                    if !matches!(error, PeerError::Remote { .. }) {
+                        tracing::warn!(%error, "cannot reset counters on their owner");
                     }
-                    .into())
+                    Err(ClusterError::from(error).into())
                 }
             }
         })

@@ -168,10 +168,11 @@ async fn should_rate_limit(
             .await
             .map_err(|_| Status::cancelled("Timeout expired"))??,
     };
-    let mut frame = Vec::with_capacity(5 + response.encoded_len());
-    frame.push(0);
-    let length = u32::try_from(response.encoded_len())
+    let encoded_len = response.encoded_len();
+    let length = u32::try_from(encoded_len)
         .map_err(|_| Status::internal("the response is larger than 4 GiB"))?;
+    let mut frame = Vec::with_capacity(5 + encoded_len);
+    frame.push(0);
     frame.extend_from_slice(&length.to_be_bytes());
     response
         .encode(&mut frame)

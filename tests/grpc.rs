@@ -10,6 +10,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratekeeper::engine::EngineConfig;
+use ratekeeper::grpc::SHOULD_RATE_LIMIT;
 use ratekeeper::limiter::LimiterOptions;
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{ServeError, Server, ServerOptions};
@@ -417,8 +418,6 @@ fn grpc_frame(flag: u8, message: &[u8]) -> Vec<u8> {
     frame.extend_from_slice(message);
     frame
 }
-
-const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 #[tokio::test]
 async fn malformed_calls_get_the_grpc_status_tonic_would_give_and_the_server_keeps_serving() {

@@ -37,7 +37,7 @@ use serde_json::{Value, json};
 use self::history::History;
 use crate::cluster::Cluster;
 use crate::limiter::Limiter;
-use crate::limits::Limits;
+use crate::limits::{Domain, Limits, Node};
 use crate::reload::ReloadStats;
 
 /// The page: `ui/dashboard.html`, compiled in.
@@ -130,16 +130,27 @@ fn history_json(history: &History) -> Value {
     })
 }
 
+/// Every domain (by name) with its configured entries in config order: the order of the
+/// page's rows and of the history's series.
+fn in_config_order(snapshot: &Limits) -> Vec<(&Domain, Vec<&Node>)> {
+    let mut domains: Vec<_> = snapshot.domains().collect();
+    domains.sort_by(|a, b| a.name().cmp(b.name()));
+    domains
+        .into_iter()
+        .map(|domain| {
+            let mut nodes = domain.nodes();
+            nodes.sort_by_key(|node| node.order);
+            (domain, nodes)
+        })
+        .collect()
+}
+
 /// The configured entries of every domain, in config order, with their limits' figures.
 fn limits(limiter: &Limiter, snapshot: &Limits) -> Value {
     let mut rows = Vec::new();
     let mut truncated = 0usize;
-    let mut domains: Vec<_> = snapshot.domains().collect();
-    domains.sort_by(|a, b| a.name().cmp(b.name()));
-    for domain in domains {
+    for (domain, nodes) in in_config_order(snapshot) {
         let totals = limiter.limit_totals(domain.name());
-        let mut nodes = domain.nodes();
-        nodes.sort_by_key(|node| node.order);
         if rows.len() >= MAX_ROWS {
             truncated += nodes.len() + 1;
             continue;

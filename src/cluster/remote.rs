@@ -34,7 +34,7 @@ use super::lease::{Grant, Leases, Refund};
 use super::{ClusterOptions, PeerStats};
 use crate::breaker::Breaker;
 use crate::check::{Checks, Decisions, Slot};
-use crate::error::ErrorKind;
+use crate::error::{ClusterError, ErrorKind};
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_client::PeerClient;
@@ -59,6 +59,27 @@ pub enum PeerError {
         kind: ErrorKind,
         message: String,
     },
+}
+
+/// Where no fallback may stand in (explanations, resets, an owner's own error): the
+/// owner's error as it answered it, and anything else as the owner being unreachable.
+impl From<PeerError> for ClusterError {
+    fn from(error: PeerError) -> ClusterError {
+        match error {
+            PeerError::Remote {
+                peer,
+                kind,
+                message,
+            } => ClusterError::Owner {
+                peer,
+                kind,
+                message,
+            },
+            PeerError::CircuitOpen(peer)
+            | PeerError::QueueFull(peer)
+            | PeerError::Unreachable { peer, .. } => ClusterError::Unreachable { peer },
+        }
+    }
 }
 
 /// The owner's decisions, or why not, with the checks handed back for the fallback.

@@ -198,6 +198,9 @@ pub struct ListedCounter {
 /// Counter names with their routes.
 type NameList = Vec<(u64, Arc<CounterName>)>;
 
+/// Counter names with their routes and what their counters meet.
+type Explained = Vec<(u64, Arc<CounterName>, DescriptorExplanation)>;
+
 /// A page of [`Limiter::cluster_counters`].
 #[derive(Debug)]
 pub struct MergedPage {
@@ -322,35 +325,50 @@ impl Limiter {
         } else {
             None
         };
-        let mut page = MergedPage {
-            counters: Vec::with_capacity(named.len()),
+        let (explained, unanswered) = self.explain_by_owner(named).await;
+        let mut counters: Vec<ListedCounter> = explained
+            .into_iter()
+            .filter(|(_, _, explained)| is_counted(explained))
+            .map(|(route, name, explained)| ListedCounter {
+                route,
+                name,
+                explained,
+            })
+            .collect();
+        sort_by_use(&mut counters);
+        MergedPage {
+            counters,
             next,
-            unanswered: Vec::new(),
-        };
-        // By owner, so an owner that cannot answer costs only its own counters.
+            unanswered,
+        }
+    }
+
+    /// Explains `named` (one domain) owner by owner, so an owner that cannot answer costs
+    /// only its own counters: the names explained, and per owner that could not answer
+    /// (`None`: this node's store), why.
+    async fn explain_by_owner(
+        &self,
+        named: NameList,
+    ) -> (Explained, Vec<(Option<Arc<str>>, Error)>) {
+        let mut explained = Vec::with_capacity(named.len());
+        let mut unanswered = Vec::new();
         for (owner, group) in self.by_owner(named) {
             for chunk in group.chunks(CHUNK) {
                 match self.explain_names(chunk).await {
-                    Ok(explained) => page.counters.extend(
+                    Ok(answers) => explained.extend(
                         chunk
                             .iter()
-                            .zip(explained)
-                            .filter(|(_, explained)| is_counted(explained))
-                            .map(|((route, name), explained)| ListedCounter {
-                                route: *route,
-                                name: Arc::clone(name),
-                                explained,
-                            }),
+                            .zip(answers)
+                            .map(|((route, name), answer)| (*route, Arc::clone(name), answer)),
                     ),
                     Err(error) => {
-                        page.unanswered.push((owner, error));
+                        unanswered.push((owner, error));
                         break;
                     }
                 }
             }
         }
-        sort_by_use(&mut page.counters);
-        page
+        (explained, unanswered)
     }
 
     /// `named` (one domain) grouped by the node owning their counters (`None`: this store
@@ -380,22 +398,15 @@ impl Limiter {
         // One query per domain, owner and chunk.
         all.sort_unstable_by(|(a, left), (b, right)| left.domain.cmp(&right.domain).then(a.cmp(b)));
         for group in all.chunk_by(|(_, left), (_, right)| left.domain == right.domain) {
-            for (_, owned) in self.by_owner(group.to_vec()) {
-                for chunk in owned.chunks(CHUNK) {
-                    match self.explain_names(chunk).await {
-                        Ok(explained) => stale.extend(
-                            chunk
-                                .iter()
-                                .zip(&explained)
-                                .filter(|(_, explained)| !is_counted(explained))
-                                .map(|((route, _), _)| *route),
-                        ),
-                        Err(error) => {
-                            failed.get_or_insert(error);
-                            break;
-                        }
-                    }
-                }
+            let (explained, unanswered) = self.explain_by_owner(group.to_vec()).await;
+            stale.extend(
+                explained
+                    .iter()
+                    .filter(|(_, _, explained)| !is_counted(explained))
+                    .map(|(route, _, _)| *route),
+            );
+            if let Some((_, error)) = unanswered.into_iter().next() {
+                failed.get_or_insert(error);
             }
         }
         names.forget(&stale);

@@ -154,15 +154,11 @@ impl History {
     pub fn sample(&self, limiter: &Limiter) {
         let at_ms = self.now_ms();
         let snapshot = limiter.limits().load_full();
-        let mut domains: Vec<_> = snapshot.domains().collect();
-        domains.sort_by(|a, b| a.name().cmp(b.name()));
         // Read every total first, then take the lock only to move the rings.
         let mut current: Vec<(SeriesKey, Point)> = Vec::new();
         let mut truncated = 0;
-        for domain in domains {
+        for (domain, nodes) in super::in_config_order(&snapshot) {
             let totals = limiter.limit_totals(domain.name());
-            let mut nodes = domain.nodes();
-            nodes.sort_by_key(|node| node.order);
             for node in nodes {
                 for (position, limit) in node.limits.iter().enumerate() {
                     if limit.rate.is_none() {
