@@ -9,7 +9,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -17,8 +16,6 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use ratekeeper::key::KeyBuilder;
-use ratekeeper::ring::{DEFAULT_VNODES, Ring};
 use support::{
     Ratekeeper, TempDir, eventually, start_cluster, start_member, wait_for_members, write_config,
 };
@@ -37,17 +34,6 @@ fn limits(requests_per_unit: u32) -> String {
 /// The value of the first `/metrics` sample of `node` starting with `prefix` (0 if absent).
 fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
     support::metric(node.http_addr(), prefix)
-}
-
-async fn clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
-    let mut clients = Vec::new();
-    for node in nodes {
-        let client = RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
-            .await
-            .expect("connects");
-        clients.push(client);
-    }
-    clients
 }
 
 fn request(values: &[&str]) -> RateLimitRequest {
@@ -82,14 +68,7 @@ fn owner(nodes: &[Ratekeeper], value: &str) -> usize {
         .iter()
         .map(|node| node.peer_addr().to_string())
         .collect();
-    let ring = Ring::new(&members, DEFAULT_VNODES);
-    let mut key = KeyBuilder::new("edge");
-    key.entry("api_key", value);
-    let owner = ring.owner(key.route()).expect("a member");
-    members
-        .iter()
-        .position(|member| **member == **owner)
-        .expect("owner is a node")
+    support::edge_owner_of(&members, value)
 }
 
 /// The sum of every `/metrics` sample starting with `prefix` (all label sets).
@@ -98,10 +77,7 @@ fn metric_sum(node: &Ratekeeper, prefix: &str) -> f64 {
 }
 
 fn fallbacks(nodes: &[Ratekeeper]) -> f64 {
-    nodes
-        .iter()
-        .map(|node| metric(node, "ratekeeper_cluster_fallbacks_total"))
-        .sum()
+    support::metric_total(nodes, "ratekeeper_cluster_fallbacks_total")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,7 +85,7 @@ async fn one_key_round_robin_is_admitted_exactly_the_limit_in_total() {
     let dir = TempDir::new("cluster-exact");
     write_config(dir.path(), "edge.yaml", &limits(10));
     let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
-    let mut clients = clients(&nodes).await;
+    let mut clients = support::grpc_clients(&nodes).await;
     let mut total = 0;
     for n in 0..30 {
         if admitted(&mut clients[n % 3], "round-robin").await {
@@ -133,7 +109,7 @@ async fn many_keys_spread_over_all_owners_and_each_holds_its_limit() {
     let dir = TempDir::new("cluster-spread");
     write_config(dir.path(), "edge.yaml", &limits(2));
     let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
-    let mut clients = clients(&nodes).await;
+    let mut clients = support::grpc_clients(&nodes).await;
     let values: Vec<String> = (0..120).map(|n| format!("user-{n}")).collect();
     let mut owned = [0usize; 3];
     for value in &values {
@@ -185,7 +161,7 @@ async fn a_request_whose_keys_live_on_different_owners_gets_every_status_right()
     let owners: std::collections::BTreeSet<usize> =
         values.iter().map(|value| owner(&nodes, value)).collect();
     assert_eq!(owners.len(), 3, "the request spans all three owners");
-    let mut clients = clients(&nodes).await;
+    let mut clients = support::grpc_clients(&nodes).await;
     // One extra hit on the first key, through another node, so the statuses differ.
     assert!(admitted(&mut clients[1], values[0]).await);
     for round in 0..3 {
@@ -213,15 +189,6 @@ async fn a_request_whose_keys_live_on_different_owners_gets_every_status_right()
         }
     }
     assert_eq!(fallbacks(&nodes), 0.0);
-}
-
-fn kill(node: &mut Ratekeeper, signal: &str) {
-    let pid = node.process().id().to_string();
-    let status = Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
 }
 
 /// Sends requests for `value` through `clients` in turn until `done` holds (checked after
@@ -253,14 +220,14 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
         .map(|n| format!("k-{n}"))
         .find(|value| owner(&nodes, value) == 2)
         .expect("a key owned by node 2");
-    let mut clients = clients(&nodes[..2]).await;
+    let mut clients = support::grpc_clients(&nodes[..2]).await;
     // The victim counts 20 hits, then dies with them (its lost window).
     let mut before = 0;
     for n in 0..20 {
         before += usize::from(admitted(&mut clients[n % 2], &value).await);
     }
     assert_eq!(before, 20);
-    kill(&mut nodes[2], "-KILL");
+    nodes[2].process().signal("-KILL");
     let killed = Instant::now();
     assert!(eventually(WAIT, || nodes[2].process().exited().is_some()));
 
@@ -323,7 +290,7 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
     });
     assert!(handed, "the counters moved back: {}", returned.stderr());
     let mut all = clients;
-    all.extend(self::clients(std::slice::from_ref(&returned)).await);
+    all.extend(support::grpc_clients(std::slice::from_ref(&returned)).await);
     for client in all.iter_mut() {
         assert!(
             !admitted(client, &value).await,
@@ -342,7 +309,7 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
         .map(|n| format!("h-{n}"))
         .find(|value| owner(&nodes, value) == 2)
         .expect("some key is owned by node 2");
-    let mut clients = clients(&nodes[..2]).await;
+    let mut clients = support::grpc_clients(&nodes[..2]).await;
     let mut total = 0;
     for n in 0..10 {
         total += usize::from(admitted(&mut clients[n % 2], &value).await);
@@ -350,7 +317,7 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
     assert_eq!(total, 10);
     let restarted_peer = nodes[2].peer_addr();
 
-    kill(&mut nodes[2], "-TERM");
+    nodes[2].process().signal("-TERM");
     let exited = support::eventually_some(WAIT, || nodes[2].process().exited()).expect("exits");
     assert!(exited.success(), "{}", nodes[2].stderr());
     wait_for_members(&nodes[..2], 2);
@@ -384,7 +351,7 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
         returned.stderr()
     );
     let mut all = clients;
-    all.extend(self::clients(std::slice::from_ref(&returned)).await);
+    all.extend(support::grpc_clients(std::slice::from_ref(&returned)).await);
     for n in 0..9 {
         total += usize::from(admitted(&mut all[n % 3], &value).await);
     }
@@ -421,7 +388,7 @@ async fn the_http_api_shares_the_cluster_wide_limit() {
     );
     assert_eq!(statuses.iter().filter(|status| **status == 429).count(), 20);
     // And gRPC sees the same counter: the key is used up.
-    let mut clients = clients(&nodes[..1]).await;
+    let mut clients = support::grpc_clients(&nodes[..1]).await;
     assert!(!admitted(&mut clients[0], "over-http").await);
     assert_eq!(fallbacks(&nodes), 0.0);
 }
@@ -435,7 +402,7 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
         .map(|n| format!("e-{n}"))
         .find(|value| owner(&nodes, value) == 1)
         .expect("a key owned by node 1");
-    let mut clients = clients(&nodes[..1]).await;
+    let mut clients = support::grpc_clients(&nodes[..1]).await;
     for _ in 0..3 {
         assert!(admitted(&mut clients[0], &value).await);
     }
@@ -499,7 +466,7 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
     assert!(answer["descriptors"][0]["shard"].is_u64(), "{answer}");
     assert_eq!(fallbacks(&nodes), 0.0);
 
-    kill(&mut nodes[1], "-KILL");
+    nodes[1].process().signal("-KILL");
     assert!(eventually(WAIT, || nodes[1].process().exited().is_some()));
     let (status, answer) = explain(&nodes[0]);
     assert_eq!(status, 503, "{answer}");

@@ -18,20 +18,16 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use support::{
-    Failures, NODE_PEER_PORT, Netns, Ratekeeper, TempDir, away_from_the_top_of_the_hour,
-    cluster_diagnosis, cluster_members as members, edge_decide as decide, edge_explain as explain,
-    edge_key_where as key_where, edge_owner_of as owner_of, edge_try, eventually, eventually_some,
-    grpc_clients as clients, metric_total as sum, write_config,
+    Load, NODE_PEER_PORT, Netns, Ratekeeper, TempDir, assert_all_within,
+    away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
+    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
+    edge_owner_of as owner_of, eventually, eventually_some, first_times, grpc_clients as clients,
+    metric_total as sum, write_config,
 };
-use tokio::task::JoinHandle;
-use tonic::transport::Channel;
 
 /// 10 000 per hour: more than the test sends, also on one node's fallback share (a third),
 /// so every request must be admitted.
@@ -127,36 +123,26 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     );
 
     // 3. Requests for the key go on through A and B all along; C is killed.
-    let load = Load::spawn(&clients[..2], &value);
-    let flowing = eventually(WAIT, || (0..2).all(|node| load.answered(node) > 0));
+    let mut load = Load::default();
+    load.spawn(&clients[..2], &NAMES, &value, PACE, true);
+    let flowing = eventually(WAIT, || (0..2).all(|node| load.tally.answered(node, 0) > 0));
     assert!(flowing, "A and B answer the load before the kill");
-    let admitted_before_kill = load.tally.admitted();
+    let admitted_before_kill = load.tally.admitted(0) + load.tally.admitted(1);
     nodes[C].process().kill();
     let killed = Instant::now();
 
     // 4. A and B drop C within 3 s (its address still resolves).
-    let mut detected: [Option<Duration>; 2] = [None; 2];
-    while killed.elapsed() < OBSERVE && detected.contains(&None) {
-        for (node, seen) in detected.iter_mut().enumerate() {
-            if seen.is_none() && members(&nodes[node]) == Some(2.0) {
-                *seen = Some(killed.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let detected = first_times(killed, OBSERVE, 2, |node| {
+        members(&nodes[node]) == Some(2.0)
+    })
+    .await;
     for (node, name) in NAMES[..2].iter().enumerate() {
         eprintln!("kill: {name} showed 2 members after {:?}", detected[node]);
     }
     load.tally.failures.assert_none();
+    let what = "show ratekeeper_cluster_members 2 after the kill";
+    assert_all_within(&detected, DETECT_WITHIN, what, &nodes, &NAMES[..2]);
     for (node, name) in NAMES[..2].iter().enumerate() {
-        let within = detected[node].is_some_and(|elapsed| elapsed <= DETECT_WITHIN);
-        assert!(
-            within,
-            "{name} did not show ratekeeper_cluster_members 2 within {DETECT_WITHIN:?} of the \
-             kill (seen after {:?}, watched {OBSERVE:?})\n{}",
-            detected[node],
-            cluster_diagnosis(&nodes, &NAMES)
-        );
         let up = support::metric_sample(
             nodes[node].http_addr(),
             &format!(r#"ratekeeper_peer_up{{peer="{}"}}"#, full[C]),
@@ -174,16 +160,12 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     // 5. C comes back on the same address, with the same flags: whole again within 5 s.
     let restarted = Instant::now();
     nodes[C] = start(&net, C, dir.path());
-    let mut rejoined: [Option<Duration>; 3] = [None; 3];
-    while restarted.elapsed() < OBSERVE && rejoined.contains(&None) {
-        for (node, seen) in rejoined.iter_mut().enumerate() {
-            if seen.is_none() && members(&nodes[node]) == Some(3.0) {
-                *seen = Some(restarted.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let rejoined = first_times(restarted, OBSERVE, 3, |node| {
+        members(&nodes[node]) == Some(3.0)
+    })
+    .await;
     let during = load.stop().await;
+    let admitted = during.admitted(0) + during.admitted(1);
     for (node, name) in NAMES.iter().enumerate() {
         eprintln!(
             "restart: {name} showed 3 members after {:?}",
@@ -193,26 +175,18 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     eprintln!(
         "load through A and B from before the kill until C was back: {} and {} answered, \
          {} admitted",
-        during.answered(0),
-        during.answered(1),
-        during.admitted()
+        during.answered(0, 0),
+        during.answered(1, 0),
+        admitted
     );
     during.failures.assert_none();
     assert_eq!(
-        during.admitted(),
-        during.answered(0) + during.answered(1),
+        admitted,
+        during.answered(0, 0) + during.answered(1, 0),
         "every request is admitted (the limit, even a fallback's share of it, is far off)"
     );
-    for (node, name) in NAMES.iter().enumerate() {
-        let within = rejoined[node].is_some_and(|elapsed| elapsed <= REJOIN_WITHIN);
-        assert!(
-            within,
-            "{name} did not show 3 members within {REJOIN_WITHIN:?} of the restart (seen \
-             after {:?})\n{}",
-            rejoined[node],
-            cluster_diagnosis(&nodes, &NAMES)
-        );
-    }
+    let what = "show 3 members after the restart";
+    assert_all_within(&rejoined, REJOIN_WITHIN, what, &nodes, &NAMES);
 
     // 6. The key's counter moves back to C, which decides its requests from then on.
     let handed = eventually_some(OBSERVE, || {
@@ -233,7 +207,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     eprintln!(
         "C counts {settled:?} hits of {value} once settled ({} admitted since the kill; the \
          {} before it died with C)",
-        during.admitted() - admitted_before_kill,
+        admitted - admitted_before_kill,
         BEFORE + admitted_before_kill
     );
     let Some(settled) = settled else {
@@ -245,13 +219,13 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     // Not exactly equal in general: hits a survivor counts for a key it no longer owns,
     // while the two survivors' rings disagree (each puts C back on its own detector's
     // schedule), stay there until its next rebalance.
-    let since_kill = during.admitted() - admitted_before_kill;
+    let since_kill = admitted - admitted_before_kill;
     assert!(
         settled > 0 && settled <= since_kill,
         "C carries on the survivors' count, counting no hit twice: {settled} of the \
          {since_kill} admitted since the kill"
     );
-    clients[C] = connect(&nodes[C]).await;
+    clients[C] = support::grpc_client(&nodes[C]).await;
     let fallbacks = sum(&nodes, "ratekeeper_cluster_fallbacks_total");
     for n in 0..AFTER {
         let node = usize::try_from(n % 3).unwrap_or_default();
@@ -293,12 +267,6 @@ fn start(net: &Netns, node: usize, config: &Path) -> Ratekeeper {
     net.start_node(node, NAMES[node], config, &["--peer-dns", &dns])
 }
 
-async fn connect(node: &Ratekeeper) -> RateLimitServiceClient<Channel> {
-    RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
-        .await
-        .unwrap_or_else(|error| panic!("connect to {}: {error}", node.grpc_addr()))
-}
-
 /// C's count of `value` once no node holds a lease any more (their unspent hits are back):
 /// the same on two polls in a row, the later at least 100 ms after the earlier.
 fn settled_count(nodes: &[Ratekeeper], value: &str) -> Option<u64> {
@@ -322,78 +290,4 @@ fn settled_count(nodes: &[Ratekeeper], value: &str) -> Option<u64> {
             }
         }
     })
-}
-
-/// What the load saw, per node it was sent through.
-#[derive(Debug, Default)]
-struct Tally {
-    answered: [AtomicU64; 2],
-    admitted: AtomicU64,
-    failures: Failures,
-}
-
-impl Tally {
-    fn answered(&self, node: usize) -> u64 {
-        self.answered[node].load(Ordering::Relaxed)
-    }
-
-    fn admitted(&self) -> u64 {
-        self.admitted.load(Ordering::Relaxed)
-    }
-}
-
-/// Requests for one key, sent through each of two nodes by its own task (pacing itself)
-/// until stopped; every answer is recorded in a [`Tally`].
-struct Load {
-    stop: Arc<AtomicBool>,
-    tally: Arc<Tally>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Load {
-    fn spawn(clients: &[RateLimitServiceClient<Channel>], value: &str) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let tally = Arc::new(Tally::default());
-        let tasks = clients
-            .iter()
-            .enumerate()
-            .map(|(node, client)| {
-                let mut client = client.clone();
-                let value = value.to_owned();
-                let (stop, tally) = (Arc::clone(&stop), Arc::clone(&tally));
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::Acquire) {
-                        match edge_try(&mut client, &value).await {
-                            Ok(admitted) => {
-                                if admitted {
-                                    tally.admitted.fetch_add(1, Ordering::Relaxed);
-                                }
-                                tally.answered[node].fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(problem) => {
-                                tally.failures.record(format!("{}: {problem}", NAMES[node]));
-                            }
-                        }
-                        tokio::time::sleep(PACE).await;
-                    }
-                })
-            })
-            .collect();
-        Load { stop, tally, tasks }
-    }
-
-    fn answered(&self, node: usize) -> u64 {
-        self.tally.answered(node)
-    }
-
-    /// Stops every task and returns what they saw.
-    async fn stop(self) -> Arc<Tally> {
-        self.stop.store(true, Ordering::Release);
-        for task in self.tasks {
-            if let Err(error) = task.await {
-                panic!("a load task failed: {error}");
-            }
-        }
-        self.tally
-    }
 }

@@ -16,20 +16,16 @@
 mod support;
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use support::{
-    Failures, Netns, Ratekeeper, TempDir, away_from_the_top_of_the_hour, cluster_diagnosis,
-    cluster_members as members, edge_decide as decide, edge_explain as explain,
-    edge_key_where as key_where, edge_owner_of as owner_of, edge_try, eventually,
-    grpc_clients as clients, metric_total as sum, write_config,
+    LOAD_PHASES, Load, Netns, Ratekeeper, Tally, TempDir, assert_all_within,
+    away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
+    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
+    edge_owner_of as owner_of, eventually, first_times, grpc_clients as clients,
+    metric_total as sum, write_config,
 };
-use tokio::task::JoinHandle;
-use tonic::transport::Channel;
 
 /// The limit of every key: 100 per hour.
 const LIMIT: u64 = 100;
@@ -99,7 +95,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
     // 2. Requests flow to every node, all along; then C is cut off.
     let mut load = Load::default();
     for value in &background {
-        load.spawn(&clients, value, false);
+        load.spawn(&clients, &NAMES, value, PACE, false);
     }
     let flowing = eventually(WAIT, || (0..3).all(|node| load.tally.answered(node, 0) > 0));
     assert!(flowing, "every node answers the load before the cut");
@@ -109,29 +105,24 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
         .collect();
     net.cut(C);
     let cut = Instant::now();
-    load.phase.store(1, Ordering::Release);
+    load.set_phase(1);
     // A key hammered on all three nodes from the cut on: its over-admission is measured.
     let hot = key_where("hot", |value| owner_of(&full, value) == C);
-    load.spawn(&clients, &hot, true);
+    load.spawn(&clients, &NAMES, &hot, HOT_PACE, true);
 
     // 3. The cut stops peer traffic but not client traffic; each side drops the other.
     let expected = [2.0, 2.0, 1.0];
-    let mut detected: [Option<Duration>; 3] = [None; 3];
-    let mut forwards_failed: Option<Duration> = None;
-    while cut.elapsed() < OBSERVE && (detected.contains(&None) || forwards_failed.is_none()) {
-        for (node, seen) in detected.iter_mut().enumerate() {
-            if seen.is_none() && members(&nodes[node]) == Some(expected[node]) {
-                *seen = Some(cut.elapsed());
-            }
-        }
-        if forwards_failed.is_none()
-            && support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total")
+    // Probes 0-2: each node shows its side's members; 3: C's forwards fail (it falls back).
+    let mut seen = first_times(cut, OBSERVE, 4, |probe| match probe {
+        3 => {
+            support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total")
                 > fallbacks_before[C]
-        {
-            forwards_failed = Some(cut.elapsed());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        node => members(&nodes[node]) == Some(expected[node]),
+    })
+    .await;
+    let forwards_failed = seen.pop().flatten();
+    let detected = seen;
     let answered_by_c = load.tally.answered(C, 1);
     eprintln!(
         "cut: C's forwards failed after {forwards_failed:?} (C fallbacks {} -> {}); C answered \
@@ -154,17 +145,8 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
             expected[node], detected[node]
         );
     }
-    for (node, name) in NAMES.iter().enumerate() {
-        let within = detected[node].is_some_and(|elapsed| elapsed <= DETECT_WITHIN);
-        assert!(
-            within,
-            "{name} did not show ratekeeper_cluster_members {} within {DETECT_WITHIN:?} of the \
-             cut (seen after {:?}, watched {OBSERVE:?})\n{}",
-            expected[node],
-            detected[node],
-            cluster_diagnosis(&nodes, &NAMES)
-        );
-    }
+    let what = "show its side's ratekeeper_cluster_members (A, B: 2; C: 1) after the cut";
+    assert_all_within(&detected, DETECT_WITHIN, what, &nodes, &NAMES);
 
     // 4. Each side decides on its own ring: a fresh key is admitted on both sides, each
     //    counting on its own owner (B for A's side, C itself).
@@ -194,26 +176,18 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
     net.heal(C);
     let healed = Instant::now();
     eprintln!("the cut lasted {:?}", healed - cut);
-    load.phase.store(2, Ordering::Release);
-    let mut rejoined: [Option<Duration>; 3] = [None; 3];
-    while healed.elapsed() < OBSERVE && rejoined.contains(&None) {
-        for (node, seen) in rejoined.iter_mut().enumerate() {
-            if seen.is_none() && members(&nodes[node]) == Some(3.0) {
-                *seen = Some(healed.elapsed());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    load.set_phase(2);
+    let rejoined = first_times(healed, OBSERVE, 3, |node| {
+        members(&nodes[node]) == Some(3.0)
+    })
+    .await;
     let tally = load.stop().await;
     for (node, name) in NAMES.iter().enumerate() {
         eprintln!("heal: {name} showed 3 members after {:?}", rejoined[node]);
     }
-    tally.report();
+    report(&tally);
     tally.failures.assert_none();
-    let (majority_side, c_side) = (
-        tally.hot_admitted(0) + tally.hot_admitted(1),
-        tally.hot_admitted(C),
-    );
+    let (majority_side, c_side) = (tally.admitted(0) + tally.admitted(1), tally.admitted(C));
     let bound = 2 * LIMIT + 2 * (LIMIT / 3);
     eprintln!(
         "hot key {hot} (owned by C): admitted {majority_side} on the A+B side, {c_side} on C's, \
@@ -224,15 +198,8 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
         majority_side + c_side <= bound,
         "the cut over-admitted {hot}: {majority_side} + {c_side} > {bound}"
     );
-    for (node, name) in NAMES.iter().enumerate() {
-        let within = rejoined[node].is_some_and(|elapsed| elapsed <= HEAL_WITHIN);
-        assert!(
-            within,
-            "{name} did not show 3 members within {HEAL_WITHIN:?} of the heal (seen after {:?})\n{}",
-            rejoined[node],
-            cluster_diagnosis(&nodes, &NAMES)
-        );
-    }
+    let what = "show 3 members after the heal";
+    assert_all_within(&rejoined, HEAL_WITHIN, what, &nodes, &NAMES);
 
     // 6. The two sides' counts merge on the owner, which admits what is left, once.
     let started = Instant::now();
@@ -289,98 +256,16 @@ fn start(net: &Netns, config: &Path) -> Vec<Ratekeeper> {
 }
 
 /// Phases of the load: 0 before the cut, 1 during it, 2 after the heal.
-const PHASES: usize = 3;
-
-/// What the load saw.
-#[derive(Debug, Default)]
-struct Tally {
-    /// Answers (OK or OVER_LIMIT) per node and phase.
-    answered: [[AtomicU64; PHASES]; 3],
-    /// Admitted hits of the hot key per node and phase.
-    hot: [[AtomicU64; PHASES]; 3],
-    failures: Failures,
-}
-
-impl Tally {
-    fn answered(&self, node: usize, phase: usize) -> u64 {
-        self.answered[node][phase].load(Ordering::Relaxed)
-    }
-
-    /// The hot key's admitted hits on `node`, in all phases.
-    fn hot_admitted(&self, node: usize) -> u64 {
-        self.hot[node]
-            .iter()
-            .map(|count| count.load(Ordering::Relaxed))
-            .sum()
-    }
-
-    fn report(&self) {
-        for (node, name) in NAMES.iter().enumerate() {
-            let answered: Vec<u64> = (0..PHASES)
-                .map(|phase| self.answered(node, phase))
-                .collect();
-            let hot: Vec<u64> = self.hot[node]
-                .iter()
-                .map(|count| count.load(Ordering::Relaxed))
-                .collect();
-            eprintln!(
-                "load on {name}: answered {answered:?} (before, during, after the cut); hot key \
-                 admitted {hot:?}"
-            );
-        }
-    }
-}
-
-/// Requests sent all along by tasks (one per node and key, each pacing itself) that record
-/// every answer in a [`Tally`].
-#[derive(Default)]
-struct Load {
-    phase: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    tally: Arc<Tally>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Load {
-    /// Sends `value` to every node until stopped; `hot` counts its admitted hits.
-    fn spawn(&mut self, clients: &[RateLimitServiceClient<Channel>], value: &str, hot: bool) {
-        for (node, client) in clients.iter().enumerate() {
-            let mut client = client.clone();
-            let value = value.to_owned();
-            let (phase, stop, tally) = (
-                Arc::clone(&self.phase),
-                Arc::clone(&self.stop),
-                Arc::clone(&self.tally),
-            );
-            self.tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::Acquire) {
-                    let phase = phase.load(Ordering::Acquire);
-                    match edge_try(&mut client, &value).await {
-                        Ok(admitted) => {
-                            if admitted && hot {
-                                tally.hot[node][phase].fetch_add(1, Ordering::Relaxed);
-                            }
-                            tally.answered[node][phase].fetch_add(1, Ordering::Relaxed);
-                        }
-                        Err(problem) => tally.failures.record(format!(
-                            "{} {value} (phase {phase}): {problem}",
-                            NAMES[node]
-                        )),
-                    }
-                    tokio::time::sleep(if hot { HOT_PACE } else { PACE }).await;
-                }
-            }));
-        }
-    }
-
-    /// Stops every task and returns what they saw.
-    async fn stop(self) -> Arc<Tally> {
-        self.stop.store(true, Ordering::Release);
-        for task in self.tasks {
-            if let Err(error) = task.await {
-                panic!("a load task failed: {error}");
-            }
-        }
-        self.tally
+/// Prints what the load saw on each node.
+fn report(tally: &Tally) {
+    for (node, name) in NAMES.iter().enumerate() {
+        let answered: Vec<u64> = (0..LOAD_PHASES)
+            .map(|phase| tally.answered(node, phase))
+            .collect();
+        eprintln!(
+            "load on {name}: answered {answered:?} (before, during, after the cut); hot key \
+             admitted {:?}",
+            tally.admitted_by_phase(node)
+        );
     }
 }

@@ -180,15 +180,6 @@ fn listed(body: &Value) -> Vec<(String, u64, String)> {
         .collect()
 }
 
-fn signal(node: &mut Ratekeeper, signal: &str) {
-    let pid = node.process().id().to_string();
-    let status = std::process::Command::new("kill")
-        .args([signal, &pid])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
-
 #[test]
 fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
     let dir = TempDir::new("counters-cluster");
@@ -307,10 +298,10 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
 
     // A member that does not answer (stopped: its connections stay open, silent) is
     // reported; the counters the others name and own are still listed.
-    signal(&mut nodes[2], "-STOP");
+    nodes[2].process().signal("-STOP");
     let started = std::time::Instant::now();
     let (status, body) = get(http[0], "/counters/edge?cluster=1");
-    signal(&mut nodes[2], "-CONT");
+    nodes[2].process().signal("-CONT");
     assert_eq!(status, 200, "{body}");
     assert!(
         started.elapsed() < Duration::from_secs(10),

@@ -431,12 +431,7 @@ async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
         })
     });
     assert!(queued, "the second request is waiting");
-    let pid = server.process().id().to_string();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    server.process().signal("-TERM");
     let not_ready = eventually(WAIT, || {
         http_get(http, "/healthcheck", &[]).is_ok_and(|response| response.status == 503)
     });

@@ -180,12 +180,7 @@ fn the_binary_serves_on_the_socket_it_prints_and_removes_it_on_sigterm() {
     // SIGTERM has nothing to wait for.
     drop(runtime);
 
-    let pid = ratekeeper.child().id();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
+    ratekeeper.process().signal("-TERM");
     let exited = eventually(Duration::from_secs(30), || {
         ratekeeper
             .child()

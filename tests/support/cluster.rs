@@ -5,8 +5,8 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -17,6 +17,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::ring::{DEFAULT_VNODES, Ring};
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 use super::http::{http_get, http_post, metric};
@@ -69,14 +70,18 @@ pub fn wait_for_members(nodes: &[Ratekeeper], n: usize) {
     }
 }
 
+/// A gRPC client of `node`.
+pub async fn grpc_client(node: &Ratekeeper) -> RateLimitServiceClient<Channel> {
+    RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
+        .await
+        .unwrap_or_else(|error| panic!("connect to {}: {error}", node.grpc_addr()))
+}
+
 /// A gRPC client per node.
 pub async fn grpc_clients(nodes: &[Ratekeeper]) -> Vec<RateLimitServiceClient<Channel>> {
     let mut clients = Vec::new();
     for node in nodes {
-        let client = RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
-            .await
-            .unwrap_or_else(|error| panic!("connect to {}: {error}", node.grpc_addr()));
-        clients.push(client);
+        clients.push(grpc_client(node).await);
     }
     clients
 }
@@ -158,6 +163,110 @@ impl Failures {
     }
 }
 
+/// Phases a [`Load`] tells apart (before, during, after what a test does to the cluster).
+pub const LOAD_PHASES: usize = 3;
+/// Nodes a [`Load`] sends through at most.
+pub const LOAD_NODES: usize = 3;
+
+/// What a [`Load`] saw, per node it sent through and per phase.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Answers (OK or OVER_LIMIT).
+    answered: [[AtomicU64; LOAD_PHASES]; LOAD_NODES],
+    /// Admitted hits of the keys whose admissions are counted.
+    admitted: [[AtomicU64; LOAD_PHASES]; LOAD_NODES],
+    pub failures: Failures,
+}
+
+impl Tally {
+    pub fn answered(&self, node: usize, phase: usize) -> u64 {
+        self.answered[node][phase].load(Ordering::Relaxed)
+    }
+
+    /// The counted keys' admitted hits on `node`, per phase.
+    pub fn admitted_by_phase(&self, node: usize) -> Vec<u64> {
+        self.admitted[node]
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The counted keys' admitted hits on `node`, in all phases.
+    pub fn admitted(&self, node: usize) -> u64 {
+        self.admitted_by_phase(node).iter().sum()
+    }
+}
+
+/// Requests sent all along by tasks (one per node and key, each pacing itself), every answer
+/// recorded in a [`Tally`] under the phase set when it was sent.
+#[derive(Default)]
+pub struct Load {
+    phase: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    pub tally: Arc<Tally>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Load {
+    /// Sends `value` through every client (client `i` is node `names[i]`), one request per
+    /// `pace`, until stopped; `count_admitted` counts its admitted hits.
+    pub fn spawn(
+        &mut self,
+        clients: &[RateLimitServiceClient<Channel>],
+        names: &[&'static str],
+        value: &str,
+        pace: Duration,
+        count_admitted: bool,
+    ) {
+        assert!(
+            clients.len() <= LOAD_NODES,
+            "a load sends through at most {LOAD_NODES} nodes"
+        );
+        for ((node, client), name) in clients.iter().enumerate().zip(names) {
+            let (mut client, value, name) = (client.clone(), value.to_owned(), *name);
+            let (phase, stop, tally) = (
+                Arc::clone(&self.phase),
+                Arc::clone(&self.stop),
+                Arc::clone(&self.tally),
+            );
+            self.tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Acquire) {
+                    let phase = phase.load(Ordering::Acquire);
+                    match edge_try(&mut client, &value).await {
+                        Ok(admitted) => {
+                            if admitted && count_admitted {
+                                tally.admitted[node][phase].fetch_add(1, Ordering::Relaxed);
+                            }
+                            tally.answered[node][phase].fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(problem) => tally
+                            .failures
+                            .record(format!("{name} {value} (phase {phase}): {problem}")),
+                    }
+                    tokio::time::sleep(pace).await;
+                }
+            }));
+        }
+    }
+
+    /// Records the answers from now on under `phase` (below [`LOAD_PHASES`]).
+    pub fn set_phase(&self, phase: usize) {
+        assert!(phase < LOAD_PHASES);
+        self.phase.store(phase, Ordering::Release);
+    }
+
+    /// Stops every task and returns what they saw.
+    pub async fn stop(self) -> Arc<Tally> {
+        self.stop.store(true, Ordering::Release);
+        for task in self.tasks {
+            if let Err(error) = task.await {
+                panic!("a load task failed: {error}");
+            }
+        }
+        self.tally
+    }
+}
+
 /// The first `<prefix>-<n>` for which `wanted` holds.
 pub fn edge_key_where(prefix: &str, wanted: impl Fn(&str) -> bool) -> String {
     (0..10_000)
@@ -221,6 +330,24 @@ pub fn metric_total(nodes: &[Ratekeeper], prefix: &str) -> f64 {
         .iter()
         .map(|node| super::http::metric_sum(node.http_addr(), prefix))
         .sum()
+}
+
+/// Fails, with [`cluster_diagnosis`], unless each node's time (`times[i]`, for `names[i]`)
+/// is within `bound`; `what` says what the node did (`"show 2 members after the kill"`).
+pub fn assert_all_within(
+    times: &[Option<Duration>],
+    bound: Duration,
+    what: &str,
+    nodes: &[Ratekeeper],
+    names: &[&str],
+) {
+    for (time, name) in times.iter().zip(names) {
+        assert!(
+            time.is_some_and(|elapsed| elapsed <= bound),
+            "{name} did not {what} within {bound:?} (seen after {time:?})\n{}",
+            cluster_diagnosis(nodes, names)
+        );
+    }
 }
 
 /// The `/metrics` lines of `node` starting with any of `prefixes`.

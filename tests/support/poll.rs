@@ -49,3 +49,24 @@ where
         pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
+
+/// When each of `count` conditions first held after `since`: `holds(i)` polled every 20 ms
+/// until all have held or `observe` has passed since `since` (`None`: not within it). For
+/// measuring how fast something happens, not only whether it does.
+pub async fn first_times(
+    since: Instant,
+    observe: Duration,
+    count: usize,
+    mut holds: impl FnMut(usize) -> bool,
+) -> Vec<Option<Duration>> {
+    let mut seen: Vec<Option<Duration>> = vec![None; count];
+    while since.elapsed() < observe && seen.contains(&None) {
+        for (index, first) in seen.iter_mut().enumerate() {
+            if first.is_none() && holds(index) {
+                *first = Some(since.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    seen
+}

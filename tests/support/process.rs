@@ -130,6 +130,15 @@ impl Process {
         );
     }
 
+    /// Sends `signal` (`kill`'s flag: `-TERM`, `-STOP`, `-CONT`, `-KILL`) to the child.
+    pub fn signal(&mut self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} {}", self.id());
+    }
+
     /// Kills the child and waits for it.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
