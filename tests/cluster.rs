@@ -440,15 +440,7 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
     // The owner weighs the asked hits (Peek carries them): 8 do not fit in the 7 left and
     // pass again when the window resets; 11 never fit.
     for (hits, retry) in [(8, true), (11, false)] {
-        let body = serde_json::json!({
-            "domain": "edge",
-            "hits_addend": hits,
-            "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
-        })
-        .to_string();
-        let response = support::http_post(nodes[0].http_addr(), "/debug/explain", &[], &body)
-            .expect("answers");
-        let answer: serde_json::Value = serde_json::from_str(&response.body).expect("JSON");
+        let (_, answer) = support::edge_explain_hits(&nodes[0], &value, Some(hits));
         let descriptor = &answer["descriptors"][0];
         assert_eq!(descriptor["would_reject"], true, "{answer}");
         assert_eq!(descriptor["local"], false, "{answer}");

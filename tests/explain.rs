@@ -146,37 +146,36 @@ fn a_rejected_request_is_told_when_it_would_pass_again() {
     assert_eq!(never["retry_after_ms"], Value::Null, "{never}");
     assert_eq!(never["limits"][0]["retry_after_ms"], Value::Null);
 
-    let addr = format!("http://{http}");
-    let command = |descriptor: &str, hits: &str| {
-        let (status, stdout, stderr) = run_ratekeeper(&[
-            "explain",
-            "--addr",
-            &addr,
-            "--domain",
-            "edge",
-            "--descriptor",
-            descriptor,
-            "--hits",
-            hits,
-        ]);
-        assert!(status.success(), "{stdout}{stderr}");
-        stdout
-    };
-    let stdout = command("api_key=carol", "1");
-    for expected in [
-        "    rejects 1 hit now; admitted again in ",
-        "  over: this request would be rejected now; retry in ",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
-    let stdout = command("api_key=dave", "6");
-    for expected in [
-        "    rejects 6 hits now, and always will",
-        "  over: this request would be rejected now, and will never pass",
-    ] {
+    let stdout = explain_command(http, &["--descriptor", "api_key=carol", "--hits", "1"]);
+    assert_has_lines(
+        &stdout,
+        &[
+            "    rejects 1 hit now; admitted again in ",
+            "  over: this request would be rejected now; retry in ",
+        ],
+    );
+    let stdout = explain_command(http, &["--descriptor", "api_key=dave", "--hits", "6"]);
+    assert_has_lines(
+        &stdout,
+        &[
+            "    rejects 6 hits now, and always will",
+            "  over: this request would be rejected now, and will never pass",
+        ],
+    );
+}
+
+/// `ratekeeper explain --addr http://ADDR --domain edge ARGS`, which must succeed; its stdout.
+fn explain_command(addr: SocketAddr, args: &[&str]) -> String {
+    let addr = format!("http://{addr}");
+    let base = ["explain", "--addr", &addr, "--domain", "edge"];
+    let (status, stdout, stderr) = run_ratekeeper(&[&base[..], args].concat());
+    assert!(status.success(), "{stdout}{stderr}");
+    stdout
+}
+
+/// Fails unless every one of `expected` is in `stdout`.
+fn assert_has_lines(stdout: &str, expected: &[&str]) {
+    for expected in expected {
         assert!(
             stdout.contains(expected),
             "missing {expected:?} in:\n{stdout}"
@@ -278,37 +277,31 @@ fn the_command_prints_a_readable_explanation() {
         post_json(http, "/json", &request(&[&[("api_key", "bob")]])).0,
         200
     );
-    let addr = format!("http://{http}");
-    let (status, stdout, stderr) = run_ratekeeper(&[
-        "explain",
-        "--addr",
-        &addr,
-        "--domain",
-        "edge",
-        "--descriptor",
-        "api_key=bob",
-        "--descriptor",
-        "tenant=acme,path=/v1",
-        "--descriptor",
-        "api_key=healthchecker",
-    ]);
-    assert!(status.success(), "{stdout}{stderr}");
-    for expected in [
-        "descriptor 1: api_key=bob (1 hit)",
-        "  matched edge > api_key",
-        "  limit per_key: 5 per day, fixed_window",
-        "    used 1, remaining 4, fully reset in ",
-        "  within the limit: this request would pass now",
-        "descriptor 2: tenant=acme,path=/v1 (1 hit)",
-        "  limit per_path: 10 per hour, token_bucket, burst 20",
-        "descriptor 3: api_key=healthchecker (1 hit)",
-        "  no limit: matched edge > api_key=healthchecker, which has no limit (allow-listed)",
-    ] {
-        assert!(
-            stdout.contains(expected),
-            "missing {expected:?} in:\n{stdout}"
-        );
-    }
+    let stdout = explain_command(
+        http,
+        &[
+            "--descriptor",
+            "api_key=bob",
+            "--descriptor",
+            "tenant=acme,path=/v1",
+            "--descriptor",
+            "api_key=healthchecker",
+        ],
+    );
+    assert_has_lines(
+        &stdout,
+        &[
+            "descriptor 1: api_key=bob (1 hit)",
+            "  matched edge > api_key",
+            "  limit per_key: 5 per day, fixed_window",
+            "    used 1, remaining 4, fully reset in ",
+            "  within the limit: this request would pass now",
+            "descriptor 2: tenant=acme,path=/v1 (1 hit)",
+            "  limit per_path: 10 per hour, token_bucket, burst 20",
+            "descriptor 3: api_key=healthchecker (1 hit)",
+            "  no limit: matched edge > api_key=healthchecker, which has no limit (allow-listed)",
+        ],
+    );
     assert!(stdout.contains("on this node"), "{stdout}");
     // Explaining consumed nothing.
     let (_, body) = post_json(http, "/debug/explain", &request(&[&[("api_key", "bob")]]));

@@ -440,71 +440,78 @@ async fn malformed_calls_get_the_grpc_status_tonic_would_give_and_the_server_kee
     assert_eq!(decoded.overall_code, Code::Ok as i32);
     assert_eq!(decoded.statuses[0].limit_remaining, 4);
 
-    // (what, body, extra headers, grpc-status, a part of grpc-message)
-    type Case<'a> = (&'a str, Vec<u8>, &'a [(&'a str, &'a str)], &'a str, &'a str);
+    // (what, body, extra headers, grpc-status, a part of grpc-message; `None`: the message
+    // is prost's or tonic's own wording, not checked)
+    type Case<'a> = (
+        &'a str,
+        Vec<u8>,
+        &'a [(&'a str, &'a str)],
+        &'a str,
+        Option<&'a str>,
+    );
     let cases: Vec<Case> = vec![
         (
             "no message",
             Vec::new(),
             &[],
             "13",
-            "Missing request message.",
+            Some("Missing request message."),
         ),
         (
             "a cut-off header",
             vec![0, 0, 0],
             &[],
             "13",
-            "Unexpected EOF decoding stream.",
+            Some("Unexpected EOF decoding stream."),
         ),
         (
             "a cut-off message",
             grpc_frame(0, &message)[..8].to_vec(),
             &[],
             "13",
-            "Unexpected EOF decoding stream.",
+            Some("Unexpected EOF decoding stream."),
         ),
         (
             "a compressed message without grpc-encoding",
             grpc_frame(1, &message),
             &[],
             "13",
-            "compressed-flag but no grpc-encoding",
+            Some("compressed-flag but no grpc-encoding"),
         ),
         (
             "an invalid compression flag",
             grpc_frame(7, &message),
             &[],
             "13",
-            "invalid compression flag: 7",
+            Some("invalid compression flag: 7"),
         ),
         (
             "a declared length over 1 MiB",
             [0, 0, 0x20, 0, 0].to_vec(),
             &[],
             "11",
-            "the limit is: 1048576 bytes",
+            Some("the limit is: 1048576 bytes"),
         ),
         (
             "two messages",
             [grpc_frame(0, &message), grpc_frame(0, &message)].concat(),
             &[],
             "3",
-            "takes one message",
+            Some("takes one message"),
         ),
         (
             "bytes that are not protobuf",
             grpc_frame(0, &[0xff; 9]),
             &[],
             "13",
-            "",
+            None,
         ),
         (
             "gzip, which this server does not accept",
             grpc_frame(1, &message),
             &[("grpc-encoding", "gzip")],
             "12",
-            "",
+            None,
         ),
     ];
     for (what, body, headers, code, text) in cases {
@@ -516,11 +523,13 @@ async fn malformed_calls_get_the_grpc_status_tonic_would_give_and_the_server_kee
             "{what}: {}",
             answer.grpc_message
         );
-        assert!(
-            answer.grpc_message.contains(text),
-            "{what}: {:?} should say {text:?}",
-            answer.grpc_message
-        );
+        if let Some(text) = text {
+            assert!(
+                answer.grpc_message.contains(text),
+                "{what}: {:?} should say {text:?}",
+                answer.grpc_message
+            );
+        }
     }
 
     // Other methods and services are tonic's: unknown ones are UNIMPLEMENTED.

@@ -440,11 +440,6 @@ fn a_fixed_window_lends_a_share_of_what_remains_and_takes_back_only_in_that_wind
     let now = 10 * minute + 5;
     let mut state = init(&limit, now);
     assert!(decide(&limit, &mut state, now, 4).allowed);
-    let policy = |most, share| LendPolicy {
-        most,
-        share,
-        least: 1,
-    };
     let lent = lend(&limit, &mut state, now, policy(1_000, 6)).expect("96 remain: 16 lent");
     assert_eq!((lent.units, lent.window, lent.remaining), (16, 10, 80));
     assert_eq!((lent.reset_after, lent.valid_for), (minute - 5, minute - 5));
@@ -490,7 +485,7 @@ fn a_sliding_window_takes_a_loan_back_only_in_the_window_it_came_from() {
     let minute = Unit::Minute.nanos();
     let now = 20 * minute;
     let mut state = init(&limit, now);
-    let lent = lend(&limit, &mut state, now, policy_of(30, 2)).expect("30 of 60");
+    let lent = lend(&limit, &mut state, now, policy(30, 2)).expect("30 of 60");
     assert_eq!((lent.units, lent.window, lent.valid_for), (30, 20, minute));
     assert_eq!(refund(&limit, &mut state, now + 5, 12, 20), 12);
     assert_eq!(decide(&limit, &mut state, now + 5, 0).remaining, 42);
@@ -502,7 +497,8 @@ fn a_sliding_window_takes_a_loan_back_only_in_the_window_it_came_from() {
     );
 }
 
-fn policy_of(most: u64, share: u64) -> LendPolicy {
+/// Lends at most `most`, a `1/share` of what remains, however little.
+fn policy(most: u64, share: u64) -> LendPolicy {
     LendPolicy {
         most,
         share,
@@ -518,7 +514,7 @@ fn a_bucket_takes_a_loan_back_at_any_time_as_if_it_had_never_been_taken() {
         let limit = rate(algorithm, 10, Unit::Second, Some(20));
         let now = 100 * second;
         let mut state = init(&limit, now);
-        let lent = lend(&limit, &mut state, now, policy_of(8, 2)).expect("8 of 20");
+        let lent = lend(&limit, &mut state, now, policy(8, 2)).expect("8 of 20");
         assert_eq!(
             (lent.units, lent.remaining, lent.valid_for),
             (8, 12, u64::MAX)

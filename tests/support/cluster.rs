@@ -292,10 +292,22 @@ pub fn edge_owner_of(members: &[String], value: &str) -> usize {
 /// `POST /debug/explain` for `value` on `node`: the counter's `used` (None unless it
 /// answered 200 with one) and the whole answer.
 pub fn edge_explain(node: &Ratekeeper, value: &str) -> (Option<u64>, Value) {
-    let body = json!({
+    edge_explain_hits(node, value, None)
+}
+
+/// [`edge_explain`] weighing `hits` hits (`hits_addend`; `None`: the request's default).
+pub fn edge_explain_hits(
+    node: &Ratekeeper,
+    value: &str,
+    hits: Option<u32>,
+) -> (Option<u64>, Value) {
+    let mut body = json!({
         "domain": "edge",
         "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]
     });
+    if let Some(hits) = hits {
+        body["hits_addend"] = json!(hits);
+    }
     let Ok(response) = http_post(node.http_addr(), "/debug/explain", &[], &body.to_string()) else {
         return (None, json!("no answer"));
     };
