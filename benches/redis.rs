@@ -10,7 +10,8 @@
 //!
 //! Run with `cargo bench --bench redis`. Environment: `REDIS_BENCH_ROUNDS` (default 3),
 //! `REDIS_BENCH_SECONDS` (4), `REDIS_BENCH_CONNECTIONS` (4), `REDIS_BENCH_STREAMS` (16),
-//! `REDIS_BENCH_HZ` (10, Redis's default `hz`: how often it runs its expiry cycle).
+//! `REDIS_BENCH_HZ` (10, Redis's default `hz`: how often it runs its expiry cycle),
+//! `REDIS_BENCH_POOL` (the store's `--store-pool`, default 4).
 
 mod loadgen;
 
@@ -195,7 +196,10 @@ fn main() {
     let memory = start_ratekeeper(&memory_runtime, API_KEY_LIMITS, None, stop_rx.clone());
     let target = Target::parse(&format!("redis://127.0.0.1:{}", redis.port)).expect("a redis url");
     let options = ServerOptions {
-        store: Some(RedisOptions::new(target)),
+        store: Some(RedisOptions {
+            pool: env_or("REDIS_BENCH_POOL", 4).max(1) as usize,
+            ..RedisOptions::new(target)
+        }),
         ..ServerOptions::new(localhost, localhost)
     };
     let on_redis = start_ratekeeper_with(&redis_runtime, API_KEY_LIMITS, &options, stop_rx);

@@ -1,10 +1,10 @@
 -- ratekeeper: decides the checks of one request atomically (see src/store/redis.rs).
 --
 -- ARGV: now_s, now_n (the caller's clock: Unix seconds and nanoseconds), margin_ms (how long
--- a key outlives the moment its state stops mattering: --store-ttl-margin), then per check:
---   cost, counters, then per counter: algorithm (0 fixed_window, 1 sliding_window,
---   2 token_bucket, 3 gcra), requests_per_unit, unit (seconds), burst, interval (ns per
---   token, buckets only).
+-- a key outlives the moment its state stops mattering: --store-ttl-margin), then the checks
+-- packed in one string of little-endian doubles: per check: cost, counters, then per
+-- counter: algorithm (0 fixed_window, 1 sliding_window, 2 token_bucket, 3 gcra),
+-- requests_per_unit, unit (seconds), burst, interval (ns per token, buckets only).
 -- KEYS: one per counter, in the same order.
 --
 -- A key holds little-endian doubles (struct.pack '<d...'): the time it was last written
@@ -13,22 +13,24 @@
 -- A check is decided at the latest of the caller's clock and its keys' times, so a node
 -- whose clock is behind cannot rewind a counter.
 --
--- The answer, per check: admitted (1/0), then per counter the key's value as read (before
--- this check; "" when missing). The caller re-derives every decision from those with the
--- same Rust code as the in-memory store; this script only has to agree on "admitted" and
--- write the consumed state.
+-- The answer is one string: per check, one byte admitted (1) or not (0), then per counter
+-- one byte, the length of the key's value as read (before this check; 0 when missing), and
+-- that value. The caller re-derives every decision from those with the same Rust code as
+-- the in-memory store; this script only has to agree on "admitted" and write the consumed
+-- state.
 --
 -- Arithmetic is exact: Lua numbers are doubles, so times stay split in seconds and
 -- nanoseconds, and every product and difference is kept below 2^53 by the limits the
 -- store refuses at load (sliding windows up to 9,007,199 per unit, buckets refilling
 -- within 2^53 ns). math.fmod is exact; `%` is not.
 --
--- Written for speed: it runs once per batch of requests, so it defines one function and
--- builds no table per counter.
+-- Written for speed: it runs once per batch of requests, so it defines one function, builds
+-- no table per counter and converts no number from text but the first three.
 
 local E9 = 1000000000
 local fmod, floor, min = math.fmod, math.floor, math.min
 local pack, unpack = struct.pack, struct.unpack
+local char = string.char
 local call = redis.call
 
 -- (s, n) + d nanoseconds, 0 <= d < 2^53.
@@ -43,13 +45,14 @@ end
 
 local now_s, now_n = tonumber(ARGV[1]), tonumber(ARGV[2])
 local MARGIN_MS = tonumber(ARGV[3])
+local checks = ARGV[4]
 local out, o = {}, 0
 local raws, states, ttls = {}, {}, {}
-local arg, key = 4, 1
-local nargs = #ARGV
-while arg <= nargs do
-  local cost, count = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1])
-  arg = arg + 2
+local at, key = 1, 1
+local size = #checks
+while at <= size do
+  local cost, count
+  cost, count, at = unpack('<dd', checks, at)
   -- Read every counter of the check; decide at the latest time among them and now.
   local es, en = now_s, now_n
   for i = 1, count do
@@ -66,12 +69,8 @@ while arg <= nargs do
   end
   local admitted = true
   for i = 1, count do
-    local at = arg + (i - 1) * 5
-    local algorithm = tonumber(ARGV[at])
-    local rpu = tonumber(ARGV[at + 1])
-    local unit = tonumber(ARGV[at + 2])
-    local burst = tonumber(ARGV[at + 3])
-    local interval = tonumber(ARGV[at + 4])
+    local algorithm, rpu, unit, burst, interval
+    algorithm, rpu, unit, burst, interval, at = unpack('<ddddd', checks, at)
     local raw = raws[i]
     local state, ttl = nil, nil
     if rpu <= 0 then
@@ -180,12 +179,12 @@ while arg <= nargs do
     end
   end
   o = o + 1
-  out[o] = admitted and 1 or 0
+  out[o] = admitted and '\1' or '\0'
   for i = 1, count do
-    o = o + 1
-    out[o] = raws[i]
+    local raw = raws[i]
+    out[o + 1], out[o + 2] = char(#raw), raw
+    o = o + 2
   end
-  arg = arg + count * 5
   key = key + count
 end
-return out
+return table.concat(out)

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use smallvec::SmallVec;
 
 use self::blocked::BlockedCache;
@@ -274,11 +275,11 @@ impl Store for RedisStore {
                 .await
                 .map_err(|_| unavailable(format!("no answer within {:?}", inner.options.timeout)))?
                 .map_err(|error| unavailable(error.to_string()))?;
-            let (now, replies) = answer;
+            let (now, reply) = answer;
             let mut out = Decisions::new();
             let mut at = 0;
             for (check, cost) in checks.iter().zip(costs) {
-                let (_, at_time, states) = read_states(check, now, &replies, &mut at)
+                let (_, at_time, states) = read_states(check, now, &reply, &mut at)
                     .ok_or_else(|| unavailable("a reply of the wrong shape".to_owned()))?;
                 for (counter, state) in check.counters.iter().zip(states) {
                     out.push(check::peek(&counter.rate, state, at_time, cost));
@@ -329,7 +330,7 @@ impl Inner {
         let result = tokio::time::timeout(self.options.timeout, self.call(checks, now)).await;
         self.stats.latency.observe(started.elapsed());
         let failure = match result {
-            Ok(Ok((at, replies))) => match self.read(checks, at, &replies) {
+            Ok(Ok((at, reply))) => match self.read(checks, at, &reply) {
                 Some(decisions) => {
                     probe.reported = true;
                     self.stats.calls.fetch_add(1, Ordering::Relaxed);
@@ -372,7 +373,7 @@ impl Inner {
     /// The script's answer for `checks` and the time it decided them at: batched with
     /// other requests' checks on one server, or one call per check on a Redis Cluster (a
     /// check's keys share a hash slot; different checks may not), sent together.
-    async fn call(&self, checks: &Checks, now: u64) -> Result<(u64, Vec<redis::Value>), CallError> {
+    async fn call(&self, checks: &Checks, now: u64) -> Result<(u64, Bytes), CallError> {
         if let Some(batches) = &self.batches {
             let (reply, answer) = tokio::sync::oneshot::channel();
             let pending = batch::Pending {
@@ -394,22 +395,22 @@ impl Inner {
             .map_err(|error| CallError::Failed(error.to_string()))?;
         let calls = checks.iter().map(|check| {
             let mut connection = connection.clone();
-            let invocation = caller.invocation(std::iter::once(check), now);
-            async move { connection.invoke(&invocation).await }
+            let command = caller.command(std::iter::once(check), now);
+            async move { connection.invoke(&caller.script, &command).await }
         });
         let replies = futures_util::future::try_join_all(calls)
             .await
             .map_err(|error| CallError::Failed(error.to_string()))?;
-        Ok((now, replies.into_iter().flatten().collect()))
+        Ok((now, Bytes::from(replies.concat())))
     }
 
     /// Derives the decisions from the states the script read; `None` if the reply does not
     /// have the expected shape.
-    fn read(&self, checks: &Checks, now: u64, replies: &[redis::Value]) -> Option<Decisions> {
+    fn read(&self, checks: &Checks, now: u64, reply: &[u8]) -> Option<Decisions> {
         let mut out = Decisions::new();
         let mut at = 0;
         for check in checks {
-            let (admitted, at_time, mut states) = read_states(check, now, replies, &mut at)?;
+            let (admitted, at_time, mut states) = read_states(check, now, reply, &mut at)?;
             let denied = check.decide(&mut states, at_time, &mut out);
             if denied.is_none() != admitted {
                 self.disagreed(admitted);
@@ -484,30 +485,35 @@ struct Caller {
 }
 
 impl Caller {
-    fn invocation<'c>(
-        &self,
-        checks: impl Iterator<Item = &'c Check>,
-        now: u64,
-    ) -> redis::ScriptInvocation<'_> {
-        let mut invocation = self.script.prepare_invoke();
-        invocation
-            .arg(now / NANOS_PER_SEC)
-            .arg(now % NANOS_PER_SEC)
-            .arg(self.ttl_margin_ms);
+    /// The script call deciding `checks` at `now`: `EVALSHA` with one key per counter and
+    /// the checks packed in one argument (see `redis.lua`).
+    fn command<'c>(&self, checks: impl Iterator<Item = &'c Check> + Clone, now: u64) -> redis::Cmd {
+        let keys: usize = checks.clone().map(|check| check.counters.len()).sum();
+        let mut command = redis::Cmd::with_capacity(7 + keys, 64 + keys * (KEY_LEN + 48));
+        command.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
+        let mut packed = Vec::with_capacity(keys * 40 + 16);
+        let mut push = |number: u64| packed.extend_from_slice(&(number as f64).to_le_bytes());
         for check in checks {
-            invocation.arg(check.cost).arg(check.counters.len());
+            for counter in &check.counters {
+                command.arg(&redis_key_bytes(&counter.key)[..]);
+            }
+            push(check.cost);
+            push(check.counters.len() as u64);
             for counter in &check.counters {
                 let rate = &counter.rate;
-                invocation
-                    .key(redis_key(&counter.key))
-                    .arg(algorithm_code(rate.algorithm))
-                    .arg(rate.requests_per_unit)
-                    .arg(rate.unit.seconds())
-                    .arg(rate.burst)
-                    .arg(rate.emission_interval());
+                push(u64::from(algorithm_code(rate.algorithm)));
+                push(u64::from(rate.requests_per_unit));
+                push(rate.unit.seconds());
+                push(u64::from(rate.burst));
+                push(rate.emission_interval());
             }
         }
-        invocation
+        command
+            .arg(now / NANOS_PER_SEC)
+            .arg(now % NANOS_PER_SEC)
+            .arg(self.ttl_margin_ms)
+            .arg(packed);
+        command
     }
 }
 
@@ -525,22 +531,28 @@ impl Drop for Probe<'_> {
     }
 }
 
-/// One check's part of the script's reply, from `replies[*at]` on (`at` moves past it):
+/// One check's part of the script's reply, from `reply[*at]` on (`at` moves past it):
 /// whether the script admitted it, the time it decided at (the latest of `now` and the
 /// keys' times), and its counters' states. `None` if the reply does not have that shape.
 fn read_states(
     check: &Check,
     now: u64,
-    replies: &[redis::Value],
+    reply: &[u8],
     at: &mut usize,
 ) -> Option<(bool, u64, States)> {
-    let admitted = matches!(replies.get(*at)?, redis::Value::Int(1));
-    let block = replies.get(*at + 1..*at + 1 + check.counters.len())?;
-    *at += 1 + check.counters.len();
-    let stored = block
-        .iter()
-        .map(Stored::read)
-        .collect::<Option<SmallVec<[Option<Stored>; 4]>>>()?;
+    let admitted = match reply.get(*at)? {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    *at += 1;
+    let mut stored = SmallVec::<[Option<Stored>; 4]>::new();
+    for _ in &check.counters {
+        let len = usize::from(*reply.get(*at)?);
+        let value = reply.get(*at + 1..*at + 1 + len)?;
+        *at += 1 + len;
+        stored.push(Stored::read(value)?);
+    }
     let at_time = stored
         .iter()
         .flatten()
@@ -558,13 +570,39 @@ fn read_states(
     Some((admitted, at_time, states))
 }
 
+/// The length of the part of `reply` from `at` on that answers `checks`, or `None` if
+/// `reply` is too short for it.
+fn part_len(checks: &Checks, reply: &[u8], at: usize) -> Option<usize> {
+    let mut end = at;
+    for check in checks {
+        end += 1;
+        for _ in &check.counters {
+            end += 1 + usize::from(*reply.get(end)?);
+        }
+    }
+    (end <= reply.len()).then_some(end - at)
+}
+
 /// `rk:{ROUTE}:ID`: the route in braces is the Redis Cluster hash tag, so all counters of
-/// one descriptor share a slot. 54 bytes.
+/// one descriptor share a slot. [`KEY_LEN`] bytes.
 fn redis_key(key: &KeyId) -> String {
-    format!(
-        "rk:{{{:016x}}}:{:016x}{:016x}",
-        key.route, key.id[0], key.id[1]
-    )
+    String::from_utf8_lossy(&redis_key_bytes(key)).into_owned()
+}
+
+const KEY_LEN: usize = 54;
+
+/// [`redis_key`] without an allocation.
+fn redis_key_bytes(key: &KeyId) -> [u8; KEY_LEN] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; KEY_LEN];
+    out[..4].copy_from_slice(b"rk:{");
+    out[20..22].copy_from_slice(b"}:");
+    for (at, number) in [(4, key.route), (22, key.id[0]), (38, key.id[1])] {
+        for (digit, byte) in out[at..at + 16].iter_mut().enumerate() {
+            *byte = HEX[((number >> (60 - 4 * digit)) & 0xf) as usize];
+        }
+    }
+    out
 }
 
 fn algorithm_code(algorithm: Algorithm) -> u8 {
@@ -585,17 +623,14 @@ struct Stored {
 }
 
 impl Stored {
-    /// One counter's part of the reply: the key's value, little-endian doubles (seconds,
+    /// A key's value as the script read it: little-endian doubles (seconds,
     /// nanoseconds, up to three numbers), or empty when the key did not exist. `None` for
     /// anything else (not a value this script wrote).
-    fn read(value: &redis::Value) -> Option<Option<Stored>> {
-        let redis::Value::BulkString(bytes) = value else {
-            return None;
-        };
+    fn read(bytes: &[u8]) -> Option<Option<Stored>> {
         if bytes.is_empty() {
             return Some(None);
         }
-        if bytes.len() % 8 != 0 || !(16..=40).contains(&bytes.len()) {
+        if !bytes.len().is_multiple_of(8) || !(16..=40).contains(&bytes.len()) {
             return None;
         }
         let mut numbers = [0u64; 5];

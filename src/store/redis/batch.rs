@@ -16,9 +16,10 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use super::Caller;
+use super::{Caller, part_len};
 use crate::check::Checks;
 
 /// Requests waiting for a batch at most.
@@ -29,7 +30,7 @@ const MAX_REQUESTS: usize = 128;
 const MAX_KEYS: usize = 1024;
 
 /// The part of a batch's reply for one request, and the time the batch was decided at.
-pub(super) type Answer = Result<(u64, Vec<redis::Value>), String>;
+pub(super) type Answer = Result<(u64, Bytes), String>;
 
 pub(super) struct Pending {
     pub checks: Checks,
@@ -83,12 +84,12 @@ async fn send(caller: &Caller, batch: Vec<Pending>) {
     let result = async {
         let mut connection = caller.backend.connection().await?;
         let checks = batch.iter().flat_map(|pending| pending.checks.iter());
-        let invocation = caller.invocation(checks, now);
-        connection.invoke(&invocation).await
+        let command = caller.command(checks, now);
+        connection.invoke(&caller.script, &command).await
     }
     .await;
-    let mut values = match result {
-        Ok(values) => values.into_iter(),
+    let reply = match result {
+        Ok(reply) => Bytes::from(reply),
         Err(error) => {
             let error = error.to_string();
             for pending in batch {
@@ -97,15 +98,20 @@ async fn send(caller: &Caller, batch: Vec<Pending>) {
             return;
         }
     };
+    let mut at = 0;
     for pending in batch {
-        // Per check: "admitted", then one value per counter.
-        let count = pending
-            .checks
-            .iter()
-            .map(|check| 1 + check.counters.len())
-            .sum();
-        let part: Vec<redis::Value> = values.by_ref().take(count).collect();
-        // The caller checks the part's shape (a short reply reads as malformed there).
+        // A reply too short for this request's part leaves it empty: the caller reads an
+        // empty part as malformed.
+        let part = match part_len(&pending.checks, &reply, at) {
+            Some(len) => {
+                at += len;
+                reply.slice(at - len..at)
+            }
+            None => {
+                at = reply.len();
+                Bytes::new()
+            }
+        };
         let _ = pending.reply.send(Ok((now, part)));
     }
 }

@@ -341,13 +341,32 @@ impl Connection {
         }
     }
 
+    /// Runs `command` (an `EVALSHA` of `script`); if the server does not have the script
+    /// (a restart, a failover, a flush), loads it and runs the command again. The script
+    /// answers one string.
     pub async fn invoke(
         &mut self,
-        invocation: &redis::ScriptInvocation<'_>,
-    ) -> RedisResult<Vec<redis::Value>> {
+        script: &redis::Script,
+        command: &redis::Cmd,
+    ) -> RedisResult<Vec<u8>> {
+        match self.query(command).await {
+            Err(error)
+                if error.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                match self {
+                    Connection::Server(connection) => script.load_async(connection).await?,
+                    Connection::Cluster(connection) => script.load_async(connection).await?,
+                };
+                self.query(command).await
+            }
+            answer => answer,
+        }
+    }
+
+    async fn query(&mut self, command: &redis::Cmd) -> RedisResult<Vec<u8>> {
         match self {
-            Connection::Server(connection) => invocation.invoke_async(connection).await,
-            Connection::Cluster(connection) => invocation.invoke_async(connection).await,
+            Connection::Server(connection) => command.query_async(connection).await,
+            Connection::Cluster(connection) => command.query_async(connection).await,
         }
     }
 }

@@ -32,6 +32,61 @@ fn keys_keep_one_descriptor_in_one_cluster_slot() {
 }
 
 #[test]
+fn keys_are_spelled_as_earlier_versions_spelled_them() {
+    // Processes of two versions share one Redis during a rolling update.
+    let key = KeyId {
+        route: 0x0123_4567_89ab_cdef,
+        id: [0xfedc_ba98_7654_3210, 0x1],
+    };
+    assert_eq!(
+        redis_key(&key),
+        "rk:{0123456789abcdef}:fedcba98765432100000000000000001"
+    );
+}
+
+#[test]
+fn a_batch_reply_is_split_per_request_and_a_malformed_one_is_refused() {
+    let rate = Rate::fixed(10, Unit::Minute);
+    let first: Checks = [check(rate, 1)].into_iter().collect();
+    let second: Checks = [check(rate, 2)].into_iter().collect();
+    let time = 1_700_000_123 * NANOS_PER_SEC + 456;
+    let stored: Vec<u8> = [1_700_000_123.0f64, 456.0, 3.0]
+        .iter()
+        .flat_map(|number| number.to_le_bytes())
+        .collect();
+    // The first request: admitted, its key missing; the second: refused, its key holding 3.
+    let mut reply = vec![1, 0, 0, 24];
+    reply.extend_from_slice(&stored);
+    assert_eq!(part_len(&first, &reply, 0), Some(2));
+    assert_eq!(part_len(&second, &reply, 2), Some(26));
+    assert_eq!(part_len(&second, &reply[..20], 2), None, "cut short");
+
+    let mut at = 0;
+    let (admitted, at_time, states) =
+        read_states(&first[0], time, &reply, &mut at).expect("well formed");
+    assert!(admitted);
+    assert_eq!(at_time, time);
+    assert_eq!(states[0], algorithm::init(&rate, time));
+    let (admitted, _, states) =
+        read_states(&second[0], time, &reply, &mut at).expect("well formed");
+    assert!(!admitted);
+    assert_eq!(states[0].b, 3);
+    assert_eq!(at, reply.len());
+
+    for malformed in [
+        &[2, 0][..],
+        &[1][..],
+        &[1, 24, 0][..],
+        &[1, 8, 0, 0, 0, 0, 0, 0, 0, 0][..],
+    ] {
+        assert!(
+            read_states(&first[0], time, malformed, &mut 0).is_none(),
+            "{malformed:?}"
+        );
+    }
+}
+
+#[test]
 fn a_blocked_descriptor_is_answered_locally_until_it_has_room() {
     let cache = BlockedCache::new(100);
     let stats = RedisStats::default();
@@ -106,18 +161,16 @@ fn stored_numbers_read_back_as_the_in_memory_state() {
             b: 3
         }
     );
-    let missing = redis::Value::BulkString(Vec::new());
-    assert!(matches!(Stored::read(&missing), Some(None)));
+    assert!(matches!(Stored::read(&[]), Some(None)));
     let bytes: Vec<u8> = [1_700_000_123.0f64, 456.0, 3.0]
         .iter()
         .flat_map(|number| number.to_le_bytes())
         .collect();
-    let read = Stored::read(&redis::Value::BulkString(bytes)).flatten();
+    let read = Stored::read(&bytes).flatten();
     assert_eq!(read.map(|stored| stored.time), Some(time));
     assert_eq!(read.map(|stored| stored.numbers[0]), Some(3));
-    let foreign = redis::Value::BulkString(b"not ours".to_vec());
     assert!(
-        Stored::read(&foreign).is_none(),
+        Stored::read(b"not ours").is_none(),
         "a value of another writer"
     );
 }
