@@ -488,10 +488,14 @@ impl Caller {
     /// The script call deciding `checks` at `now`: `EVALSHA` with one key per counter and
     /// the checks packed in one argument (see `redis.lua`).
     fn command<'c>(&self, checks: impl Iterator<Item = &'c Check> + Clone, now: u64) -> redis::Cmd {
-        let keys: usize = checks.clone().map(|check| check.counters.len()).sum();
-        let mut command = redis::Cmd::with_capacity(7 + keys, 64 + keys * (KEY_LEN + 48));
+        let (count, keys) = checks.clone().fold((0, 0), |(count, keys), check| {
+            (count + 1, keys + check.counters.len())
+        });
+        // Doubles: cost and counters per check, five per counter.
+        let mut packed = Vec::with_capacity(8 * (2 * count + 5 * keys));
+        // EVALSHA, the hash, the key count, the keys, three numbers and `packed`.
+        let mut command = redis::Cmd::with_capacity(7 + keys, 128 + keys * KEY_LEN);
         command.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
-        let mut packed = Vec::with_capacity(keys * 40 + 16);
         let mut push = |number: u64| packed.extend_from_slice(&(number as f64).to_le_bytes());
         for check in checks {
             for counter in &check.counters {
@@ -540,19 +544,16 @@ fn read_states(
     reply: &[u8],
     at: &mut usize,
 ) -> Option<(bool, u64, States)> {
-    let admitted = match reply.get(*at)? {
+    let (admitted, values) = split_check(check, reply, at)?;
+    let admitted = match admitted {
         0 => false,
         1 => true,
         _ => return None,
     };
-    *at += 1;
-    let mut stored = SmallVec::<[Option<Stored>; 4]>::new();
-    for _ in &check.counters {
-        let len = usize::from(*reply.get(*at)?);
-        let value = reply.get(*at + 1..*at + 1 + len)?;
-        *at += 1 + len;
-        stored.push(Stored::read(value)?);
-    }
+    let stored = values
+        .into_iter()
+        .map(Stored::read)
+        .collect::<Option<SmallVec<[Option<Stored>; 4]>>>()?;
     let at_time = stored
         .iter()
         .flatten()
@@ -570,17 +571,33 @@ fn read_states(
     Some((admitted, at_time, states))
 }
 
+/// One check's part of the script's reply, from `reply[*at]` on (`at` moves past it): its
+/// "admitted" byte and, per counter, the key's value as read (see `redis.lua`). `None` if
+/// `reply` is too short for it.
+fn split_check<'r>(
+    check: &Check,
+    reply: &'r [u8],
+    at: &mut usize,
+) -> Option<(u8, SmallVec<[&'r [u8]; 4]>)> {
+    let admitted = *reply.get(*at)?;
+    *at += 1;
+    let mut values = SmallVec::new();
+    for _ in &check.counters {
+        let len = usize::from(*reply.get(*at)?);
+        values.push(reply.get(*at + 1..*at + 1 + len)?);
+        *at += 1 + len;
+    }
+    Some((admitted, values))
+}
+
 /// The length of the part of `reply` from `at` on that answers `checks`, or `None` if
 /// `reply` is too short for it.
 fn part_len(checks: &Checks, reply: &[u8], at: usize) -> Option<usize> {
     let mut end = at;
     for check in checks {
-        end += 1;
-        for _ in &check.counters {
-            end += 1 + usize::from(*reply.get(end)?);
-        }
+        split_check(check, reply, &mut end)?;
     }
-    (end <= reply.len()).then_some(end - at)
+    Some(end - at)
 }
 
 /// `rk:{ROUTE}:ID`: the route in braces is the Redis Cluster hash tag, so all counters of

@@ -335,10 +335,7 @@ impl Connection {
     pub async fn delete(&mut self, keys: &[String]) -> RedisResult<usize> {
         let mut command = redis::cmd("DEL");
         command.arg(keys);
-        match self {
-            Connection::Server(connection) => command.query_async(connection).await,
-            Connection::Cluster(connection) => command.query_async(connection).await,
-        }
+        self.query(&command).await
     }
 
     /// Runs `command` (an `EVALSHA` of `script`); if the server does not have the script
@@ -363,7 +360,7 @@ impl Connection {
         }
     }
 
-    async fn query(&mut self, command: &redis::Cmd) -> RedisResult<Vec<u8>> {
+    async fn query<T: redis::FromRedisValue>(&mut self, command: &redis::Cmd) -> RedisResult<T> {
         match self {
             Connection::Server(connection) => command.query_async(connection).await,
             Connection::Cluster(connection) => command.query_async(connection).await,

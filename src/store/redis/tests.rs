@@ -18,6 +18,14 @@ fn check(rate: Rate, cost: u64) -> Check {
     }
 }
 
+/// A key's value as the script writes it.
+fn doubles(numbers: &[f64]) -> Vec<u8> {
+    numbers
+        .iter()
+        .flat_map(|number| number.to_le_bytes())
+        .collect()
+}
+
 #[test]
 fn keys_keep_one_descriptor_in_one_cluster_slot() {
     let mut builder = KeyBuilder::new("edge");
@@ -50,10 +58,7 @@ fn a_batch_reply_is_split_per_request_and_a_malformed_one_is_refused() {
     let first: Checks = [check(rate, 1)].into_iter().collect();
     let second: Checks = [check(rate, 2)].into_iter().collect();
     let time = 1_700_000_123 * NANOS_PER_SEC + 456;
-    let stored: Vec<u8> = [1_700_000_123.0f64, 456.0, 3.0]
-        .iter()
-        .flat_map(|number| number.to_le_bytes())
-        .collect();
+    let stored = doubles(&[1_700_000_123.0, 456.0, 3.0]);
     // The first request: admitted, its key missing; the second: refused, its key holding 3.
     let mut reply = vec![1, 0, 0, 24];
     reply.extend_from_slice(&stored);
@@ -162,10 +167,7 @@ fn stored_numbers_read_back_as_the_in_memory_state() {
         }
     );
     assert!(matches!(Stored::read(&[]), Some(None)));
-    let bytes: Vec<u8> = [1_700_000_123.0f64, 456.0, 3.0]
-        .iter()
-        .flat_map(|number| number.to_le_bytes())
-        .collect();
+    let bytes = doubles(&[1_700_000_123.0, 456.0, 3.0]);
     let read = Stored::read(&bytes).flatten();
     assert_eq!(read.map(|stored| stored.time), Some(time));
     assert_eq!(read.map(|stored| stored.numbers[0]), Some(3));
