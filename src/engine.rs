@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use prometheus_client::registry::Registry;
+use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use crate::algorithm::{LendPolicy, Lent};
@@ -177,9 +178,18 @@ impl Engine {
         let cells = &self.inner.cells;
         let mut decisions = Decisions::new();
         let mut waits = Vec::new();
+        let shards: SmallVec<[usize; 4]> = checks
+            .iter()
+            .map(|check| crate::key::shard_of(check.route(), cells.len()))
+            .collect();
+        // Shards on which this request's keys were already looked up (see `Shard::warm`).
+        let mut warmed: SmallVec<[usize; 4]> = SmallVec::new();
         let mut held: Option<(usize, MutexGuard<'_, Shard>, u64)> = None;
-        for check in checks {
-            let index = crate::key::shard_of(check.route(), cells.len());
+        let mut rest = checks.into_iter();
+        let mut position = 0;
+        while let Some(check) = rest.next() {
+            let index = shards[position];
+            position += 1;
             let (_, shard, now) = match held {
                 Some(ref mut step) if step.0 == index => step,
                 _ => {
@@ -191,6 +201,14 @@ impl Engine {
                     held.insert((index, guard, now))
                 }
             };
+            if shards.len() > 1 && !warmed.contains(&index) {
+                // The first visit to a shard looks up all of the request's keys on it at
+                // once, so their cache misses overlap instead of coming one check at a time.
+                warmed.push(index);
+                let later = rest.as_slice().iter().zip(&shards[position..]);
+                let mine = later.filter(|&(_, &shard)| shard == index);
+                shard.warm(std::iter::once(&check).chain(mine.map(|(check, _)| check)));
+            }
             let offset = decisions.len();
             let len = check.counters.len();
             if let Stepped::Waiting { reply, wake } = shard.check(check, *now, &mut decisions)? {

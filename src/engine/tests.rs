@@ -49,6 +49,33 @@ async fn decisions_come_back_in_request_order_across_shards() {
     assert_eq!(remaining, expected);
 }
 
+/// A request visits shards back and forth (its keys on each shard are looked up together on
+/// the first visit): a key named twice still counts twice, in request order.
+#[tokio::test(start_paused = true)]
+async fn a_key_named_twice_in_one_request_counts_each_time() {
+    let engine = engine(2);
+    let values: Vec<String> = (0..100).map(|n| format!("v{n}")).collect();
+    let on = |shard: usize| {
+        values
+            .iter()
+            .find(|value| check_for(value, 1).counters[0].key.shard(2) == shard)
+            .expect("a value on each of two shards")
+    };
+    let (a, b) = (on(0), on(1));
+    let checks: Checks = smallvec![
+        check_for(a, 1),
+        check_for(b, 5),
+        check_for(a, 1),
+        check_for(b, 5),
+    ];
+    let decisions = engine.check(checks).await.expect("answers");
+    let seen: Vec<(bool, u32)> = decisions
+        .iter()
+        .map(|decision| (decision.allowed, decision.remaining))
+        .collect();
+    assert_eq!(seen, [(true, 0), (true, 4), (false, 0), (true, 3)]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_same_key_counts_once_per_hit_across_concurrent_callers() {
     let engine = engine(2);
