@@ -257,3 +257,65 @@ fn the_dashboard_and_the_counters_can_be_turned_off() {
         "{data}"
     );
 }
+
+/// The page charts at most 200 limits, those over their rate first: a limit far down a big
+/// config that is over its rate is charted, and the page says how many were left out.
+#[test]
+fn a_limit_over_its_rate_is_charted_even_past_the_first_200() {
+    const LIMITS_IN_CONFIG: usize = 250;
+    let dir = TempDir::new("dashboard-many");
+    let descriptors: String = (0..LIMITS_IN_CONFIG)
+        .map(|n| {
+            format!(
+                "  - key: k{n}\n    rate_limit: {{name: l{n}, unit: day, requests_per_unit: 1}}\n"
+            )
+        })
+        .collect();
+    let config = write_config(
+        dir.path(),
+        "edge.yaml",
+        &format!("domain: edge\ndescriptors:\n{descriptors}"),
+    );
+    let node = Ratekeeper::start(&config, &[]);
+    let http = node.http_addr();
+    let last = LIMITS_IN_CONFIG - 1;
+    let ask = |key: &str| {
+        let body =
+            json!({"domain": "edge", "descriptors": [{"entries": [{"key": key, "value": "v"}]}]});
+        http_post(http, "/json", &[], &body.to_string())
+            .expect("answers")
+            .status
+    };
+    let statuses: Vec<u16> = (0..2).map(|_| ask(&format!("k{last}"))).collect();
+    assert_eq!(statuses, [200, 429]);
+    let sampled = eventually(Duration::from_secs(25), || {
+        let response = http_get(http, "/ui/data", &[]).expect("answers");
+        let data: Value = serde_json::from_str(&response.body).expect("json");
+        data["history"]["series"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|series| series["limit"] == format!("l{last}"))
+            .flat_map(|series| series["points"].as_array().cloned().unwrap_or_default())
+            .any(|point| point[2] == 1)
+    });
+    assert!(
+        sampled,
+        "the history has the over-limit hit: {}",
+        node.stderr()
+    );
+
+    let dom = dump_dom(&format!("http://{http}/ui"), BUDGET);
+    let (_, over_in_window, _) = chart(&dom, &format!("|l{last}"))
+        .unwrap_or_else(|| panic!("a chart for l{last}: DOM:\n{dom}"));
+    assert_eq!(over_in_window, 1);
+    let charts = dom.matches("class=\"chart\" ").count();
+    assert_eq!(charts, 200, "charts drawn");
+    assert!(
+        dom.contains(&format!(
+            "{} more limits not charted",
+            LIMITS_IN_CONFIG - 200
+        )),
+        "the page says what it left out: DOM:\n{dom}"
+    );
+}
