@@ -6,7 +6,9 @@
 //! four short lock holds, not four cross-thread wake-ups. Steps are short and bounded (one
 //! request's checks; a lock is never held across an `.await`, and never two at once), so
 //! a caller that finds its shard busy waits a few hundred nanoseconds rather than queueing
-//! (counted in `ratekeeper_shard_contended_total`).
+//! (counted in `ratekeeper_shard_contended_total`). On its first visit to a shard, a request
+//! of several checks looks up all of its keys on that shard at once ([`Shard::warm`]): with
+//! many keys each lookup misses the cache, and back to back the misses overlap.
 //!
 //! What must happen later runs on one timer task per shard, under the same lock: waking
 //! checks that wait for capacity (`max_wait`) and sweeping idle keys once a second. The
