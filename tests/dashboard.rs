@@ -69,6 +69,22 @@ fn start(config: &Path, peers: &[SocketAddr]) -> Ratekeeper {
     Ratekeeper::start(config, &args)
 }
 
+/// Whether the server's history (sampled every 10 s) shows `over` over-limit hits for the
+/// limit named `limit` within 25 s.
+fn sampled_over(http: SocketAddr, limit: &str, over: u64) -> bool {
+    eventually(Duration::from_secs(25), || {
+        let response = http_get(http, "/ui/data", &[]).expect("answers");
+        let data: Value = serde_json::from_str(&response.body).expect("json");
+        data["history"]["series"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|series| series["limit"] == limit)
+            .flat_map(|series| series["points"].as_array().cloned().unwrap_or_default())
+            .any(|point| point[2] == over)
+    })
+}
+
 /// The value of attribute `name` in the first tag of `html` that has it.
 fn attribute<'a>(html: &'a str, name: &str) -> Option<&'a str> {
     let start = html.find(&format!(" {name}=\""))? + name.len() + 3;
@@ -138,18 +154,10 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
     });
     assert!(failed, "the broken reload is reported: {}", first.stderr());
     // The server samples every 10 s: wait for the sample that saw the over-limit hits.
-    let sampled = eventually(Duration::from_secs(25), || {
-        let response = http_get(http, "/ui/data", &[]).expect("answers");
-        let data: Value = serde_json::from_str(&response.body).expect("json");
-        data["history"]["series"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|series| series["key"] == "edge|edge > api_key|per_key")
-            .flat_map(|series| series["points"].as_array().cloned().unwrap_or_default())
-            .any(|point| point[2] == 12)
-    });
-    assert!(sampled, "the history has the over-limit hits");
+    assert!(
+        sampled_over(http, "per_key", 12),
+        "the history has the over-limit hits"
+    );
 
     let page = http_get(http, "/ui", &[]).expect("answers");
     assert_eq!(page.status, 200);
@@ -288,19 +296,8 @@ fn a_limit_over_its_rate_is_charted_even_past_the_first_200() {
     };
     let statuses: Vec<u16> = (0..2).map(|_| ask(&format!("k{last}"))).collect();
     assert_eq!(statuses, [200, 429]);
-    let sampled = eventually(Duration::from_secs(25), || {
-        let response = http_get(http, "/ui/data", &[]).expect("answers");
-        let data: Value = serde_json::from_str(&response.body).expect("json");
-        data["history"]["series"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|series| series["limit"] == format!("l{last}"))
-            .flat_map(|series| series["points"].as_array().cloned().unwrap_or_default())
-            .any(|point| point[2] == 1)
-    });
     assert!(
-        sampled,
+        sampled_over(http, &format!("l{last}"), 1),
         "the history has the over-limit hit: {}",
         node.stderr()
     );
