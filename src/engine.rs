@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 use tokio::sync::Notify;
 
 use crate::algorithm::{LendPolicy, Lent};
-use crate::check::{Checks, Counter, Decisions, KeepRoute, Slot};
+use crate::check::{Check, Checks, Counter, Decisions, KeepRoute, Slot};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
@@ -115,6 +115,19 @@ pub struct ShardFigures {
     pub waiters: usize,
 }
 
+/// The checks of `checks` on shard `index`, `shards[i]` being the shard of `checks[i]`.
+fn on_shard<'c>(
+    index: usize,
+    checks: &'c [Check],
+    shards: &'c [usize],
+) -> impl Iterator<Item = &'c Check> {
+    checks
+        .iter()
+        .zip(shards)
+        .filter(move |&(_, &shard)| shard == index)
+        .map(|(check, _)| check)
+}
+
 impl Engine {
     /// Builds the shards and spawns their timer tasks on the current tokio runtime.
     pub fn spawn(config: EngineConfig, clock: Clock) -> Engine {
@@ -184,14 +197,10 @@ impl Engine {
             .iter()
             .map(|check| crate::key::shard_of(check.route(), cells.len()))
             .collect();
-        // Shards on which this request's keys were already looked up (see `Shard::warm`).
-        let mut warmed: SmallVec<[usize; 4]> = SmallVec::new();
         let mut held: Option<(usize, MutexGuard<'_, Shard>, u64)> = None;
         let mut rest = checks.into_iter();
-        let mut position = 0;
-        while let Some(check) = rest.next() {
-            let index = shards[position];
-            position += 1;
+        for (position, &index) in shards.iter().enumerate() {
+            let Some(check) = rest.next() else { break };
             let (_, shard, now) = match held {
                 Some(ref mut step) if step.0 == index => step,
                 _ => {
@@ -200,17 +209,17 @@ impl Engine {
                     let guard = cells[index].lock();
                     // Read under the lock, so a shard's time never goes backwards.
                     let now = self.inner.clock.now();
-                    held.insert((index, guard, now))
+                    let step = held.insert((index, guard, now));
+                    if shards.len() > 1 && !shards[..position].contains(&index) {
+                        // The first visit to a shard looks up all of the request's keys on
+                        // it at once, so their cache misses overlap instead of coming one
+                        // check at a time.
+                        let later = on_shard(index, rest.as_slice(), &shards[position + 1..]);
+                        step.1.warm(std::iter::once(&check).chain(later));
+                    }
+                    step
                 }
             };
-            if shards.len() > 1 && !warmed.contains(&index) {
-                // The first visit to a shard looks up all of the request's keys on it at
-                // once, so their cache misses overlap instead of coming one check at a time.
-                warmed.push(index);
-                let later = rest.as_slice().iter().zip(&shards[position..]);
-                let mine = later.filter(|&(_, &shard)| shard == index);
-                shard.warm(std::iter::once(&check).chain(mine.map(|(check, _)| check)));
-            }
             let offset = decisions.len();
             let len = check.counters.len();
             if let Stepped::Waiting { reply, wake } = shard.check(check, *now, &mut decisions)? {

@@ -35,8 +35,10 @@ descriptors:
         rate_limit: {name: per_path, unit: hour, requests_per_unit: 100}
 ";
 
-fn ask(http: SocketAddr, value: &str) -> u16 {
-    let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
+/// `POST /json` for one descriptor `key=value` in domain `edge`; the HTTP status.
+fn ask(http: SocketAddr, key: &str, value: &str) -> u16 {
+    let body =
+        json!({"domain": "edge", "descriptors": [{"entries": [{"key": key, "value": value}]}]});
     let response = http_post(http, "/json", &[], &body.to_string()).expect("answers");
     response.status
 }
@@ -133,7 +135,7 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
     // Traffic through the first node: every key over its limit of 2 once.
     let values: Vec<String> = (0..12).map(|n| format!("user-{n}")).collect();
     for value in &values {
-        let statuses: Vec<u16> = (0..3).map(|_| ask(http, value)).collect();
+        let statuses: Vec<u16> = (0..3).map(|_| ask(http, "api_key", value)).collect();
         assert_eq!(statuses, [200, 200, 429], "{value}");
     }
     // The hottest counters are those this node holds.
@@ -287,14 +289,9 @@ fn a_limit_over_its_rate_is_charted_even_past_the_first_200() {
     let node = Ratekeeper::start(&config, &[]);
     let http = node.http_addr();
     let last = LIMITS_IN_CONFIG - 1;
-    let ask = |key: &str| {
-        let body =
-            json!({"domain": "edge", "descriptors": [{"entries": [{"key": key, "value": "v"}]}]});
-        http_post(http, "/json", &[], &body.to_string())
-            .expect("answers")
-            .status
-    };
-    let statuses: Vec<u16> = (0..2).map(|_| ask(&format!("k{last}"))).collect();
+    let statuses: Vec<u16> = (0..2)
+        .map(|_| ask(http, &format!("k{last}"), "v"))
+        .collect();
     assert_eq!(statuses, [200, 429]);
     assert!(
         sampled_over(http, &format!("l{last}"), 1),
