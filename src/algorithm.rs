@@ -301,6 +301,8 @@ pub fn init(rate: &Rate, now: u64) -> State {
 }
 
 /// Checks `cost` hits against the limit and, when allowed and `cost > 0`, consumes them.
+/// Any `u64` cost is answered exactly: one above [`Rate::capacity`] is denied, consumes
+/// nothing and has no `retry_after` (it never passes).
 pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
     if rate.requests_per_unit == 0 {
         let reset_after = until_window_end(rate.unit, now);
@@ -311,6 +313,22 @@ pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
             retry_after: None,
         };
     }
+    if cost > rate.capacity() {
+        // Never admitted, whatever the state: answered from the state as it stands (a
+        // cost of 0 consumes nothing). Past this point `cost <= u32::MAX`, so no sum or
+        // product of counts below can leave its type.
+        let now_state = step(rate, state, now, 0);
+        return Decision {
+            allowed: false,
+            retry_after: None,
+            ..now_state
+        };
+    }
+    step(rate, state, now, cost)
+}
+
+/// [`decide`] for a cost within the limit's capacity.
+fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
     match rate.algorithm {
         Algorithm::FixedWindow => fixed_window(rate, state, now, cost),
         Algorithm::SlidingWindow => sliding_window(rate, state, now, cost),
@@ -371,6 +389,12 @@ pub fn lend(rate: &Rate, state: &mut State, now: u64, policy: LendPolicy) -> Opt
         reset_after: taken.reset_after,
         valid_for,
     })
+}
+
+/// The window `now` falls in, named as [`Lent::window`] names it (0 for buckets, which
+/// have none): what [`refund`] needs to give back hits taken at `now`.
+pub fn window_at(rate: &Rate, now: u64) -> u64 {
+    window_of(rate, &init(rate, now)).unwrap_or(0)
 }
 
 /// The window a windowed counter's state is in (the one lent hits are counted in); `None`
@@ -490,18 +514,18 @@ fn fixed_window(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision
     let limit = u64::from(rate.requests_per_unit);
     let used = u64::from(state.b);
     let reset_after = until_window_end(rate.unit, now);
-    if used + cost > limit {
+    let Some(after) = used.checked_add(cost).filter(|after| *after <= limit) else {
         return Decision {
             allowed: false,
             remaining: clamp_u32(limit.saturating_sub(used)),
             reset_after,
             retry_after: (cost <= limit).then_some(reset_after),
         };
-    }
-    state.b = clamp_u32(used + cost);
+    };
+    state.b = clamp_u32(after);
     Decision {
         allowed: true,
-        remaining: clamp_u32(limit - used - cost),
+        remaining: clamp_u32(limit - after),
         reset_after,
         retry_after: Some(0),
     }
@@ -540,6 +564,7 @@ fn sliding_window(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decisi
             retry_after: sliding_retry_after(previous, current, cost, limit, len, elapsed),
         };
     }
+    // Admitted, so `current + cost <= limit`.
     let current = current + cost;
     state.a = sliding_pack(window, clamp_u32(previous));
     state.b = clamp_u32(current);
@@ -570,7 +595,9 @@ fn sliding_retry_after(
     }
     let left = len - elapsed;
     // Later in this window, as the previous window's weight shrinks.
-    if let Some(room) = limit.checked_sub(current + cost)
+    if let Some(room) = current
+        .checked_add(cost)
+        .and_then(|used| limit.checked_sub(used))
         && previous > 0
     {
         let max_overlap = u128::from(room) * u128::from(len) / u128::from(previous);
@@ -595,7 +622,7 @@ fn token_bucket(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision
     let mut tokens = u64::from(state.b).min(burst);
     let mut last = state.a.min(now);
     let earned = (now - last) / interval;
-    if tokens + earned >= burst {
+    if tokens.saturating_add(earned) >= burst {
         tokens = burst;
         last = now;
     } else {

@@ -189,6 +189,9 @@ impl Engine {
     /// Decides `checks` on this task, one shard step per run of checks on the same shard.
     /// Checks that wait for capacity are queued on their shard; [`Started::finish`] waits
     /// for them.
+    ///
+    /// A request that fails (a shard at its key cap) has no effect: what its earlier checks
+    /// consumed is given back ([`Shard::undo`]) before the error is answered.
     pub fn start(&self, checks: Checks) -> Result<Started, StoreError> {
         let cells = &self.inner.cells;
         let mut decisions = Decisions::new();
@@ -197,10 +200,10 @@ impl Engine {
             .iter()
             .map(|check| crate::key::shard_of(check.route(), cells.len()))
             .collect();
+        // The checks that consumed, by position, and the shard's time when they did.
+        let mut consumed: SmallVec<[(usize, u64); 4]> = SmallVec::new();
         let mut held: Option<(usize, MutexGuard<'_, Shard>, u64)> = None;
-        let mut rest = checks.into_iter();
-        for (position, &index) in shards.iter().enumerate() {
-            let Some(check) = rest.next() else { break };
+        for (position, (check, &index)) in checks.iter().zip(&shards).enumerate() {
             let (_, shard, now) = match held {
                 Some(ref mut step) if step.0 == index => step,
                 _ => {
@@ -214,22 +217,63 @@ impl Engine {
                         // The first visit to a shard looks up all of the request's keys on
                         // it at once, so their cache misses overlap instead of coming one
                         // check at a time.
-                        let later = on_shard(index, rest.as_slice(), &shards[position + 1..]);
-                        step.1.warm(std::iter::once(&check).chain(later));
+                        let later = &checks[position + 1..];
+                        let later = on_shard(index, later, &shards[position + 1..]);
+                        step.1.warm(std::iter::once(check).chain(later));
                     }
                     step
                 }
             };
             let offset = decisions.len();
             let len = check.counters.len();
-            if let Stepped::Waiting { reply, wake } = shard.check(check, *now, &mut decisions)? {
-                waits.push(Wait { offset, len, reply });
-                if wake {
-                    cells[index].wake.notify_one();
+            match shard.check(check, *now, &mut decisions) {
+                Ok(Stepped::Waiting { reply, wake }) => {
+                    waits.push(Wait {
+                        position,
+                        offset,
+                        len,
+                        reply,
+                    });
+                    if wake {
+                        cells[index].wake.notify_one();
+                    }
+                }
+                Ok(Stepped::Decided) => {
+                    if check.cost > 0 && decisions[offset..].iter().all(|d| d.allowed) {
+                        consumed.push((position, *now));
+                    }
+                }
+                Err(error) => {
+                    drop(held);
+                    self.undo(&checks, consumed, waits);
+                    return Err(error);
                 }
             }
         }
         Ok(Started { decisions, waits })
+    }
+
+    /// Gives back what the checks of a failed request consumed: those decided (`consumed`:
+    /// position and time), and those that waited and were admitted before the failure
+    /// (their replies are closed first, so none is admitted after).
+    fn undo(&self, checks: &Checks, mut consumed: SmallVec<[(usize, u64); 4]>, waits: Vec<Wait>) {
+        for mut wait in waits {
+            wait.reply.close();
+            if let Ok(settled) = wait.reply.try_recv()
+                && settled.decisions.iter().all(|d| d.allowed)
+            {
+                consumed.push((wait.position, settled.at));
+            }
+        }
+        let cells = &self.inner.cells;
+        for (position, at) in consumed {
+            let Some(check) = checks.get(position) else {
+                continue;
+            };
+            let mut shard = cells[crate::key::shard_of(check.route(), cells.len())].lock();
+            let now = self.inner.clock.now();
+            shard.undo(check, at, now);
+        }
     }
 
     /// [`Engine::start`], then waits for the checks that wait.
@@ -318,6 +362,8 @@ impl Engine {
 
 /// A check queued on its shard, and where its decisions go.
 struct Wait {
+    /// The check's position in the request.
+    position: usize,
     offset: usize,
     len: usize,
     reply: WaitReply,
@@ -360,10 +406,10 @@ impl Started {
             let slots = decisions
                 .get_mut(wait.offset..wait.offset + wait.len)
                 .ok_or(StoreError::Stopped)?;
-            if settled.len() != slots.len() {
+            if settled.decisions.len() != slots.len() {
                 return Err(StoreError::Stopped);
             }
-            slots.copy_from_slice(&settled);
+            slots.copy_from_slice(&settled.decisions);
         }
         Ok(decisions)
     }

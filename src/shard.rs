@@ -58,7 +58,16 @@ pub struct ShardStats {
 }
 
 /// A waiting check's decisions, sent when it is settled.
-pub type WaitReply = oneshot::Receiver<Decisions>;
+pub type WaitReply = oneshot::Receiver<Settled>;
+
+/// What a waiting check is told when it is settled: its decisions, and the shard's time
+/// then (Unix nanoseconds: when an admitted check consumed, so it can be given back in the
+/// window it was counted in).
+#[derive(Debug)]
+pub struct Settled {
+    pub decisions: Decisions,
+    pub at: u64,
+}
 
 /// The counters a shard owns.
 struct Counters {
@@ -74,7 +83,7 @@ struct Counters {
 struct Waiter {
     check: Check,
     deadline: u64,
-    reply: oneshot::Sender<Decisions>,
+    reply: oneshot::Sender<Settled>,
 }
 
 struct Queue {
@@ -160,7 +169,7 @@ impl Shard {
     /// may wait and is denied is queued instead (see [`Stepped::Waiting`]).
     pub fn check(
         &mut self,
-        check: Check,
+        check: &Check,
         now: u64,
         out: &mut Decisions,
     ) -> Result<Stepped, StoreError> {
@@ -175,13 +184,13 @@ impl Shard {
         });
         let outcome = match queued_key {
             Some(key) => {
-                self.counters.peek(&check, now, out);
+                self.counters.peek(check, now, out);
                 Outcome::Denied {
                     key,
                     retry_after: Some(0),
                 }
             }
-            None => self.counters.evaluate(&check, now, out)?,
+            None => self.counters.evaluate(check, now, out)?,
         };
         let (Some(policy), Outcome::Denied { key, retry_after }) = (policy, outcome) else {
             return Ok(Stepped::Decided);
@@ -206,7 +215,7 @@ impl Shard {
             wake_at: u64::MAX,
         });
         queue.waiters.push_back(Waiter {
-            check,
+            check: check.clone(),
             deadline,
             reply,
         });
@@ -260,7 +269,7 @@ impl Shard {
         let mut scratch = Decisions::new();
         while let Some(waiter) = queue.waiters.front() {
             if waiter.reply.is_closed() {
-                self.settle(queue.waiters.pop_front(), None);
+                self.settle(queue.waiters.pop_front(), None, now);
                 continue;
             }
             scratch.clear();
@@ -282,7 +291,7 @@ impl Shard {
                         .stats
                         .waits_admitted
                         .fetch_add(1, Ordering::Relaxed);
-                    self.settle(queue.waiters.pop_front(), Some(&scratch));
+                    self.settle(queue.waiters.pop_front(), Some(&scratch), now);
                 }
                 Outcome::Denied { retry_after, .. } => {
                     let retry_at = retry_after.map(|wait| now.saturating_add(wait.max(1)));
@@ -298,7 +307,7 @@ impl Shard {
                                 .stats
                                 .waits_rejected
                                 .fetch_add(1, Ordering::Relaxed);
-                            self.settle(queue.waiters.pop_front(), Some(&scratch));
+                            self.settle(queue.waiters.pop_front(), Some(&scratch), now);
                         }
                     }
                 }
@@ -310,12 +319,15 @@ impl Shard {
     }
 
     /// Sends a waiter its decisions (none: its caller left).
-    fn settle(&mut self, waiter: Option<Waiter>, decisions: Option<&Decisions>) {
+    fn settle(&mut self, waiter: Option<Waiter>, decisions: Option<&Decisions>, now: u64) {
         let Some(waiter) = waiter else { return };
         self.waiting -= 1;
         if let Some(decisions) = decisions {
             // The caller may have left meanwhile; nothing to undo then.
-            let _ = waiter.reply.send(decisions.clone());
+            let _ = waiter.reply.send(Settled {
+                decisions: decisions.clone(),
+                at: now,
+            });
         }
     }
 
@@ -368,6 +380,16 @@ impl Shard {
         let lent = algorithm::lend(&counter.rate, &mut state, now, policy)?;
         (slot.a, slot.b) = (state.a, state.b);
         Some(lent)
+    }
+
+    /// Gives back what `check` consumed at `at` (its request failed after it was admitted),
+    /// as [`algorithm::refund`] gives back a loan: the counters end as if it had never been
+    /// admitted (a window only while it lasts: after, its count no longer matters).
+    pub fn undo(&mut self, check: &Check, at: u64, now: u64) {
+        for counter in &check.counters {
+            let window = algorithm::window_at(&counter.rate, at);
+            self.refund(counter, check.cost, window, now);
+        }
     }
 
     /// Takes back unspent lent hits (see [`algorithm::refund`]); answers how many.

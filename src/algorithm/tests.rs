@@ -537,3 +537,42 @@ fn a_bucket_takes_a_loan_back_at_any_time_as_if_it_had_never_been_taken() {
         );
     }
 }
+
+mod model;
+
+#[test]
+fn a_cost_no_limit_can_admit_is_denied_and_consumes_nothing_with_hits_already_counted() {
+    // The finding: hits_addend 2^64 - 1 against 5/hour with 3 used wrapped to 2 and passed.
+    let huge = [
+        6,
+        u64::from(u32::MAX),
+        1 << 32,
+        (1 << 53) + 1,
+        1 << 63,
+        u64::MAX - 2,
+        u64::MAX,
+    ];
+    for algorithm in Algorithm::ALL {
+        for cost in huge {
+            let limit = rate(algorithm, 5, Unit::Hour, Some(5));
+            let mut state = init(&limit, THURSDAY);
+            assert!(decide(&limit, &mut state, THURSDAY, 3).allowed);
+            let before = state;
+            let decision = decide(&limit, &mut state, THURSDAY + 1, cost);
+            assert!(!decision.allowed, "{algorithm} cost {cost}");
+            assert_eq!(decision.retry_after, None, "{algorithm} cost {cost}: never");
+            assert_eq!(decision.remaining, 2, "{algorithm} cost {cost}");
+            let mut check = before;
+            assert_eq!(
+                decide(&limit, &mut state, THURSDAY + 1, 0).remaining,
+                decide(&limit, &mut check, THURSDAY + 1, 0).remaining,
+                "{algorithm} cost {cost}: nothing consumed"
+            );
+            assert_eq!(
+                run(&limit, &mut state, THURSDAY + 1, 1, 3),
+                [true, true, false],
+                "{algorithm} cost {cost}: exactly the 2 left pass"
+            );
+        }
+    }
+}

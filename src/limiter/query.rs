@@ -16,6 +16,11 @@ pub mod bounds {
     pub const MAX_ENTRIES: usize = 32;
     pub const MAX_KEY_LEN: usize = 256;
     pub const MAX_VALUE_LEN: usize = 4096;
+    /// The most hits one descriptor may ask for: a limit counts at most `u32::MAX`, so a
+    /// larger cost could never be admitted, and every store (Redis's Lua counts in
+    /// doubles) holds it exactly. A cost up to this bound but above what its limit can
+    /// ever admit is answered OVER_LIMIT and consumes nothing.
+    pub const MAX_HITS: u64 = u32::MAX as u64;
 }
 
 /// A limit the request brings itself instead of the configured ones (Envoy's descriptor
@@ -97,6 +102,10 @@ pub(super) fn validate(query: &Query<'_>) -> Result<(), Error> {
         let field = |name: &str| format!("descriptors[{index}].{name}");
         if descriptor.entries.is_empty() {
             return Err(Error::invalid(field("entries"), "must not be empty"));
+        }
+        if descriptor.cost > MAX_HITS {
+            let problem = format!("{} given, at most {MAX_HITS} allowed", descriptor.cost);
+            return Err(Error::invalid(field("hits_addend"), problem));
         }
         if descriptor.entries.len() > MAX_ENTRIES {
             let problem = too_many(descriptor.entries.len(), MAX_ENTRIES);

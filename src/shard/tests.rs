@@ -273,3 +273,41 @@ async fn a_denied_multi_limit_check_reports_when_it_would_pass() {
         "the next second starts in 750 ms"
     );
 }
+
+/// The finding: at the key cap, a request naming a known descriptor and a new one got
+/// UNAVAILABLE, yet the known descriptor's quota was spent. A request that fails consumes
+/// nothing on any of its descriptors, whatever the algorithm.
+#[tokio::test(start_paused = true)]
+async fn a_request_failing_at_the_key_cap_consumes_nothing_on_any_descriptor() {
+    for algorithm in Algorithm::ALL {
+        let engine = engine_at(MIDNIGHT, 2);
+        let rate = Rate::new(algorithm, 3, Unit::Hour, Some(3));
+        assert!(allowed(&engine, check(vec![counter("known", rate)], 1, None)).await);
+        let request = smallvec![
+            check(vec![counter("known", rate)], 2, None),
+            check(vec![counter("new", rate)], 3, None),
+            check(vec![counter("newer", rate)], 1, None),
+        ];
+        assert!(
+            matches!(
+                engine.check(request).await,
+                Err(StoreError::KeyCapacity { .. })
+            ),
+            "{algorithm}: the third key does not fit"
+        );
+        let left = engine
+            .check(smallvec![
+                check(vec![counter("known", rate)], 0, None),
+                check(vec![counter("new", rate)], 0, None),
+            ])
+            .await
+            .expect("a check of known keys");
+        assert_eq!(
+            (left[0].remaining, left[1].remaining),
+            (2, 3),
+            "{algorithm}: nothing of the failed request was counted"
+        );
+        assert!(allowed(&engine, check(vec![counter("known", rate)], 2, None)).await);
+        assert!(!allowed(&engine, check(vec![counter("known", rate)], 1, None)).await);
+    }
+}
