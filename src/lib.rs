@@ -19,6 +19,7 @@ pub mod clock;
 pub mod cluster;
 pub mod engine;
 pub mod error;
+pub mod files;
 pub mod grpc;
 pub mod histogram;
 pub mod key;

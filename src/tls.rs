@@ -20,7 +20,6 @@
 mod watch;
 
 use std::fmt;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -354,19 +353,14 @@ fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
         path: path.to_owned(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(read_error)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_error)?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(TlsError::Invalid {
+    crate::files::read_regular(path, MAX_FILE_BYTES).map_err(|error| match error {
+        crate::files::ReadError::Io(source) => read_error(source),
+        problem => TlsError::Invalid {
             flag,
             path: path.to_owned(),
-            problem: format!("larger than {MAX_FILE_BYTES} bytes"),
-        });
-    }
-    Ok(bytes)
+            problem: problem.to_string(),
+        },
+    })
 }
 
 /// The CA check, then: the client certificate must be valid for `name`

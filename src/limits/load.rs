@@ -12,11 +12,14 @@
 //!   a directory reached twice (a symlink loop) is read once.
 //! - No file is read past [`MAX_FILE_BYTES`] (plus one byte to notice it is larger), even
 //!   if it grows between the size check and the read.
+//! - Only regular files (and symlinks to them) are read: a FIFO, socket or device is an
+//!   error naming it, checked on the opened handle ([`crate::files`]), never a blocked read.
+//!   The whole read is bounded in time too ([`MAX_READ_TIME`], checked between files).
 //! - Every unreadable file is reported, each error naming its path.
 
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::Source;
 use super::error::ConfigError;
@@ -26,6 +29,8 @@ use super::schema::MAX_FILE_BYTES;
 pub const MAX_DEPTH: usize = 16;
 /// Files under the limits directory, at most.
 pub const MAX_FILES: usize = 1000;
+/// How long reading the limits may take; past it the load fails, naming the files left.
+pub const MAX_READ_TIME: Duration = Duration::from_secs(10);
 
 /// The sources at `path`, and the problems reading them.
 pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
@@ -42,7 +47,7 @@ pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
         if !metadata.is_file() {
             errors.push(ConfigError::whole_file(
                 path.display().to_string(),
-                "not a regular file or a directory",
+                "not a regular file or a directory (a FIFO, socket or device is never read)",
             ));
             return (sources, errors);
         }
@@ -66,8 +71,20 @@ pub(crate) fn read(path: &Path) -> (Vec<Source>, Vec<ConfigError>) {
             "no files in the limits directory; no limits are configured"
         );
     }
-    for file in files {
-        match read_file(&file) {
+    let started = Instant::now();
+    for (index, file) in files.iter().enumerate() {
+        if started.elapsed() > MAX_READ_TIME {
+            errors.push(ConfigError::whole_file(
+                file.display().to_string(),
+                format!(
+                    "not read: reading the limits took longer than {} s ({} files left)",
+                    MAX_READ_TIME.as_secs(),
+                    files.len() - index
+                ),
+            ));
+            break;
+        }
+        match read_file(file) {
             Ok(source) => sources.push(source),
             Err(error) => errors.push(error),
         }
@@ -108,7 +125,7 @@ fn config_files(directory: &Path) -> Result<Vec<PathBuf>, ConfigError> {
                 Ok(metadata) if !metadata.is_file() => {
                     return Err(ConfigError::whole_file(
                         path.display().to_string(),
-                        "not a regular file or a directory",
+                        crate::files::NOT_A_FILE,
                     ));
                 }
                 _ => files.push(path),
@@ -127,27 +144,16 @@ fn config_files(directory: &Path) -> Result<Vec<PathBuf>, ConfigError> {
 
 fn read_file(path: &Path) -> Result<Source, ConfigError> {
     let name = path.display().to_string();
-    let file = fs::File::open(path).map_err(|error| io_error(path, "cannot read", &error))?;
-    let too_large = || {
-        ConfigError::whole_file(
-            &name,
-            format!("file is larger than {MAX_FILE_BYTES} bytes (4 MiB)"),
-        )
-    };
-    let length = file
-        .metadata()
-        .map_err(|error| io_error(path, "cannot read", &error))?
-        .len();
-    if length > MAX_FILE_BYTES as u64 {
-        return Err(too_large());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES as u64 + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|error| io_error(path, "cannot read", &error))?;
-    if bytes.len() > MAX_FILE_BYTES {
-        return Err(too_large());
-    }
+    let bytes = crate::files::read_regular(path, MAX_FILE_BYTES as u64).map_err(|error| {
+        let problem = match error {
+            crate::files::ReadError::Io(error) => return io_error(path, "cannot read", &error),
+            crate::files::ReadError::TooLarge { .. } => {
+                format!("file is larger than {MAX_FILE_BYTES} bytes (4 MiB)")
+            }
+            crate::files::ReadError::NotAFile => crate::files::NOT_A_FILE.to_owned(),
+        };
+        ConfigError::whole_file(&name, problem)
+    })?;
     let text = String::from_utf8(bytes).map_err(|error| {
         ConfigError::whole_file(
             &name,

@@ -1,7 +1,7 @@
 //! Tests of the limits module: validation messages, matching, loading from disk.
 
 mod bounds;
-mod loading;
+pub(crate) mod loading;
 mod matching;
 mod newer_keys;
 mod validation;

@@ -634,3 +634,31 @@ async fn merged_domains_stay_merged_across_reloads() {
     assert_eq!(live_rate(&running.live, "edge"), Some(10));
     assert_eq!(running.stats.failures.load(Ordering::Relaxed), 0);
 }
+
+/// The finding: a FIFO dropped into the limits directory froze reloads (the read blocked)
+/// and later good files never went live. Now the reload fails naming it, the old limits
+/// keep serving, and once it is gone the next good file goes live.
+#[tokio::test]
+async fn a_fifo_in_the_directory_fails_one_reload_and_never_freezes_the_next() {
+    let dir = TempDir::new("fifo");
+    let file = dir.join("edge.yaml");
+    write(&file, &limits_yaml("edge", 10));
+    let running = start(dir.path(), quick());
+
+    let fifo = dir.join("pipe.yaml");
+    crate::limits::tests::loading::mkfifo(&fifo);
+    eventually("a failed reload", || failures(&running.stats) > 0).await;
+    assert_eq!(live_rate(&running.live, "edge"), Some(10));
+    let (_, errors) = running.stats.last_error().expect("the last error is kept");
+    assert!(
+        errors.contains("pipe.yaml") && errors.contains("not a regular file"),
+        "{errors}"
+    );
+
+    std::fs::remove_file(&fifo).expect("removed");
+    write(&file, &limits_yaml("edge", 25));
+    eventually("requests_per_unit 25", || {
+        live_rate(&running.live, "edge") == Some(25)
+    })
+    .await;
+}

@@ -317,3 +317,43 @@ fn a_descriptor_defined_in_two_merged_files_names_both() {
         )]
     );
 }
+
+/// Makes a FIFO at `path` (the `mkfifo` command: the crate forbids `unsafe`).
+pub(crate) fn mkfifo(path: &Path) {
+    let status = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(status.success(), "mkfifo {}", path.display());
+}
+
+/// The finding: a FIFO in the limits directory froze the load (opening it waits for a
+/// writer). Now it is an error naming it, at once, whether it sits in the directory, is
+/// reached through a symlink, or is the `--config` path itself.
+#[test]
+fn a_fifo_is_an_error_naming_it_never_a_blocked_read() {
+    let dir = TempDir::new("fifo");
+    fs::write(dir.join("a.yaml"), domain_file("a")).expect("written");
+    let fifo = dir.join("b.yaml");
+    mkfifo(&fifo);
+    let errors = load_errors(dir.path());
+    assert!(
+        errors
+            .iter()
+            .any(|error| error.contains("b.yaml") && error.contains("not a regular file")),
+        "{errors:?}"
+    );
+    assert!(
+        load_errors(&fifo)
+            .iter()
+            .any(|error| error.contains("not a regular file")),
+        "the config path itself"
+    );
+    let linked = TempDir::new("fifo-link");
+    symlink(&fifo, linked.join("c.yaml")).expect("a symlink");
+    assert!(
+        load_errors(linked.path())
+            .iter()
+            .any(|error| error.contains("c.yaml") && error.contains("not a regular file"))
+    );
+}
