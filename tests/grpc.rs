@@ -148,6 +148,73 @@ async fn invalid_requests_get_invalid_argument_naming_the_field() {
     running.shutdown().await;
 }
 
+/// The finding: `hits_addend` 2^64 - 1 against a 5/hour limit with 3 used was answered OK
+/// and left the counter at 2 (the sum wrapped). Now, on every algorithm, over gRPC and
+/// `/json` alike: a cost no limit can admit is OVER_LIMIT and consumes nothing, and one
+/// above 2^32 - 1 is INVALID_ARGUMENT naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_hits_addend_never_passes_nor_refunds_a_limit() {
+    let limits = "
+domain: huge
+descriptors:
+  - {key: fixed_window, rate_limit: {unit: hour, requests_per_unit: 5}}
+  - {key: sliding_window, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window}}
+  - {key: token_bucket, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}}
+  - {key: gcra, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: gcra, burst: 5}}
+";
+    let running = start_with(limits, LimiterOptions::default()).await;
+    let mut client = running.client.clone();
+    let mut ask = async |key: &str, hits: u64| {
+        let mut request = request_of("huge", &[(key, "v")]);
+        request.descriptors[0].hits_addend =
+            Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+        client.should_rate_limit(request).await
+    };
+    for key in ["fixed_window", "sliding_window", "token_bucket", "gcra"] {
+        let used = ask(key, 3).await.expect("answered").into_inner();
+        assert_eq!(used.statuses[0].limit_remaining, 2, "{key}");
+        for hits in [6, u64::from(u32::MAX)] {
+            let answer = ask(key, hits).await.expect("answered").into_inner();
+            assert_eq!(answer.overall_code, Code::OverLimit as i32, "{key} {hits}");
+        }
+        for hits in [1 << 32, (1 << 53) + 1, 1 << 63, u64::MAX] {
+            let status = ask(key, hits).await.expect_err("refused");
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{key} {hits}");
+            assert_eq!(
+                status.message(),
+                format!("descriptors[0].hits_addend: {hits} given, at most 4294967295 allowed")
+            );
+        }
+        let last = ask(key, 2).await.expect("answered").into_inner();
+        assert_eq!(last.overall_code, Code::Ok as i32, "{key}: the 2 left pass");
+        let over = ask(key, 1).await.expect("answered").into_inner();
+        assert_eq!(
+            over.overall_code,
+            Code::OverLimit as i32,
+            "{key}: and no more"
+        );
+    }
+    // The same over `/json`.
+    let json = |hits: u64| {
+        format!(
+            r#"{{"domain": "huge", "descriptors": [{{"hits_addend": {hits}, "entries": [{{"key": "fixed_window", "value": "json"}}]}}]}}"#
+        )
+    };
+    let http = running.http;
+    let post = |body: String| support::http_post(http, "/json", &[], &body).expect("answered");
+    assert_eq!(post(json(3)).status, 200);
+    assert_eq!(post(json(u64::MAX)).status, 400);
+    assert!(
+        post(json(u64::MAX))
+            .body
+            .contains("descriptors[0].hits_addend")
+    );
+    assert_eq!(post(json(u64::from(u32::MAX))).status, 429);
+    assert_eq!(post(json(2)).status, 200, "the 2 left pass");
+    assert_eq!(post(json(1)).status, 429);
+    running.shutdown().await;
+}
+
 #[tokio::test]
 async fn response_headers_reach_the_client_when_enabled() {
     let mut running = start(true).await;

@@ -44,7 +44,16 @@ fn body(value: &str) -> String {
 /// POSTs one `/json` request for `value`: `Some(true)` admitted (200), `Some(false)` over
 /// the limit (429), `None` anything else.
 fn ask(http: SocketAddr, value: &str) -> Option<bool> {
-    let response = http_post(http, "/json", &[], &body(value)).ok()?;
+    ask_hits(http, value, 1)
+}
+
+/// [`ask`] with `hits` as the descriptor's `hits_addend`.
+fn ask_hits(http: SocketAddr, value: &str, hits: u64) -> Option<bool> {
+    let body = body(value).replace(
+        r#""entries""#,
+        &format!(r#""hits_addend": {hits}, "entries""#),
+    );
+    let response = http_post(http, "/json", &[], &body).ok()?;
     match response.status {
         200 => Some(true),
         429 => Some(false),
@@ -130,7 +139,22 @@ async fn every_algorithm_answers_exactly_like_the_in_memory_store() {
             bucket(Algorithm::Gcra, 3, Unit::Second, Some(2)),
         ],
     ];
-    let costs = [0, 1, 1, 1, 1, 2, 3, 9];
+    // Costs a client may send too: no limit admits them, none may wrap a count or be
+    // rounded by the script's doubles (2^53 + 1), and each consumes nothing.
+    let costs = [
+        0,
+        1,
+        1,
+        1,
+        1,
+        2,
+        3,
+        9,
+        u64::from(u32::MAX),
+        1 << 32,
+        (1 << 53) + 1,
+        u64::MAX,
+    ];
     let mut steps = Steps(0x5eed_1234_abcd_ef01);
     let mut denied = 0;
     for step in 0..3000 {
@@ -295,6 +319,13 @@ fn a_redis_cluster_keeps_exact_limits_and_a_killed_master_costs_only_the_policy(
         &["--store", &cluster.url(), "--store-cooldown", "200ms"],
     );
     let http = node.http_addr();
+    // A cost no limit admits is over the limit and consumes nothing (the script is never
+    // told a number a double would round); one above 2^32 - 1 is refused as invalid.
+    assert_eq!(ask_hits(http, "huge", 3), Some(true));
+    assert_eq!(ask_hits(http, "huge", u64::from(u32::MAX)), Some(false));
+    assert_eq!(ask_hits(http, "huge", u64::MAX), None, "400: invalid");
+    assert_eq!(ask_hits(http, "huge", 7), Some(true), "the 7 left pass");
+    assert_eq!(ask_hits(http, "huge", 1), Some(false));
     // 30 keys spread over the three masters' slots: each admits exactly its 10.
     for key in 0..30 {
         let value = format!("k{key}");
@@ -308,7 +339,10 @@ fn a_redis_cluster_keeps_exact_limits_and_a_killed_master_costs_only_the_policy(
         .iter()
         .map(|master| master.cli(&["dbsize"]).trim().parse::<usize>().unwrap_or(0))
         .sum();
-    assert_eq!(keys, 30, "one counter per key, spread over the masters");
+    assert_eq!(
+        keys, 31,
+        "one counter per key (and \"huge\"), spread over the masters"
+    );
     assert!(
         cluster
             .masters
@@ -678,5 +712,43 @@ fn keys_outlive_their_window_by_the_ttl_margin() {
     assert!(
         longer > 30_000 && longer <= 31_002,
         "--store-ttl-margin 30s keeps it 30 s past its window: {longer} ms"
+    );
+}
+
+/// A script call that fails part way (here a counter holding bytes that are no state)
+/// writes nothing: the request's other descriptor, decided before the failure, is not
+/// consumed, and the call is answered by the failure policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_call_that_fails_part_way_consumes_nothing() {
+    let dir = TempDir::new("redis-partial");
+    let server = RedisServer::start(dir.path(), &[]);
+    let target = Target::parse(&server.url()).expect("a redis url");
+    let options = RedisOptions {
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::new(target)
+    };
+    let redis = RedisStore::new(options, Clock::system()).expect("a redis store");
+    let rate = [Rate::fixed(5, Unit::Hour)];
+    let broken = check("partial", "broken", &rate, 1);
+    let first = check("partial", "first", &rate, 1);
+    redis
+        .check(Checks::from_iter([broken.clone()]))
+        .wait()
+        .await
+        .expect("a counter for the broken descriptor");
+    let keys = server.cli(&["--scan", "--pattern", "rk:*"]);
+    let broken_key = keys.lines().next().expect("its key").trim().to_owned();
+    server.cli(&["set", &broken_key, "not a state"]);
+
+    let answered = redis.check(Checks::from_iter([first, broken])).wait().await;
+    assert!(
+        answered.is_ok_and(|decisions| decisions.iter().all(|decision| decision.allowed)),
+        "the failure policy (allow) answers"
+    );
+    let keys = server.cli(&["--scan", "--pattern", "rk:*"]);
+    assert_eq!(
+        keys.lines().count(),
+        1,
+        "the first descriptor was not written: {keys}"
     );
 }

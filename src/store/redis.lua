@@ -24,8 +24,13 @@
 -- store refuses at load (sliding windows up to 9,007,199 per unit, buckets refilling
 -- within 2^53 ns). math.fmod is exact; `%` is not.
 --
+-- No partial effects: every check of the batch is decided before anything is written (a key
+-- named again later in the batch reads what an earlier check would write), so an error
+-- anywhere in the script writes nothing, and the whole batch, answered by the failure
+-- policy, has consumed nothing.
+--
 -- Written for speed: it runs once per batch of requests, so it defines one function, builds
--- no table per counter and converts no number from text but the first three.
+-- no table per counter read and converts no number from text but the first three.
 
 local E9 = 1000000000
 local fmod, floor, min = math.fmod, math.floor, math.min
@@ -48,6 +53,8 @@ local MARGIN_MS = tonumber(ARGV[3])
 local checks = ARGV[4]
 local out, o = {}, 0
 local raws, states, ttls = {}, {}, {}
+-- The writes, made once every check is decided: key -> state and TTL.
+local pending, pending_ttl = {}, {}
 local at, key = 1, 1
 local size = #checks
 while at <= size do
@@ -56,7 +63,11 @@ while at <= size do
   -- Read every counter of the check; decide at the latest time among them and now.
   local es, en = now_s, now_n
   for i = 1, count do
-    local raw = call('GET', KEYS[key + i - 1])
+    local name = KEYS[key + i - 1]
+    local raw = pending[name]
+    if raw == nil then
+      raw = call('GET', name)
+    end
     if raw then
       local ts, tn = unpack('<dd', raw)
       if ts > es or (ts == es and tn > en) then
@@ -175,7 +186,8 @@ while at <= size do
   end
   if admitted and cost > 0 then
     for i = 1, count do
-      call('SET', KEYS[key + i - 1], states[i], 'PX', ttls[i])
+      local name = KEYS[key + i - 1]
+      pending[name], pending_ttl[name] = states[i], ttls[i]
     end
   end
   o = o + 1
@@ -186,5 +198,8 @@ while at <= size do
     o = o + 2
   end
   key = key + count
+end
+for name, state in pairs(pending) do
+  call('SET', name, state, 'PX', pending_ttl[name])
 end
 return table.concat(out)
