@@ -5,8 +5,8 @@
 //!
 //! [`Server::bind`] loads the TLS files and the admin token (when asked) and binds the
 //! listeners first, so bad certificates, a bad token file or an admin listener open to the
-//! network without a token fail the start and callers (and tests, with port 0) know the addresses
-//! before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
+//! network without a token fail the start, and callers (and tests, with port 0) know the
+//! addresses before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
 //! in-flight requests were answered, or the grace period ran out.
 //!
 //! Shutdown order: mark not ready (`/healthcheck` 503, gRPC health `NOT_SERVING`), stop
