@@ -1,5 +1,7 @@
-//! The HTTP listener: health, metrics and operator endpoints.
+//! The HTTP listeners: the public one (health, metrics, the check front ends) and the admin
+//! one (the operator endpoints that read counters or change them).
 //!
+//! On the HTTP listener (`--http-addr`, which probes and Envoy's or nginx's checks reach):
 //! - `GET /healthcheck`: 200 `OK` while serving, 503 once shutdown has begun;
 //! - `GET /metrics`: Prometheus text format;
 //! - `GET /rlconfig`: the live limits, one line per limit;
@@ -7,7 +9,10 @@
 //!   429 when over the limit, 400 for a bad body or request, 503 when overloaded;
 //! - `POST /rate/{domain}/{name}[/{value}]`: check and consume one limit by name (see
 //!   [`rate`]);
-//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]);
+//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]).
+//!
+//! On the admin listener (`--admin-addr`, loopback by default; with `--admin-token-file`
+//! every request needs the bearer token, see [`auth`]):
 //! - `POST /debug/explain`: the `/json` body, answered with what each descriptor would meet,
 //!   consuming nothing (see [`explain`]);
 //! - `GET /counters/{domain}`: the live counters of a domain on this node, paged, with
@@ -18,8 +23,12 @@
 //! - `GET /ui`: the dashboard, one self-contained page polling `GET /ui/data` (see [`ui`]),
 //!   unless `--admin-ui=false`.
 //!
-//! Handlers only read shared state; `/json` goes through the same [`Limiter`] as gRPC.
+//! Invariant: the HTTP listener never serves an operator endpoint; it answers their paths
+//! (any method) 403 naming the admin listener, so a caller learns where they went instead of
+//! a bare 404. Handlers only read shared state; `/json` goes through the same [`Limiter`] as
+//! gRPC.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -28,7 +37,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 
 use arc_swap::ArcSwap;
 
@@ -39,6 +48,7 @@ use crate::limits::Limits;
 use crate::reload::ReloadStats;
 use crate::rls::MAX_MESSAGE_BYTES;
 
+pub mod auth;
 mod counters;
 pub mod explain;
 mod json;
@@ -134,9 +144,49 @@ struct AdminState {
     limiter: Arc<Limiter>,
 }
 
-/// The HTTP listener's routes. With the dashboard on, this starts the task sampling its
-/// history (on the current tokio runtime); the task ends once the router is dropped.
-pub fn router(admin: Admin) -> Router {
+/// The operator endpoints' paths: served on the admin listener only.
+const ADMIN_PATHS: [&str; 5] = [
+    "/counters",
+    "/counters/{*rest}",
+    "/debug/explain",
+    "/ui",
+    "/ui/{*rest}",
+];
+
+/// The HTTP listener's routes; the operator endpoints' paths answer 403 naming the admin
+/// listener at `admin_addr`.
+pub fn router(admin: &Admin, admin_addr: SocketAddr) -> Router {
+    let limiter = &admin.limiter;
+    let mut router = Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
+        .route("/rlconfig", get(rlconfig))
+        .route("/json", post(json_request))
+        .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
+        .with_state(AdminState {
+            health: Arc::clone(&admin.health),
+            limiter: Arc::clone(limiter),
+        })
+        .merge(rate::router(Arc::clone(limiter)))
+        .merge(nginx::router(Arc::clone(limiter)));
+    let message = format!(
+        "this endpoint is served on the admin listener (--admin-addr, {admin_addr}), not on \
+         the HTTP listener"
+    );
+    for path in ADMIN_PATHS {
+        let message = message.clone();
+        router = router.route(
+            path,
+            any(move || async move { error(StatusCode::FORBIDDEN, &message) }),
+        );
+    }
+    router
+}
+
+/// The admin listener's routes, behind the bearer token when there is one. With the
+/// dashboard on, this starts the task sampling its history (on the current tokio runtime);
+/// the task ends once the router is dropped.
+pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
     let Admin {
         health,
         limiter,
@@ -145,17 +195,12 @@ pub fn router(admin: Admin) -> Router {
         options,
     } = admin;
     let mut router = Router::new()
-        .route("/healthcheck", get(healthcheck))
-        .route("/metrics", get(metrics))
-        .route("/rlconfig", get(rlconfig))
-        .route("/json", post(json_request))
         .route("/debug/explain", post(explain::explain))
         .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
         .with_state(AdminState {
             health,
             limiter: Arc::clone(&limiter),
         })
-        .merge(rate::router(Arc::clone(&limiter)))
         .merge(counters::router(
             Arc::clone(&limiter),
             cluster.clone(),
@@ -164,13 +209,19 @@ pub fn router(admin: Admin) -> Router {
     if options.ui {
         router = router.merge(ui::router(ui::UiState {
             history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),
-            limiter: Arc::clone(&limiter),
+            limiter,
             cluster,
             reload,
             counters: options.counters,
         }));
     }
-    router.merge(nginx::router(limiter))
+    match token {
+        Some(token) => router.layer(axum::middleware::from_fn_with_state(
+            token,
+            auth::require_token,
+        )),
+        None => router,
+    }
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {

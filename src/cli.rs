@@ -90,13 +90,17 @@ pub struct ExplainArgs {
     /// Hits per descriptor (the request's hits_addend) [default: 1].
     #[arg(long)]
     pub hits: Option<u32>,
-    /// The HTTP listener of the ratekeeper to ask.
+    /// The admin listener (`serve --admin-addr`) of the ratekeeper to ask.
     #[arg(
         long,
         env = "RATEKEEPER_EXPLAIN_ADDR",
-        default_value = "http://127.0.0.1:8080"
+        default_value = "http://127.0.0.1:6070"
     )]
     pub addr: String,
+    /// A file holding the admin listener's bearer token (the same file as `serve
+    /// --admin-token-file`), sent as `Authorization: Bearer`.
+    #[arg(long, env = "RATEKEEPER_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 impl ExplainArgs {
@@ -106,6 +110,7 @@ impl ExplainArgs {
             domain: self.domain.clone(),
             descriptors: self.descriptors.clone(),
             hits: self.hits,
+            token_file: self.admin_token_file.clone(),
         }
     }
 }
@@ -244,8 +249,19 @@ pub struct ServeArgs {
         requires = "grpc_tls_client_ca"
     )]
     pub grpc_tls_client_san: Option<String>,
+    /// Health, metrics and the check front ends (/json, /rate, /nginx); the operator
+    /// endpoints answer 403 here, naming --admin-addr.
     #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     pub http_addr: SocketAddr,
+    /// The admin listener: /counters, /debug/explain and the dashboard (/ui). A non-loopback
+    /// address needs --admin-token-file.
+    #[arg(long, env = "RATEKEEPER_ADMIN_ADDR", default_value = crate::server::DEFAULT_ADMIN_ADDR)]
+    pub admin_addr: SocketAddr,
+    /// Every request to the admin listener must send `Authorization: Bearer <token>`, the
+    /// token being this file's content (surrounding whitespace ignored); re-read every
+    /// second, so a rotated Secret takes effect without a restart.
+    #[arg(long, env = "RATEKEEPER_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
     /// Shards that own the counters [default: the number of cores].
     #[arg(long, env = "RATEKEEPER_SHARDS", value_parser = clap::value_parser!(u16).range(1..))]
     pub shards: Option<u16>,
@@ -343,10 +359,10 @@ pub struct ServeArgs {
     #[arg(long, env = "RATEKEEPER_COUNTER_NAMES", default_value_t = 0)]
     pub counter_names: usize,
     /// Serve GET and DELETE /counters/{domain} (listing and resetting counters) on the
-    /// HTTP listener; `--admin-counters=false` answers 404 there.
+    /// admin listener; `--admin-counters=false` answers 404 there.
     #[arg(long, env = "RATEKEEPER_ADMIN_COUNTERS", default_value_t = true, action = clap::ArgAction::Set)]
     pub admin_counters: bool,
-    /// Serve the dashboard (GET /ui and /ui/data) on the HTTP listener.
+    /// Serve the dashboard (GET /ui and /ui/data) on the admin listener.
     #[arg(long, env = "RATEKEEPER_ADMIN_UI", default_value_t = true, action = clap::ArgAction::Set)]
     pub admin_ui: bool,
     /// Most per-limit metric series (label sets).
@@ -568,6 +584,8 @@ impl ServeArgs {
             cluster: self.cluster_options(),
             grpc_uds: self.grpc_uds.clone(),
             grpc_tls: self.tls_options(),
+            admin_addr: self.admin_addr,
+            admin_token: self.admin_token_file.clone(),
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
     }

@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
-use ratekeeper::server::Server;
+use ratekeeper::reload::ReloadHandle;
+use ratekeeper::server::{AbortOnDrop, ServeError, Server};
 use ratekeeper::telemetry;
+use tokio::signal::unix::Signal;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -47,9 +49,12 @@ fn serve(args: Box<ServeArgs>, runtime: &tokio::runtime::Runtime) -> ExitCode {
     let options = args.server_options();
     let result = runtime.block_on(async {
         let server = Server::bind(&options, limits, version).await?;
+        // Handled before the serving line, so a SIGHUP right after it never kills us.
+        let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).map_err(ServeError::Signal)?;
+        let _reloads = AbortOnDrop(tokio::spawn(reload_on_sighup(hangup, server.limits_reload())).abort_handle());
         // Tests and scripts read this line to learn the bound addresses.
         let peer = server.peer_addr().map(|addr| format!(" peer={addr}")).unwrap_or_default();
-        println!("ratekeeper serving grpc={} http={}{peer}", server.grpc_endpoint(), server.http_addr());
+        println!("ratekeeper serving grpc={} http={} admin={}{peer}", server.grpc_endpoint(), server.http_addr(), server.admin_addr());
         let _ = std::io::stdout().flush();
         tracing::info!(grpc = %server.grpc_endpoint(), http = %server.http_addr(), shards = options.engine.shards, "serving");
         server.run(shutdown_signal()).await
@@ -59,6 +64,20 @@ fn serve(args: Box<ServeArgs>, runtime: &tokio::runtime::Runtime) -> ExitCode {
         Err(error) => {
             eprintln!("{error}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reloads the limits files on every SIGHUP, as the watch would (with xDS there are none).
+async fn reload_on_sighup(mut hangup: Signal, reload: Option<ReloadHandle>) {
+    while hangup.recv().await.is_some() {
+        match &reload {
+            Some(reload) => {
+                tracing::info!(path = %reload.path().display(), "SIGHUP: reloading limits");
+                // Logged and counted inside; on error the old limits stay.
+                let _ = reload.reload().await;
+            }
+            None => tracing::info!("SIGHUP: the limits come from xDS, no files to reload"),
         }
     }
 }

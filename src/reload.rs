@@ -320,12 +320,67 @@ pub struct Watcher {
     stats: Arc<ReloadStats>,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
+    reload: ReloadHandle,
 }
 
 impl Watcher {
     /// The directory being watched (absolute).
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Reloads on demand (SIGHUP) through the watch's own path; does nothing once the
+    /// watcher is dropped.
+    pub fn handle(&self) -> ReloadHandle {
+        self.reload.clone()
+    }
+}
+
+/// Reloads the watched limits when asked, exactly as a change the watch saw would: read
+/// all -> validate -> swap, the old limits kept on error, counted in [`ReloadStats`].
+#[derive(Clone)]
+pub struct ReloadHandle {
+    path: PathBuf,
+    load: LoadOptions,
+    live: Arc<ArcSwap<Limits>>,
+    stats: Arc<ReloadStats>,
+    shared: Arc<Shared>,
+}
+
+impl ReloadHandle {
+    /// The file or directory the limits are read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reloads once, on the blocking pool (see [`reload_now`] for the outcome); errors are
+    /// logged and counted inside.
+    pub async fn reload(&self) -> Result<bool, ConfigErrors> {
+        let this = self.clone();
+        let reload = tokio::task::spawn_blocking(move || {
+            reload_serialized(
+                &this.path,
+                this.load,
+                &this.live,
+                &this.stats,
+                Some(&this.shared.stopped),
+            )
+        });
+        match reload.await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                tracing::error!(%error, "limits reload did not finish");
+                Ok(false)
+            }
+        }
+    }
+}
+
+impl fmt::Debug for ReloadHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadHandle")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
     }
 }
 
@@ -412,11 +467,17 @@ pub fn watch(
         stopped: AtomicBool::new(false),
         notify: Mutex::new(Some(notify)),
     });
+    let reload = ReloadHandle {
+        path: path.clone(),
+        load: options.load,
+        live,
+        stats: Arc::clone(&stats),
+        shared: Arc::clone(&shared),
+    };
     let reloader = Reloader {
         path: path.clone(),
         dir: dir.clone(),
-        live,
-        stats: Arc::clone(&stats),
+        reload: reload.clone(),
         options,
         events,
         lost,
@@ -434,6 +495,7 @@ pub fn watch(
         stats,
         shared,
         task,
+        reload,
     })
 }
 
@@ -484,8 +546,7 @@ fn is_gone(event: &Event, dir: &Path) -> bool {
 struct Reloader {
     path: PathBuf,
     dir: PathBuf,
-    live: Arc<ArcSwap<Limits>>,
-    stats: Arc<ReloadStats>,
+    reload: ReloadHandle,
     options: ReloadOptions,
     events: mpsc::Receiver<()>,
     /// Set by notify's thread when the watched directory went away.
@@ -541,20 +602,10 @@ impl Reloader {
     }
 
     async fn reload(&self) {
-        let path = self.path.clone();
-        let live = Arc::clone(&self.live);
-        let stats = Arc::clone(&self.stats);
-        let shared = Arc::clone(&self.shared);
-        let options = self.options.load;
         // Reading and compiling is blocking file IO plus CPU (up to a few MiB), so it runs on
         // the blocking pool rather than stalling a runtime worker that serves requests. This
         // task awaits it, so its reloads never overlap. Errors are logged and counted inside.
-        let reload = tokio::task::spawn_blocking(move || {
-            reload_serialized(&path, options, &live, &stats, Some(&shared.stopped))
-        });
-        if let Err(error) = reload.await {
-            tracing::error!(%error, "limits reload did not finish");
-        }
+        let _ = self.reload.reload().await;
     }
 
     /// Watches the directory again after it went away; true once it is watched.

@@ -1,11 +1,12 @@
 //! Wires the parts into a running process: the engine, the limits (and their reloader), the
 //! metrics, the gRPC listener (Envoy's `RateLimitService` plus `grpc.health.v1`, on TCP or a
-//! Unix socket, optionally with TLS: see [`crate::listener`] and [`crate::tls`]) and the HTTP
-//! listener.
+//! Unix socket, optionally with TLS: see [`crate::listener`] and [`crate::tls`]), the HTTP
+//! listener and the admin listener (see [`crate::admin`]).
 //!
-//! [`Server::bind`] loads the TLS files (when asked) and binds the listeners first, so bad
-//! certificates fail the start and callers (and tests, with port 0) know the addresses
-//! before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
+//! [`Server::bind`] loads the TLS files and the admin token (when asked) and binds the
+//! listeners first, so bad certificates, a bad token file or an admin listener open to the
+//! network without a token fail the start, and callers (and tests, with port 0) know the
+//! addresses before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
 //! in-flight requests were answered, or the grace period ran out.
 //!
 //! Shutdown order: mark not ready (`/healthcheck` 503, gRPC health `NOT_SERVING`), stop
@@ -27,6 +28,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::listener::{GrpcEndpoint, GrpcListener, ListenError};
 use crate::tls::{Tls, TlsError, TlsOptions, TlsWatch};
 
+use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
 use crate::cluster::names::{NameSource, Named, NamesPage};
@@ -45,6 +47,10 @@ use crate::xds::{XdsClient, XdsOptions, XdsStats};
 /// The gRPC health service names answered besides the RLS service's full name: the whole
 /// server (`""`) and the reference service's `ratelimit`.
 const HEALTH_NAMES: [&str; 2] = ["", "ratelimit"];
+
+/// The admin listener's address unless `--admin-addr` says otherwise: loopback, on the
+/// reference service's debug port.
+pub const DEFAULT_ADMIN_ADDR: &str = "127.0.0.1:6070";
 
 /// How often gRPC health is brought in line with [`Health`].
 const HEALTH_SYNC: Duration = Duration::from_millis(100);
@@ -73,8 +79,8 @@ async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bo
     }
 }
 
-/// Stops a background task when the server's `run` returns, however it returns.
-struct AbortOnDrop(tokio::task::AbortHandle);
+/// Stops a background task when dropped (the server's `run` returning, however it returns).
+pub struct AbortOnDrop(pub tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -165,12 +171,20 @@ pub struct ServerOptions {
     pub store: Option<RedisOptions>,
     /// Take the limits from an xDS management server (instead of `watch`).
     pub xds: Option<XdsOptions>,
-    /// Which operator endpoints the HTTP listener serves.
+    /// Which operator endpoints the admin listener serves.
     pub admin: AdminOptions,
+    /// The admin listener (operator endpoints). Must be a loopback address unless
+    /// `admin_token` is set.
+    pub admin_addr: SocketAddr,
+    /// The bearer token every admin request must carry: this file's content, re-read while
+    /// serving (see [`crate::admin::auth`]).
+    pub admin_token: Option<PathBuf>,
 }
 
 impl ServerOptions {
-    /// Options for the given addresses, everything else at its default.
+    /// Options for the given addresses, everything else at its default; the admin listener
+    /// on `127.0.0.1:0` (loopback, any free port: the command line's default is
+    /// [`DEFAULT_ADMIN_ADDR`]).
     pub fn new(grpc_addr: SocketAddr, http_addr: SocketAddr) -> ServerOptions {
         ServerOptions {
             grpc_addr,
@@ -188,6 +202,8 @@ impl ServerOptions {
             store: None,
             xds: None,
             admin: AdminOptions::default(),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_token: None,
         }
     }
 }
@@ -215,8 +231,18 @@ pub enum ServeError {
     Store(redis::RedisError),
     #[error("peer listener failed: {0}")]
     Peer(tonic::transport::Error),
+    #[error(
+        "--admin-addr {0} is not a loopback address, so anyone who reaches it could read and reset counters: give --admin-token-file (a file holding the bearer token callers must send), or bind it to loopback (127.0.0.1:6070) and reach it with kubectl port-forward"
+    )]
+    AdminWithoutToken(SocketAddr),
+    #[error(transparent)]
+    AdminToken(#[from] TokenError),
     #[error("http listener failed: {0}")]
     Http(std::io::Error),
+    #[error("admin listener failed: {0}")]
+    Admin(std::io::Error),
+    #[error("cannot handle SIGHUP: {0}")]
+    Signal(std::io::Error),
 }
 
 pub struct Server {
@@ -224,6 +250,9 @@ pub struct Server {
     /// The gRPC listener's TLS config, when it has one.
     tls: Option<Tls>,
     http: TcpListener,
+    admin_listener: TcpListener,
+    admin_addr: SocketAddr,
+    admin_token: Option<TokenFile>,
     peer: Option<(TcpListener, SocketAddr)>,
     grpc_endpoint: GrpcEndpoint,
     http_addr: SocketAddr,
@@ -237,6 +266,8 @@ pub struct Server {
     _watcher: Option<Watcher>,
     /// Kept alive while serving; dropping it stops watching the TLS files.
     _tls_watch: Option<TlsWatch>,
+    /// Kept alive while serving; dropping it stops re-reading the admin token.
+    _token_watch: Option<TokenWatch>,
     /// The xDS subscription, stopped when the server is dropped.
     _xds: Option<AbortOnDrop>,
     xds_stats: Arc<XdsStats>,
@@ -259,14 +290,24 @@ impl Server {
                 .map_err(|source| ServeError::Bind { addr, source })?;
             Ok::<_, ServeError>((listener, bound))
         };
-        // Certificates first: a bad file fails the start before anything listens.
+        // Certificates and the token first: a bad file fails the start before anything
+        // listens. An admin listener others can reach must ask for a token.
         let tls = options.grpc_tls.clone().map(Tls::load).transpose()?;
+        let admin_token = options
+            .admin_token
+            .clone()
+            .map(TokenFile::load)
+            .transpose()?;
+        if admin_token.is_none() && !options.admin_addr.ip().to_canonical().is_loopback() {
+            return Err(ServeError::AdminWithoutToken(options.admin_addr));
+        }
         let grpc = match &options.grpc_uds {
             Some(path) => GrpcListener::bind_unix(path)?,
             None => GrpcListener::bind_tcp(options.grpc_addr).await?,
         };
         let grpc_endpoint = grpc.endpoint().clone();
         let (http, http_addr) = bind(options.http_addr).await?;
+        let (admin_listener, admin_addr) = bind(options.admin_addr).await?;
         let engine = Engine::spawn(options.engine, Clock::system());
         let (cluster, peer) = match &options.cluster {
             None => (Cluster::single(engine), None),
@@ -333,6 +374,7 @@ impl Server {
             None => None,
         };
         let tls_watch = tls.as_ref().map(Tls::watch).transpose()?;
+        let token_watch = admin_token.as_ref().map(TokenFile::watch);
         let xds = options.xds.clone().map(|xds| {
             let client = XdsClient::new(
                 xds,
@@ -356,6 +398,9 @@ impl Server {
             grpc,
             tls,
             http,
+            admin_listener,
+            admin_addr,
+            admin_token,
             peer,
             grpc_endpoint,
             http_addr,
@@ -367,6 +412,7 @@ impl Server {
             shutdown_grace: options.shutdown_grace,
             _watcher: watcher,
             _tls_watch: tls_watch,
+            _token_watch: token_watch,
             _xds: xds,
             xds_stats,
         })
@@ -387,6 +433,17 @@ impl Server {
 
     pub fn http_addr(&self) -> SocketAddr {
         self.http_addr
+    }
+
+    /// Reloads the limits files on demand (SIGHUP) through the watch's path; `None` when the
+    /// limits are not read from files (xDS) or not watched.
+    pub fn limits_reload(&self) -> Option<reload::ReloadHandle> {
+        self._watcher.as_ref().map(Watcher::handle)
+    }
+
+    /// The admin listener's address (the operator endpoints).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
     }
 
     /// The peer listener's address, in cluster mode.
@@ -454,15 +511,19 @@ impl Server {
         // 503 (not a refused connection), metrics can be scraped while requests drain, and
         // peers' forwards are still answered until the counters are handed over.
         let (grpc_done_tx, grpc_done_rx) = tokio::sync::watch::channel(false);
-        let app = admin::router(admin::Admin {
+        let shared = admin::Admin {
             health: Arc::clone(&self.health),
             limiter: Arc::clone(&self.limiter),
             cluster: self.cluster.clone(),
             reload: Arc::clone(&self.reload_stats),
             options: self.admin,
-        });
+        };
+        let app = admin::router(&shared, self.admin_addr);
         let http =
             axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
+        let admin_app = admin::admin_router(shared, self.admin_token.clone());
+        let admin = axum::serve(self.admin_listener, admin_app)
+            .with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let cluster = self.cluster.clone();
         let names = name_source(&self.limiter);
         let peer = async {
@@ -507,14 +568,15 @@ impl Server {
                 cluster.hand_over_all().await;
                 let _ = grpc_done_tx.send(true);
             };
-            let ((), http, peer) = tokio::join!(grpc, async { http.await }, peer);
+            let ((), http, admin, peer) =
+                tokio::join!(grpc, async { http.await }, async { admin.await }, peer);
             let _ = drained_tx.send(());
-            (http, peer)
+            (http, admin, peer)
         };
         tokio::pin!(serve);
         tokio::pin!(signal);
         let mut signal_done = false;
-        let (http, peer) = loop {
+        let (http, admin, peer) = loop {
             tokio::select! {
                 results = &mut serve => break results,
                 expired = &mut signal, if !signal_done => {
@@ -527,6 +589,7 @@ impl Server {
         };
         peer?;
         http.map_err(ServeError::Http)?;
+        admin.map_err(ServeError::Admin)?;
         tracing::info!("drained, exiting");
         Ok(())
     }

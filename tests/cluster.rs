@@ -413,7 +413,7 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
     .to_string();
     let explain = |node: &Ratekeeper| {
         let response =
-            support::http_post(node.http_addr(), "/debug/explain", &[], &body).expect("answers");
+            support::http_post(node.admin_addr(), "/debug/explain", &[], &body).expect("answers");
         let parsed: serde_json::Value =
             serde_json::from_str(&response.body).expect("a JSON answer");
         (response.status, parsed)

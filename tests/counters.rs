@@ -42,8 +42,9 @@ fn hit(http: SocketAddr, entries: &[(&str, &str)], hits: u32) {
     assert_eq!(response.status, 200, "{}", response.body);
 }
 
-fn get(http: SocketAddr, path: &str) -> (u16, Value) {
-    let response = http_get(http, path, &[]).expect("answers");
+/// `GET path` on an admin listener.
+fn get(admin: SocketAddr, path: &str) -> (u16, Value) {
+    let response = http_get(admin, path, &[]).expect("answers");
     let body = serde_json::from_str(&response.body)
         .unwrap_or_else(|error| panic!("GET {path}: {error} in {:?}", response.body));
     (response.status, body)
@@ -52,7 +53,7 @@ fn get(http: SocketAddr, path: &str) -> (u16, Value) {
 #[test]
 fn live_counters_are_listed_with_their_state_in_pages() {
     let (_dir, server) = start(&["--counter-names", "1000", "--shards", "4"]);
-    let http = server.http_addr();
+    let (http, admin) = (server.http_addr(), server.admin_addr());
     for n in 0..7u32 {
         hit(http, &[("api_key", &format!("key-{n}"))], n + 1);
     }
@@ -61,7 +62,7 @@ fn live_counters_are_listed_with_their_state_in_pages() {
     let mut path = "/counters/edge?limit=3".to_owned();
     let mut pages = 0;
     loop {
-        let (status, body) = get(http, &path);
+        let (status, body) = get(admin, &path);
         assert_eq!(status, 200, "{body}");
         pages += 1;
         for counter in body["counters"].as_array().expect("counters") {
@@ -108,7 +109,7 @@ fn live_counters_are_listed_with_their_state_in_pages() {
         assert_eq!((found.1, &found.2), (n + 1, &json!("per_key")));
     }
     assert!(seen.contains(&("tenant=acme,path=/v1".to_owned(), 4, json!("per_path"))));
-    let (_, body) = get(http, "/counters/edge");
+    let (_, body) = get(admin, "/counters/edge");
     assert_eq!(
         body["names"],
         json!({"kept": 8, "capacity": 1000, "dropped": 0})
@@ -118,7 +119,7 @@ fn live_counters_are_listed_with_their_state_in_pages() {
 #[test]
 fn errors_name_the_problem() {
     let (_dir, off) = start(&[]);
-    let (status, body) = get(off.http_addr(), "/counters/edge");
+    let (status, body) = get(off.admin_addr(), "/counters/edge");
     assert_eq!(status, 404);
     assert!(
         body["error"]
@@ -128,8 +129,8 @@ fn errors_name_the_problem() {
     );
 
     let (_dir, server) = start(&["--counter-names", "10"]);
-    let http = server.http_addr();
-    let (status, body) = get(http, "/counters/nowhere");
+    let admin = server.admin_addr();
+    let (status, body) = get(admin, "/counters/nowhere");
     assert_eq!(
         (status, &body["error"]),
         (404, &json!("unknown domain \"nowhere\""))
@@ -139,7 +140,7 @@ fn errors_name_the_problem() {
         ("after=zz", "after:"),
         ("sort=1", "unknown parameter"),
     ] {
-        let (status, body) = get(http, &format!("/counters/edge?{query}"));
+        let (status, body) = get(admin, &format!("/counters/edge?{query}"));
         assert_eq!(status, 400, "{query}: {body}");
         assert!(
             body["error"]
@@ -151,9 +152,9 @@ fn errors_name_the_problem() {
 }
 
 /// The peer address of the node owning `value`'s counter, by `/debug/explain`.
-fn owner(http: SocketAddr, value: &str) -> String {
+fn owner(admin: SocketAddr, value: &str) -> String {
     let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
-    let response = http_post(http, "/debug/explain", &[], &body.to_string()).expect("answers");
+    let response = http_post(admin, "/debug/explain", &[], &body.to_string()).expect("answers");
     let explained: Value = serde_json::from_str(&response.body).expect("json");
     explained["descriptors"][0]["owner"]
         .as_str()
@@ -199,6 +200,7 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
         ],
     );
     let http: Vec<SocketAddr> = nodes.iter().map(Ratekeeper::http_addr).collect();
+    let admin: Vec<SocketAddr> = nodes.iter().map(Ratekeeper::admin_addr).collect();
     let peers: Vec<String> = nodes
         .iter()
         .map(|node| node.peer_addr().to_string())
@@ -211,7 +213,7 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
     for (owned_by, peer) in peers.iter().enumerate() {
         let mut found = (0..1000)
             .map(|n| format!("o{owned_by}-{n}"))
-            .filter(|value| owner(http[0], value) == *peer);
+            .filter(|value| owner(admin[0], value) == *peer);
         for _ in 0..2 {
             let value = found.next().expect("a key owned by each node");
             let entries = [("api_key", value.as_str())];
@@ -233,7 +235,7 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
                 // from full through `after`: the counter is named on two nodes.
                 let path = format!("/counters/edge?descriptor=api_key={value}");
                 let response =
-                    http_request(http[owned_by], "DELETE", &path, &[], "").expect("answers");
+                    http_request(admin[owned_by], "DELETE", &path, &[], "").expect("answers");
                 assert_eq!(response.status, 200, "{}", response.body);
                 hit(http[after], &entries, (j + 3) as u32);
                 naming.push(after);
@@ -242,8 +244,8 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
         }
     }
     // Alone, a node lists the counters it holds and named itself.
-    for (index, node_http) in http.iter().enumerate() {
-        let (status, body) = get(*node_http, "/counters/edge");
+    for (index, node_admin) in admin.iter().enumerate() {
+        let (status, body) = get(*node_admin, "/counters/edge");
         assert_eq!(status, 200, "{body}");
         let mut here: Vec<String> = listed(&body).into_iter().map(|(value, ..)| value).collect();
         here.sort();
@@ -262,8 +264,8 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
         .map(|(value, owned_by, used, _)| (value.clone(), *used, peers[*owned_by].clone()))
         .collect();
     by_use.sort_by_key(|(_, used, _)| std::cmp::Reverse(*used));
-    for node_http in &http {
-        let (status, body) = get(*node_http, "/counters/edge?cluster=1");
+    for node_admin in &admin {
+        let (status, body) = get(*node_admin, "/counters/edge?cluster=1");
         assert_eq!(status, 200, "{body}");
         assert_eq!(listed(&body), by_use, "{body}");
         assert_eq!(body["next"], Value::Null);
@@ -282,10 +284,10 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
         assert_eq!(body["names"]["kept"], 7, "key 1 named twice: {body}");
     }
     // Pages of 4 walk the same counters, each once.
-    let (_, first) = get(http[1], "/counters/edge?cluster=1&limit=4");
+    let (_, first) = get(admin[1], "/counters/edge?cluster=1&limit=4");
     let next = first["next"].as_str().expect("a second page").to_owned();
     let (_, second) = get(
-        http[1],
+        admin[1],
         &format!("/counters/edge?cluster=1&limit=4&after={next}"),
     );
     assert_eq!(second["next"], Value::Null, "{second}");
@@ -300,7 +302,7 @@ fn the_cluster_listing_shows_every_counter_once_with_its_owners_count() {
     // reported; the counters the others name and own are still listed.
     nodes[2].process().signal("-STOP");
     let started = std::time::Instant::now();
-    let (status, body) = get(http[0], "/counters/edge?cluster=1");
+    let (status, body) = get(admin[0], "/counters/edge?cluster=1");
     nodes[2].process().signal("-CONT");
     assert_eq!(status, 200, "{body}");
     assert!(

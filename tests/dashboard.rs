@@ -43,10 +43,10 @@ fn ask(http: SocketAddr, key: &str, value: &str) -> u16 {
     response.status
 }
 
-/// Whether `http`'s node owns `value`'s counter, by `/debug/explain`.
-fn owns(http: SocketAddr, value: &str) -> bool {
+/// Whether the node of admin listener `admin` owns `value`'s counter, by `/debug/explain`.
+fn owns(admin: SocketAddr, value: &str) -> bool {
     let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
-    let response = http_post(http, "/debug/explain", &[], &body.to_string()).expect("answers");
+    let response = http_post(admin, "/debug/explain", &[], &body.to_string()).expect("answers");
     let explained: Value = serde_json::from_str(&response.body).expect("json");
     explained["descriptors"][0]["local"] == true
 }
@@ -73,9 +73,9 @@ fn start(config: &Path, peers: &[SocketAddr]) -> Ratekeeper {
 
 /// Whether the server's history (sampled every 10 s) shows `over` over-limit hits for the
 /// limit named `limit` within 25 s.
-fn sampled_over(http: SocketAddr, limit: &str, over: u64) -> bool {
+fn sampled_over(admin: SocketAddr, limit: &str, over: u64) -> bool {
     eventually(Duration::from_secs(25), || {
-        let response = http_get(http, "/ui/data", &[]).expect("answers");
+        let response = http_get(admin, "/ui/data", &[]).expect("answers");
         let data: Value = serde_json::from_str(&response.body).expect("json");
         data["history"]["series"]
             .as_array()
@@ -131,7 +131,7 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
         });
         assert!(agreed, "a node never saw 2 members: {}", node.stderr());
     }
-    let http = first.http_addr();
+    let (http, admin) = (first.http_addr(), first.admin_addr());
     // Traffic through the first node: every key over its limit of 2 once.
     let values: Vec<String> = (0..12).map(|n| format!("user-{n}")).collect();
     for value in &values {
@@ -141,7 +141,7 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
     // The hottest counters are those this node holds.
     let local = values
         .iter()
-        .find(|value| owns(http, value))
+        .find(|value| owns(admin, value))
         .expect("the first node owns one of 12 keys");
     // A broken reload: the old limits stay, the page shows why.
     fs::write(
@@ -150,18 +150,18 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
     )
     .expect("write the broken config");
     let failed = eventually(WAIT, || {
-        let response = http_get(http, "/ui/data", &[]).expect("answers");
+        let response = http_get(admin, "/ui/data", &[]).expect("answers");
         let data: Value = serde_json::from_str(&response.body).expect("json");
         !data["reload"]["last_error"].is_null()
     });
     assert!(failed, "the broken reload is reported: {}", first.stderr());
     // The server samples every 10 s: wait for the sample that saw the over-limit hits.
     assert!(
-        sampled_over(http, "per_key", 12),
+        sampled_over(admin, "per_key", 12),
         "the history has the over-limit hits"
     );
 
-    let page = http_get(http, "/ui", &[]).expect("answers");
+    let page = http_get(admin, "/ui", &[]).expect("answers");
     assert_eq!(page.status, 200);
     assert!(
         page.header("content-type")
@@ -174,7 +174,7 @@ fn the_dashboard_shows_live_figures_in_a_real_browser() {
         "no external assets"
     );
 
-    let url = format!("http://{http}/ui?domain=edge&descriptor=api_key={local}");
+    let url = format!("http://{admin}/ui?domain=edge&descriptor=api_key={local}");
     let dom = dump_dom(&url, BUDGET);
     let context = || format!("DOM:\n{dom}");
     assert!(
@@ -249,14 +249,14 @@ fn the_dashboard_and_the_counters_can_be_turned_off() {
     let config = write_config(dir.path(), "edge.yaml", LIMITS);
     let off = Ratekeeper::start(&config, &["--admin-ui=false"]);
     for path in ["/ui", "/ui/data"] {
-        let response = http_get(off.http_addr(), path, &[]).expect("answers");
+        let response = http_get(off.admin_addr(), path, &[]).expect("answers");
         assert_eq!(response.status, 404, "{path}");
     }
     let no_counters = Ratekeeper::start(
         &config,
         &["--admin-counters=false", "--counter-names", "10"],
     );
-    let response = http_get(no_counters.http_addr(), "/ui/data", &[]).expect("answers");
+    let response = http_get(no_counters.admin_addr(), "/ui/data", &[]).expect("answers");
     assert_eq!(response.status, 200);
     let data: Value = serde_json::from_str(&response.body).expect("json");
     assert_eq!(data["hot"]["enabled"], false, "{data}");
@@ -287,19 +287,19 @@ fn a_limit_over_its_rate_is_charted_even_past_the_first_200() {
         &format!("domain: edge\ndescriptors:\n{descriptors}"),
     );
     let node = Ratekeeper::start(&config, &[]);
-    let http = node.http_addr();
+    let (http, admin) = (node.http_addr(), node.admin_addr());
     let last = LIMITS_IN_CONFIG - 1;
     let statuses: Vec<u16> = (0..2)
         .map(|_| ask(http, &format!("k{last}"), "v"))
         .collect();
     assert_eq!(statuses, [200, 429]);
     assert!(
-        sampled_over(http, &format!("l{last}"), 1),
+        sampled_over(admin, &format!("l{last}"), 1),
         "the history has the over-limit hit: {}",
         node.stderr()
     );
 
-    let dom = dump_dom(&format!("http://{http}/ui"), BUDGET);
+    let dom = dump_dom(&format!("http://{admin}/ui"), BUDGET);
     let (_, over_in_window, _) = chart(&dom, &format!("|l{last}"))
         .unwrap_or_else(|| panic!("a chart for l{last}: DOM:\n{dom}"));
     assert_eq!(over_in_window, 1);
@@ -311,5 +311,26 @@ fn a_limit_over_its_rate_is_charted_even_past_the_first_200() {
             LIMITS_IN_CONFIG - 200
         )),
         "the page says what it left out: DOM:\n{dom}"
+    );
+}
+
+#[test]
+fn with_an_admin_token_the_page_opened_with_it_in_its_fragment_loads_its_data() {
+    let dir = TempDir::new("dashboard-token");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let files = TempDir::new("dashboard-token-file");
+    let token = write_config(files.path(), "token", "page-token\n");
+    let token = token.to_string_lossy().into_owned();
+    let node = Ratekeeper::start(&config, &["--admin-token-file", &token]);
+    let admin = node.admin_addr();
+    let without = dump_dom(&format!("http://{admin}/ui"), BUDGET);
+    assert!(
+        !without.contains("data-loaded=\"true\"") && without.contains("needs its token"),
+        "without the token the page says what it needs: DOM:\n{without}"
+    );
+    let with = dump_dom(&format!("http://{admin}/ui#token=page-token"), BUDGET);
+    assert!(
+        with.contains("data-loaded=\"true\"") && with.contains("per_key"),
+        "with the token the page loads its data: DOM:\n{with}"
     );
 }

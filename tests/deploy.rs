@@ -803,6 +803,25 @@ fn the_envoy_config_map_passes_envoy_validate() {
 }
 
 #[test]
+fn the_admin_listener_stays_on_loopback_unless_a_token_file_guards_it() {
+    let manifests = Manifests::load();
+    let (host, _) = host_port(&manifests.ratekeeper_flag("admin-addr"));
+    let loopback = host
+        .trim_matches(['[', ']'])
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback());
+    let token = flag(manifests.container("ratekeeper"), "admin-token-file");
+    assert!(
+        loopback || token.is_some(),
+        "--admin-addr={host}:.. is reachable from the pod network: give --admin-token-file"
+    );
+    // The operator endpoints are not on the probed (pod network) listener.
+    let (_, http_port) = host_port(&manifests.ratekeeper_flag("http-addr"));
+    let (_, admin_port) = host_port(&manifests.ratekeeper_flag("admin-addr"));
+    assert_ne!(http_port, admin_port);
+}
+
+#[test]
 fn ratekeeper_knows_every_flag_the_deployment_passes() {
     let manifests = Manifests::load();
     let args = args(manifests.container("ratekeeper"));
@@ -841,6 +860,7 @@ fn the_deployments_command_line_serves() {
         ("config", limits.display().to_string()),
         ("grpc-addr", "127.0.0.1:0".to_owned()),
         ("http-addr", "127.0.0.1:0".to_owned()),
+        ("admin-addr", "127.0.0.1:0".to_owned()),
         ("peer-addr", peer.clone()),
         ("advertise", peer.clone()),
         ("peer-dns", peer.clone()),

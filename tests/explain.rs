@@ -54,13 +54,13 @@ fn request(descriptors: &[&[(&str, &str)]]) -> Value {
 #[test]
 fn explain_reports_the_limit_and_counter_and_consumes_nothing() {
     let (_dir, server) = start();
-    let http = server.http_addr();
+    let (http, admin) = (server.http_addr(), server.admin_addr());
     let alice = request(&[&[("api_key", "alice")]]);
     for _ in 0..2 {
         assert_eq!(post_json(http, "/json", &alice).0, 200);
     }
     for _ in 0..5 {
-        let (status, body) = post_json(http, "/debug/explain", &alice);
+        let (status, body) = post_json(admin, "/debug/explain", &alice);
         assert_eq!(status, 200, "{body}");
         let descriptor = &body["descriptors"][0];
         assert_eq!(descriptor["match"], "limited", "{body}");
@@ -89,7 +89,7 @@ fn explain_reports_the_limit_and_counter_and_consumes_nothing() {
         assert_eq!(post_json(http, "/json", &alice).0, 200);
     }
     assert_eq!(post_json(http, "/json", &alice).0, 429);
-    let (_, body) = post_json(http, "/debug/explain", &alice);
+    let (_, body) = post_json(admin, "/debug/explain", &alice);
     assert_eq!(body["descriptors"][0]["would_reject"], true, "{body}");
     assert_eq!(body["descriptors"][0]["limits"][0]["remaining"], 0);
 }
@@ -97,10 +97,10 @@ fn explain_reports_the_limit_and_counter_and_consumes_nothing() {
 #[test]
 fn a_rejected_request_is_told_when_it_would_pass_again() {
     let (_dir, server) = start();
-    let http = server.http_addr();
+    let (http, admin) = (server.http_addr(), server.admin_addr());
     let carol = request(&[&[("api_key", "carol")]]);
     let explain = |body: &Value| {
-        let (status, answer) = post_json(http, "/debug/explain", body);
+        let (status, answer) = post_json(admin, "/debug/explain", body);
         assert_eq!(status, 200, "{answer}");
         answer["descriptors"][0].clone()
     };
@@ -146,7 +146,7 @@ fn a_rejected_request_is_told_when_it_would_pass_again() {
     assert_eq!(never["retry_after_ms"], Value::Null, "{never}");
     assert_eq!(never["limits"][0]["retry_after_ms"], Value::Null);
 
-    let stdout = explain_command(http, &["--descriptor", "api_key=carol", "--hits", "1"]);
+    let stdout = explain_command(admin, &["--descriptor", "api_key=carol", "--hits", "1"]);
     assert_has_lines(
         &stdout,
         &[
@@ -154,7 +154,7 @@ fn a_rejected_request_is_told_when_it_would_pass_again() {
             "  over: this request would be rejected now; retry in ",
         ],
     );
-    let stdout = explain_command(http, &["--descriptor", "api_key=dave", "--hits", "6"]);
+    let stdout = explain_command(admin, &["--descriptor", "api_key=dave", "--hits", "6"]);
     assert_has_lines(
         &stdout,
         &[
@@ -164,7 +164,7 @@ fn a_rejected_request_is_told_when_it_would_pass_again() {
     );
 }
 
-/// `ratekeeper explain --addr http://ADDR --domain edge ARGS`, which must succeed; its stdout.
+/// `ratekeeper explain --addr http://ADMIN --domain edge ARGS`, which must succeed; its stdout.
 fn explain_command(addr: SocketAddr, args: &[&str]) -> String {
     let addr = format!("http://{addr}");
     let base = ["explain", "--addr", &addr, "--domain", "edge"];
@@ -186,9 +186,9 @@ fn assert_has_lines(stdout: &str, expected: &[&str]) {
 #[test]
 fn every_reason_for_no_limit_is_reported() {
     let (_dir, server) = start();
-    let http = server.http_addr();
+    let admin = server.admin_addr();
     let (status, body) = post_json(
-        http,
+        admin,
         "/debug/explain",
         &request(&[
             &[("api_key", "healthchecker")],
@@ -232,7 +232,7 @@ fn every_reason_for_no_limit_is_reported() {
 
     let mut unknown = request(&[&[("api_key", "a")]]);
     unknown["domain"] = json!("nowhere");
-    let (status, body) = post_json(http, "/debug/explain", &unknown);
+    let (status, body) = post_json(admin, "/debug/explain", &unknown);
     assert_eq!(status, 200);
     assert_eq!(body["domain_found"], false);
     assert_eq!(body["descriptors"][0]["match"], "unknown_domain");
@@ -241,7 +241,7 @@ fn every_reason_for_no_limit_is_reported() {
 #[test]
 fn bad_bodies_are_refused_naming_the_field() {
     let (_dir, server) = start();
-    let http = server.http_addr();
+    let admin = server.admin_addr();
     let cases = [
         (
             r#"{"domain": "edge", "descriptors": [{"entries": [{"key": 7}]}]}"#,
@@ -256,7 +256,7 @@ fn bad_bodies_are_refused_naming_the_field() {
         ("not json", "invalid request body"),
     ];
     for (body, expected) in cases {
-        let response = http_post(http, "/debug/explain", &[], body).expect("answers");
+        let response = http_post(admin, "/debug/explain", &[], body).expect("answers");
         assert_eq!(response.status, 400, "{body}: {}", response.body);
         assert!(
             response.body.contains(expected),
@@ -265,20 +265,20 @@ fn bad_bodies_are_refused_naming_the_field() {
         );
     }
     let huge = format!(r#"{{"domain": "{}"}}"#, "x".repeat(2 << 20));
-    let response = http_post(http, "/debug/explain", &[], &huge).expect("answers");
+    let response = http_post(admin, "/debug/explain", &[], &huge).expect("answers");
     assert_eq!(response.status, 413, "bounded like /json");
 }
 
 #[test]
 fn the_command_prints_a_readable_explanation() {
     let (_dir, server) = start();
-    let http = server.http_addr();
+    let (http, admin) = (server.http_addr(), server.admin_addr());
     assert_eq!(
         post_json(http, "/json", &request(&[&[("api_key", "bob")]])).0,
         200
     );
     let stdout = explain_command(
-        http,
+        admin,
         &[
             "--descriptor",
             "api_key=bob",
@@ -304,14 +304,14 @@ fn the_command_prints_a_readable_explanation() {
     );
     assert!(stdout.contains("on this node"), "{stdout}");
     // Explaining consumed nothing.
-    let (_, body) = post_json(http, "/debug/explain", &request(&[&[("api_key", "bob")]]));
+    let (_, body) = post_json(admin, "/debug/explain", &request(&[&[("api_key", "bob")]]));
     assert_eq!(body["descriptors"][0]["limits"][0]["used"], 1);
 }
 
 #[test]
 fn the_command_fails_clearly() {
     let (_dir, server) = start();
-    let addr = format!("http://{}", server.http_addr());
+    let addr = format!("http://{}", server.admin_addr());
     let explain = |extra: &[&str]| {
         let mut args = vec!["explain", "--domain", "edge"];
         args.extend_from_slice(extra);

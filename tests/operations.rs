@@ -1,5 +1,6 @@
 //! What an SRE relies on, through the real binary: hot reload seen through the gRPC API,
-//! reloads under load, metrics that move, `POST /json`, and a graceful SIGTERM.
+//! reloads under load, metrics that move, `POST /json`, a graceful SIGTERM, and SIGHUP
+//! reloading the limits.
 
 mod support;
 
@@ -545,4 +546,87 @@ fn without_the_flag_invalid_limits_still_refuse_to_start() {
         .expect("runs");
     assert!(!output.status.success());
     assert!(output.stdout.is_empty(), "never announced serving");
+}
+
+/// Writes `text` into the file `link` names, in place (same inode, no rename).
+fn write_in_place(link: &Path, text: &str) {
+    std::fs::write(link, text).expect("writes through the link");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_limits_keeps_serving_and_keeps_the_old_limits_on_a_bad_file() {
+    let dir = TempDir::new("sighup");
+    let config = dir.path().join("limits");
+    std::fs::create_dir(&config).expect("mkdir");
+    write_config(&config, "edge.yaml", &limits("edge", 5));
+    // A hard link outside the watched directory: a write through it changes the limits file
+    // without any event in that directory (as on a filesystem that sends none), so only the
+    // SIGHUP brings the change in.
+    let link = dir.path().join("edge-link.yaml");
+    std::fs::hard_link(config.join("edge.yaml"), &link).expect("links");
+    let mut server = Ratekeeper::start(&config, &[]);
+    let mut client = client(server.grpc_addr()).await;
+    assert_eq!(configured(&mut client, "edge", "probe").await, 5);
+    let http = server.http_addr();
+    let loads = |result: &str| {
+        metric(
+            http,
+            &format!("ratekeeper_config_loads_total{{result=\"{result}\"}}"),
+        )
+    };
+    let successes = loads("success");
+
+    write_in_place(&link, &limits("edge", 3));
+    server.process().signal("-HUP");
+    until_configured(&mut client, "edge", 3).await;
+    assert!(
+        server.process().exited().is_none(),
+        "SIGHUP did not stop it"
+    );
+    assert!(
+        server.stderr().contains("SIGHUP: reloading limits"),
+        "{}",
+        server.stderr()
+    );
+    assert_eq!(loads("success"), successes + 1.0, "counted as a reload");
+
+    // A bad file on SIGHUP: counted and logged, the old limits stay.
+    let failures = loads("failure");
+    write_in_place(
+        &link,
+        "domain: edge\ndescriptors:\n  - key: api_key\n    ratelimit: {}\n",
+    );
+    server.process().signal("-HUP");
+    let failed = eventually(WAIT, || loads("failure") > failures);
+    assert!(failed, "the bad file was noticed: {}", server.stderr());
+    assert_eq!(
+        configured(&mut client, "edge", "probe").await,
+        3,
+        "the old limits still serve"
+    );
+    assert!(server.process().exited().is_none(), "still running");
+}
+
+#[test]
+fn sighup_with_limits_from_xds_does_not_stop_the_process() {
+    let dir = TempDir::new("sighup-xds");
+    // Nobody answers there: the client keeps retrying, which is all this test needs.
+    let xds = format!("http://127.0.0.1:{}", support::free_port());
+    let mut server = Ratekeeper::start(
+        dir.path(),
+        &["--config-source", "xds", "--xds-server", &xds],
+    );
+    server.process().signal("-HUP");
+    let logged = eventually(WAIT, || {
+        server
+            .stderr()
+            .contains("SIGHUP: the limits come from xDS, no files to reload")
+    });
+    assert!(logged, "{}", server.stderr());
+    assert!(
+        server.process().exited().is_none(),
+        "SIGHUP did not stop it"
+    );
+    let health = http_get(server.http_addr(), "/healthcheck", &[]).expect("answers");
+    assert_eq!(health.status, 200);
 }

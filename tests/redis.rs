@@ -579,7 +579,8 @@ fn explain_reads_the_counter_in_redis_and_says_so_when_redis_is_down() {
     for _ in 0..3 {
         assert_eq!(ask(http, "seen"), Some(true));
     }
-    let explain = || http_post(http, "/debug/explain", &[], &body("seen")).expect("answers");
+    let admin = node.admin_addr();
+    let explain = || http_post(admin, "/debug/explain", &[], &body("seen")).expect("answers");
     let response = explain();
     assert_eq!(response.status, 200, "{}", response.body);
     let answer: serde_json::Value = serde_json::from_str(&response.body).expect("json");
@@ -593,7 +594,7 @@ fn explain_reads_the_counter_in_redis_and_says_so_when_redis_is_down() {
     // The asked hits are weighed against the state read, not sent to the script.
     let mut greedy: serde_json::Value = serde_json::from_str(&body("seen")).expect("json");
     greedy["hits_addend"] = 7.into();
-    let response = http_post(http, "/debug/explain", &[], &greedy.to_string()).expect("answers");
+    let response = http_post(admin, "/debug/explain", &[], &greedy.to_string()).expect("answers");
     let answer: serde_json::Value = serde_json::from_str(&response.body).expect("json");
     let limit = &answer["descriptors"][0]["limits"][0];
     assert_eq!(limit["remaining"], 6, "{answer}");
@@ -671,7 +672,7 @@ fn counters_counted_in_redis_are_listed_with_their_state() {
     for _ in 0..4 {
         assert_eq!(ask(http, "listed"), Some(true));
     }
-    let response = support::http_get(http, "/counters/edge", &[]).expect("answers");
+    let response = support::http_get(node.admin_addr(), "/counters/edge", &[]).expect("answers");
     assert_eq!(response.status, 200, "{}", response.body);
     let page: serde_json::Value = serde_json::from_str(&response.body).expect("json");
     let counter = &page["counters"][0];

@@ -44,8 +44,9 @@ fn ask(http: SocketAddr, entries: &[(&str, &str)]) -> bool {
     }
 }
 
-fn reset(http: SocketAddr, path: &str) -> (u16, Value) {
-    let response = http_request(http, "DELETE", path, &[], "").expect("answers");
+/// `DELETE path` on an admin listener.
+fn reset(admin: SocketAddr, path: &str) -> (u16, Value) {
+    let response = http_request(admin, "DELETE", path, &[], "").expect("answers");
     let body = serde_json::from_str(&response.body)
         .unwrap_or_else(|error| panic!("DELETE {path}: {error} in {:?}", response.body));
     (response.status, body)
@@ -63,10 +64,10 @@ fn a_reset_lets_a_blocked_descriptor_pass_again_on_one_node() {
     let dir = TempDir::new("reset-single");
     let config = write_config(dir.path(), "edge.yaml", LIMITS);
     let node = Ratekeeper::start(&config, &[]);
-    let http = node.http_addr();
+    let (http, admin) = (node.http_addr(), node.admin_addr());
     block(http, &[("api_key", "k1")]);
     block(http, &[("api_key", "k2")]);
-    let (status, body) = reset(http, "/counters/edge?descriptor=api_key=k1");
+    let (status, body) = reset(admin, "/counters/edge?descriptor=api_key=k1");
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["path"], "edge > api_key");
     assert_eq!(body["limits"], json!(["per_key"]));
@@ -77,7 +78,7 @@ fn a_reset_lets_a_blocked_descriptor_pass_again_on_one_node() {
     let nested = [("tenant", "acme,inc"), ("path", "/v1")];
     block(http, &nested);
     let (status, body) = reset(
-        http,
+        admin,
         "/counters/edge?descriptor=tenant=acme%2Cinc,path=%2Fv1",
     );
     assert_eq!(status, 200, "{body}");
@@ -85,7 +86,7 @@ fn a_reset_lets_a_blocked_descriptor_pass_again_on_one_node() {
     assert_eq!(body["removed"], 2);
     assert!(ask(http, &nested), "the nested descriptor passes again");
     // Nothing counted yet: still 200, nothing removed.
-    let (status, body) = reset(http, "/counters/edge?descriptor=api_key=fresh");
+    let (status, body) = reset(admin, "/counters/edge?descriptor=api_key=fresh");
     assert_eq!((status, body["removed"].clone()), (200, json!(0)), "{body}");
 }
 
@@ -94,7 +95,7 @@ fn a_bad_reset_is_refused_naming_the_problem() {
     let dir = TempDir::new("reset-errors");
     let config = write_config(dir.path(), "edge.yaml", LIMITS);
     let node = Ratekeeper::start(&config, &[]);
-    let http = node.http_addr();
+    let admin = node.admin_addr();
     for (path, status, problem) in [
         ("/counters/edge", 400, "descriptor: missing"),
         (
@@ -123,13 +124,13 @@ fn a_bad_reset_is_refused_naming_the_problem() {
             "descriptor: matches no limit",
         ),
     ] {
-        let (got, body) = reset(http, path);
+        let (got, body) = reset(admin, path);
         assert_eq!(got, status, "{path}: {body}");
         let error = body["error"].as_str().unwrap_or_default();
         assert!(error.starts_with(problem), "{path}: {error}");
     }
     let off = Ratekeeper::start(&config, &["--admin-counters=false"]);
-    let (status, body) = reset(off.http_addr(), "/counters/edge?descriptor=api_key=a");
+    let (status, body) = reset(off.admin_addr(), "/counters/edge?descriptor=api_key=a");
     assert_eq!(status, 404, "{body}");
     assert!(
         body["error"]
@@ -139,10 +140,10 @@ fn a_bad_reset_is_refused_naming_the_problem() {
     );
 }
 
-/// Whether `http`'s node owns `value`'s counter, by `/debug/explain`.
-fn owns(http: SocketAddr, value: &str) -> bool {
+/// Whether `admin`'s node owns `value`'s counter, by `/debug/explain`.
+fn owns(admin: SocketAddr, value: &str) -> bool {
     let body = json!({"domain": "edge", "descriptors": [{"entries": [{"key": "api_key", "value": value}]}]});
-    let response = http_post(http, "/debug/explain", &[], &body.to_string()).expect("answers");
+    let response = http_post(admin, "/debug/explain", &[], &body.to_string()).expect("answers");
     assert_eq!(response.status, 200, "{}", response.body);
     let explained: Value = serde_json::from_str(&response.body).expect("json");
     explained["descriptors"][0]["local"]
@@ -157,7 +158,7 @@ fn a_reset_reaches_the_owner_across_a_cluster_of_three() {
     let nodes = start_cluster(&config, 3, &["--peer-timeout", "2s"]);
     let (first, asked, last) = (
         nodes[0].http_addr(),
-        nodes[1].http_addr(),
+        nodes[1].admin_addr(),
         nodes[2].http_addr(),
     );
     let values: Vec<String> = (0..12).map(|n| format!("user-{n}")).collect();
@@ -204,7 +205,7 @@ fn a_reset_deletes_the_counters_in_redis_for_every_process() {
     block(one.http_addr(), &[("api_key", "other")]);
     assert_eq!(server.cli(&["DBSIZE"]).trim(), "2", "one key per counter");
     // Asked of the process whose blocked cache holds the descriptor: it forgets it too.
-    let (status, body) = reset(two.http_addr(), "/counters/edge?descriptor=api_key=shared");
+    let (status, body) = reset(two.admin_addr(), "/counters/edge?descriptor=api_key=shared");
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["removed"], 1, "{body}");
     assert!(
@@ -216,7 +217,7 @@ fn a_reset_deletes_the_counters_in_redis_for_every_process() {
         !ask(one.http_addr(), &[("api_key", "other")]),
         "only that descriptor was reset"
     );
-    let (status, body) = reset(one.http_addr(), "/counters/edge?descriptor=api_key=other");
+    let (status, body) = reset(one.admin_addr(), "/counters/edge?descriptor=api_key=other");
     assert_eq!((status, body["removed"].clone()), (200, json!(1)), "{body}");
     assert!(ask(one.http_addr(), &[("api_key", "other")]));
 }
@@ -255,7 +256,7 @@ fn a_reset_on_a_redis_cluster_deletes_one_descriptors_keys_in_their_slot() {
         &config,
         &["--store", &cluster.url(), "--store-blocked-keys", "0"],
     );
-    let http = node.http_addr();
+    let (http, admin) = (node.http_addr(), node.admin_addr());
     let path = [("tenant", "acme"), ("path", "/v1")];
     block(http, &path);
     let others: Vec<String> = (0..6).map(|n| format!("k{n}")).collect();
@@ -278,7 +279,7 @@ fn a_reset_on_a_redis_cluster_deletes_one_descriptors_keys_in_their_slot() {
         .map(|pair| route(&pair[0]).to_owned())
         .expect("the shared route");
 
-    let (status, body) = reset(http, "/counters/edge?descriptor=tenant=acme,path=/v1");
+    let (status, body) = reset(admin, "/counters/edge?descriptor=tenant=acme,path=/v1");
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["removed"], 2, "both limits' keys: {body}");
     assert_eq!(
@@ -308,7 +309,7 @@ fn a_reset_on_a_redis_cluster_deletes_one_descriptors_keys_in_their_slot() {
     }
 
     // Another descriptor, maybe on another master: reset alone, like the first.
-    let (status, body) = reset(http, "/counters/edge?descriptor=api_key=k3");
+    let (status, body) = reset(admin, "/counters/edge?descriptor=api_key=k3");
     assert_eq!((status, body["removed"].clone()), (200, json!(1)), "{body}");
     assert!(ask(http, &[("api_key", "k3")]));
     assert!(!ask(http, &[("api_key", "k4")]), "k4 untouched");

@@ -21,6 +21,12 @@
 //! atomics, the limits snapshot, the history's rings (sampled by a background task), and
 //! (for `hot`) the same cost-0 checks `/counters` makes, bounded by [`HOT_DOMAINS`] x
 //! [`HOT_PAGE`].
+//!
+//! With `--admin-token-file`, `GET /ui` itself is served without the token (it is the same
+//! static page for everyone, holding no data), and everything it fetches needs it: opened
+//! as `/ui#token=TOKEN`, the page sends the fragment's token as `Authorization: Bearer` on
+//! its requests. A fragment is never sent to a server, so the token stays out of request
+//! lines and access logs.
 
 pub mod history;
 

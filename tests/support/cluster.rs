@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
-use super::http::{http_get, http_post, metric};
+use super::http::{http_get, metric};
 use super::poll::eventually;
 use super::ratekeeper::Ratekeeper;
 
@@ -308,7 +308,7 @@ pub fn edge_explain_hits(
     if let Some(hits) = hits {
         body["hits_addend"] = json!(hits);
     }
-    let Ok(response) = http_post(node.http_addr(), "/debug/explain", &[], &body.to_string()) else {
+    let Ok(response) = node.admin_request("POST", "/debug/explain", &body.to_string()) else {
         return (None, json!("no answer"));
     };
     let answer: Value = serde_json::from_str(&response.body).unwrap_or(json!(response.body));

@@ -30,11 +30,15 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::ratekeeper::Ratekeeper;
+use super::temp::{TempDir, write_config};
 use super::tools::find_program;
 
 /// The ports every node listens on inside its own namespace.
 pub const NODE_GRPC_PORT: u16 = 8081;
 pub const NODE_HTTP_PORT: u16 = 8080;
+pub const NODE_ADMIN_PORT: u16 = 6070;
+/// The admin token of every node (its listener is on the client link, so it needs one).
+const NODE_ADMIN_TOKEN: &str = "netns-admin-token";
 pub const NODE_PEER_PORT: u16 = 8091;
 
 /// The bridge in the switch namespace.
@@ -209,12 +213,20 @@ impl Netns {
     ) -> Ratekeeper {
         let grpc = format!("0.0.0.0:{NODE_GRPC_PORT}");
         let http = format!("0.0.0.0:{NODE_HTTP_PORT}");
+        let admin = format!("0.0.0.0:{NODE_ADMIN_PORT}");
+        let files = TempDir::new("netns-admin");
+        let token = write_config(files.path(), "token", NODE_ADMIN_TOKEN);
+        let token = token.to_string_lossy();
         let me = self.peer(node);
         let mut args = vec![
             "--grpc-addr",
             &grpc,
             "--http-addr",
             &http,
+            "--admin-addr",
+            &admin,
+            "--admin-token-file",
+            &token,
             "--peer-addr",
             &me,
             "--advertise",
@@ -222,7 +234,9 @@ impl Netns {
         ];
         args.extend_from_slice(extra_args);
         let started =
-            Ratekeeper::start_in(&self.exec_prefix(node), self.client_ip(node), config, &args);
+            Ratekeeper::start_in(&self.exec_prefix(node), self.client_ip(node), config, &args)
+                .with_admin_token(NODE_ADMIN_TOKEN)
+                .keeping(files);
         assert_eq!(
             started.peer_addr().to_string(),
             me,

@@ -1,6 +1,8 @@
 //! The binary under test: [`Ratekeeper`] runs `ratekeeper serve` on `127.0.0.1:0` (or,
 //! with [`Ratekeeper::start_in`], behind a command prefix such as `ip netns exec NS`) and
 //! learns its addresses from the serving line; [`run_ratekeeper`] runs a one-shot command.
+//! The operator endpoints are on the admin listener ([`Ratekeeper::admin_addr`]);
+//! [`Ratekeeper::admin_request`] reaches them with the admin token when the node has one.
 //!
 //! Every run strips the caller's `RATEKEEPER_*` environment ([`ratekeeper_command`]) so a
 //! developer's shell cannot change what a test runs.
@@ -10,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 
-use super::http::http_get;
+use super::http::{HttpResponse, http_get, http_request};
 use super::poll::eventually;
 use super::process::{Process, START_TIMEOUT, run_to_end};
 use super::temp::{TempDir, write_config};
@@ -21,7 +23,12 @@ pub struct Ratekeeper {
     process: Process,
     grpc: Grpc,
     http_addr: SocketAddr,
+    admin_addr: SocketAddr,
     peer_addr: Option<SocketAddr>,
+    /// The admin listener's bearer token, when it was started with one.
+    admin_token: Option<String>,
+    /// Files the process reads (its token file), kept as long as it runs.
+    kept: Option<TempDir>,
 }
 
 impl Ratekeeper {
@@ -85,12 +92,17 @@ impl Ratekeeper {
     fn spawn(config: &Path, extra_args: &[&str], env: &[(&str, &str)]) -> Ratekeeper {
         let mut command = ratekeeper_command();
         command.envs(env.iter().copied());
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(config)
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .args(extra_args);
+        command.arg("serve").arg("--config").arg(config).args([
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ]);
+        // The admin listener on a free loopback port, unless the test chooses its own.
+        if !extra_args.contains(&"--admin-addr") {
+            command.args(["--admin-addr", "127.0.0.1:0"]);
+        }
+        command.args(extra_args);
         Ratekeeper::launch(&mut command, None)
     }
 
@@ -99,7 +111,13 @@ impl Ratekeeper {
     fn launch(command: &mut Command, reach: Option<IpAddr>) -> Ratekeeper {
         let mut process = Process::spawn("ratekeeper", command);
         let line = process.stdout_line(START_TIMEOUT);
-        let Some((mut grpc, mut http_addr, peer_addr)) = parse_serving_line(&line) else {
+        let Some(Serving {
+            mut grpc,
+            mut http_addr,
+            mut admin_addr,
+            peer_addr,
+        }) = parse_serving_line(&line)
+        else {
             process.fail(&format!("printed {line:?} instead of the serving line"));
         };
         if let Some(reach) = reach {
@@ -111,6 +129,7 @@ impl Ratekeeper {
                 }
             };
             http_addr = reached(http_addr);
+            admin_addr = reached(admin_addr);
             if let Grpc::Tcp(addr) = grpc {
                 grpc = Grpc::Tcp(reached(addr));
             }
@@ -119,8 +138,48 @@ impl Ratekeeper {
             process,
             grpc,
             http_addr,
+            admin_addr,
             peer_addr,
+            admin_token: None,
+            kept: None,
         }
+    }
+
+    /// Keeps `dir` (files the process reads) as long as this handle.
+    pub fn keeping(mut self, dir: TempDir) -> Ratekeeper {
+        self.kept = Some(dir);
+        self
+    }
+
+    /// Sends `token` on [`Ratekeeper::admin_request`] from now on (a node started with
+    /// `--admin-token-file` holding it).
+    pub fn with_admin_token(mut self, token: &str) -> Ratekeeper {
+        self.admin_token = Some(token.to_owned());
+        self
+    }
+
+    /// The admin listener (operator endpoints: `/counters`, `/debug/explain`, `/ui`).
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.admin_addr
+    }
+
+    /// `method path` with `body` on the admin listener, with the admin token when the node
+    /// has one (see [`http_request`]).
+    pub fn admin_request(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> std::io::Result<HttpResponse> {
+        let authorization = self
+            .admin_token
+            .as_ref()
+            .map(|token| format!("Bearer {token}"));
+        let headers: Vec<(&str, &str)> = authorization
+            .iter()
+            .map(|value| ("Authorization", value.as_str()))
+            .collect();
+        http_request(self.admin_addr, method, path, &headers, body)
     }
 
     /// The peer listener's address (cluster mode only).
@@ -191,8 +250,16 @@ enum Grpc {
     Unix(PathBuf),
 }
 
-/// `ratekeeper serving grpc=ADDR http=ADDR [peer=ADDR]` -> (grpc, http, peer).
-fn parse_serving_line(line: &str) -> Option<(Grpc, SocketAddr, Option<SocketAddr>)> {
+/// The addresses of a serving line.
+struct Serving {
+    grpc: Grpc,
+    http_addr: SocketAddr,
+    admin_addr: SocketAddr,
+    peer_addr: Option<SocketAddr>,
+}
+
+/// `ratekeeper serving grpc=ADDR http=ADDR admin=ADDR [peer=ADDR]`.
+fn parse_serving_line(line: &str) -> Option<Serving> {
     let rest = line.trim().strip_prefix("ratekeeper serving ")?;
     let text = |name: &str| {
         rest.split(' ')
@@ -203,7 +270,12 @@ fn parse_serving_line(line: &str) -> Option<(Grpc, SocketAddr, Option<SocketAddr
         Some(path) => Grpc::Unix(PathBuf::from(path)),
         None => Grpc::Tcp(field("grpc")?),
     };
-    Some((grpc, field("http")?, field("peer")))
+    Some(Serving {
+        grpc,
+        http_addr: field("http")?,
+        admin_addr: field("admin")?,
+        peer_addr: field("peer"),
+    })
 }
 
 /// The ratekeeper binary under test, without the caller's `RATEKEEPER_*` environment (so

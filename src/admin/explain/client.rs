@@ -23,13 +23,15 @@ const MAX_ANSWER_BYTES: u64 = 4 << 20;
 /// What to explain, and where to ask.
 #[derive(Clone, Debug)]
 pub struct ExplainRequest {
-    /// `http://host:port` (or `host:port`) of the HTTP listener.
+    /// `http://host:port` (or `host:port`) of the admin listener.
     pub addr: String,
     pub domain: String,
     /// One `key=value,key=value` per descriptor.
     pub descriptors: Vec<String>,
     /// Hits per descriptor (the request's `hits_addend`).
     pub hits: Option<u32>,
+    /// The admin listener's bearer token, read from this file (`--admin-token-file`).
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// The command: [`run`] on a runtime of its own; prints the explanation, or the error on
@@ -56,7 +58,17 @@ pub fn command(request: &ExplainRequest) -> ExitCode {
 pub async fn run(request: &ExplainRequest) -> Result<String, String> {
     let body = body(request)?;
     let authority = authority(&request.addr)?;
-    let (status, answer) = tokio::time::timeout(TIMEOUT, post(&authority, &body.to_string()))
+    let authorization = match &request.token_file {
+        Some(path) => Some(
+            crate::admin::auth::read_token(path)
+                .map_err(|error| error.to_string())?
+                .header_value(),
+        ),
+        None => None,
+    };
+    let body = body.to_string();
+    let exchange = post(&authority, &body, authorization.as_deref());
+    let (status, answer) = tokio::time::timeout(TIMEOUT, exchange)
         .await
         .map_err(|_| format!("{authority} did not answer within {}s", TIMEOUT.as_secs()))??;
     let parsed: Value = serde_json::from_str(&answer).map_err(|_| {
@@ -124,21 +136,29 @@ fn authority(addr: &str) -> Result<String, String> {
     let authority = rest.trim_end_matches('/');
     if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
         return Err(format!(
-            "--addr {addr:?}: expected http://HOST:PORT, like http://127.0.0.1:8080"
+            "--addr {addr:?}: expected http://HOST:PORT, like http://127.0.0.1:6070"
         ));
     }
     Ok(authority.to_owned())
 }
 
-/// `POST /debug/explain` with `body`; the status and the body of the answer.
-async fn post(authority: &str, body: &str) -> Result<(u16, String), String> {
+/// `POST /debug/explain` with `body` (and the `Authorization` header, when given); the
+/// status and the body of the answer.
+async fn post(
+    authority: &str,
+    body: &str,
+    authorization: Option<&str>,
+) -> Result<(u16, String), String> {
     let unreachable =
         |error: std::io::Error| format!("cannot reach ratekeeper at {authority}: {error}");
     let mut stream = tokio::net::TcpStream::connect(authority)
         .await
         .map_err(unreachable)?;
+    let authorization = authorization
+        .map(|value| format!("Authorization: {value}\r\n"))
+        .unwrap_or_default();
     let request = format!(
-        "POST /debug/explain HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST /debug/explain HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{authorization}Connection: close\r\n\r\n{body}",
         body.len()
     );
     stream
@@ -330,6 +350,7 @@ mod tests {
             domain: "edge".to_owned(),
             descriptors: vec!["a=1".to_owned(), descriptor.to_owned()],
             hits: Some(0),
+            token_file: None,
         };
         let error = body(&request("novalue")).expect_err("no =");
         assert_eq!(
