@@ -18,6 +18,8 @@
 
 mod convert;
 mod detector;
+mod dial;
+pub mod identity;
 pub mod lease;
 mod metrics;
 pub mod names;
@@ -42,6 +44,7 @@ use crate::key::KeyId;
 use crate::key::shard_of;
 use crate::ring::{DEFAULT_VNODES, Ring};
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
+use crate::tls::{Tls, TlsOptions};
 
 /// What a node does with a check whose owner cannot answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -100,6 +103,11 @@ pub struct ClusterOptions {
     pub down_after: u32,
     /// Answered pings in a row before a member that was down is back on the ring.
     pub up_after: u32,
+    /// Mutual TLS between peers (`--peer-tls-*`: certificate, key, CA, and the optional
+    /// shared name): loaded by the server, which serves the peer listener with it.
+    pub tls: Option<TlsOptions>,
+    /// Serve an unauthenticated peer listener on a non-loopback address (`--peer-insecure`).
+    pub insecure: bool,
 }
 
 impl ClusterOptions {
@@ -123,6 +131,8 @@ impl ClusterOptions {
             ping_interval: Duration::from_millis(500),
             down_after: 3,
             up_after: 2,
+            tls: None,
+            insecure: false,
         }
     }
 }
@@ -146,6 +156,9 @@ pub struct ClusterStats {
     pub handoff_failed: AtomicU64,
     pub handoff_received: AtomicU64,
     pub ring_changes: AtomicU64,
+    /// Peer messages refused: their client certificate does not speak for the node they
+    /// concern (mutual TLS).
+    pub refused: AtomicU64,
 }
 
 /// The routing snapshot: the ring plus a client per member (None for this node).
@@ -205,6 +218,8 @@ impl Membership {
 struct Node {
     me: Arc<str>,
     options: ClusterOptions,
+    /// Mutual TLS with the other nodes (both ways), when configured.
+    tls: Option<Tls>,
     engine: Engine,
     topology: ArcSwap<Topology>,
     membership: Mutex<Membership>,
@@ -247,10 +262,16 @@ impl Cluster {
         Cluster { engine, node: None }
     }
 
-    /// A cluster member. Spawns the rebalance and (with `peer_dns`) discovery tasks, and
-    /// announces this node to its seeds. Call from inside the tokio runtime, once the peer
-    /// listener is bound (so peers can reach us as soon as they hear of us).
+    /// A cluster member talking plain HTTP/2 to its peers: [`Cluster::join_with`].
     pub fn join(engine: Engine, options: ClusterOptions) -> Cluster {
+        Cluster::join_with(engine, options, None)
+    }
+
+    /// A cluster member, dialling its peers over mutual TLS with `tls` (the config the peer
+    /// listener serves with). Spawns the rebalance and (with `peer_dns`) discovery tasks,
+    /// and announces this node to its seeds. Call from inside the tokio runtime, once the
+    /// peer listener is bound (so peers can reach us as soon as they hear of us).
+    pub fn join_with(engine: Engine, options: ClusterOptions, tls: Option<Tls>) -> Cluster {
         let me: Arc<str> = Arc::from(options.advertise.as_str());
         let membership = Membership {
             seeds: options
@@ -263,6 +284,7 @@ impl Cluster {
         };
         let node = Arc::new(Node {
             me,
+            tls,
             engine: engine.clone(),
             topology: ArcSwap::from_pointee(Topology {
                 ring: Ring::new([&*options.advertise], options.vnodes),
@@ -709,6 +731,7 @@ impl Node {
                     &self.options,
                     Arc::clone(&self.rebalance),
                     Arc::clone(&self.leases),
+                    self.tls.as_ref(),
                 ) {
                     Ok(remote) => {
                         membership

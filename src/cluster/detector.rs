@@ -14,12 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::Node;
 use super::convert::VERSION;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_client::PeerClient;
+use crate::tls::Tls;
 
 /// One member as the detector sees it.
 struct Probe {
@@ -33,8 +34,13 @@ impl Probe {
     /// A client for `address`. Its connection carries HTTP/2 keepalive pings, so one that
     /// went silent (a cut network: no reset, just retransmits) is dropped and the next
     /// ping connects afresh instead of waiting out TCP's backoff.
-    fn new(address: &str, deadline: Duration, options: &super::ClusterOptions) -> Option<Probe> {
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+    fn new(
+        address: &str,
+        deadline: Duration,
+        options: &super::ClusterOptions,
+        tls: Option<&Tls>,
+    ) -> Option<Probe> {
+        let endpoint = super::dial::endpoint(address)
             .ok()?
             .connect_timeout(deadline)
             .http2_keep_alive_interval(options.keepalive)
@@ -42,7 +48,7 @@ impl Probe {
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         Some(Probe {
-            client: PeerClient::new(endpoint.connect_lazy()),
+            client: PeerClient::new(super::dial::channel(address, endpoint, tls).ok()?),
             misses: 0,
             answers: 0,
         })
@@ -85,7 +91,7 @@ impl Node {
                 let probe = match probes.entry(address.clone()) {
                     std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
                     std::collections::hash_map::Entry::Vacant(entry) => {
-                        match Probe::new(&address, interval, &self.options) {
+                        match Probe::new(&address, interval, &self.options, self.tls.as_ref()) {
                             Some(probe) => entry.insert(probe),
                             None => continue,
                         }
