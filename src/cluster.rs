@@ -8,7 +8,12 @@
 //! this node's own counter for the key (degraded, but bounded).
 //!
 //! Membership: the `--peers` seeds, the addresses `--peer-dns` resolves to, and nodes that
-//! announced themselves with `Join`, minus nodes that said `Leave`. Any change rebuilds the
+//! announced themselves with `Join`, minus nodes that said `Leave` and those the failure
+//! detector finds down. Anti-entropy heals a membership broken by mistake (a spoofed or stale
+//! `Leave`, a false failure detection, a healed partition): every ping answer carries the
+//! peer's ring; a node missing from it joins that peer again, and a node said to have left
+//! that answers with itself on its ring is a member again (`Membership::heard`, in
+//! `detector`). Any change rebuilds the
 //! ring (an immutable value swapped atomically) and triggers a rebalance: counters this node
 //! holds but no longer owns (after a join, or kept during a fallback) are handed to their
 //! owners, which merge them into their own. A node leaving gracefully tells the others, drains,
@@ -199,6 +204,32 @@ impl Membership {
             .collect()
     }
 
+    /// Every other node the detector pings: the candidates, and the nodes said to have left
+    /// (a `Leave` stays honoured only while its node does not answer as a member).
+    fn probed(&self, me: &str) -> BTreeSet<String> {
+        let mut probed = self.candidates(me);
+        probed.extend(self.left.iter().filter(|left| **left != *me).cloned());
+        probed
+    }
+
+    /// Anti-entropy: `peer` answered a ping with its ring, `theirs`. A node said to have
+    /// left that still has itself on its ring is alive and not leaving: the `Leave` (spoofed,
+    /// or stale from its previous run) is forgotten and the node is a member again. Answers
+    /// what follows for both sides.
+    fn heard(&mut self, me: &str, peer: &str, theirs: &[String]) -> Heard {
+        let member = theirs.iter().any(|address| address == peer);
+        let back = member && self.left.remove(peer);
+        if back {
+            self.joined.insert(peer.to_owned());
+        }
+        Heard {
+            back,
+            // This node is missing from the peer's ring (it dropped us: a spoofed or stale
+            // leave, a false failure detection, a partition that healed): join it again.
+            rejoin: !self.leaving && !theirs.iter().any(|address| address == me),
+        }
+    }
+
     /// The ring's members: the reachable candidates, and this node unless it is leaving.
     fn members(&self, me: &str) -> BTreeSet<String> {
         let mut members: BTreeSet<String> = self
@@ -213,6 +244,15 @@ impl Membership {
         }
         members
     }
+}
+
+/// What a ping's answer means for the membership ([`Membership::heard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Heard {
+    /// The peer was taken back on this node's ring.
+    back: bool,
+    /// This node should announce itself to the peer again.
+    rejoin: bool,
 }
 
 struct Node {
@@ -550,6 +590,9 @@ impl Cluster {
             membership.leaving = true;
             membership.remotes.values().cloned().collect()
         };
+        // Off this node's own ring first: its ping answers then no longer list it, so the
+        // others' anti-entropy honours the leave (see `Membership::heard`).
+        node.refresh();
         let mut calls = Vec::new();
         for remote in remotes {
             calls.push(tokio::spawn(async move { remote.leave().await }));
