@@ -292,3 +292,89 @@ async fn without_mtls_a_spoofed_leave_heals_within_3s_and_the_limit_is_exact_aga
         assert_eq!(admitted, LIMIT, "{key}: the limit is exact again");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_certificates_reload_when_their_files_change() {
+    let dir = TempDir::new("cluster-mtls-reload");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let certs = TempDir::new("cluster-mtls-reload-certs");
+    let (old_ca, new_ca) = (TestCa::new("old peers"), TestCa::new("new peers"));
+    let (nodes, _) = start_mtls_cluster(&config, certs.path(), &old_ca, 1);
+    let node = &nodes[0];
+    let newcomer = new_ca.peer(&["127.0.0.9"]);
+    let ping = || async {
+        let mut client = peer_client(node.peer_addr(), Some(&new_ca), Some(&newcomer)).await?;
+        let member = wire::Member {
+            version: VERSION,
+            address: "127.0.0.9:1".to_owned(),
+        };
+        match tokio::time::timeout(Duration::from_secs(2), client.ping(member)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(status.to_string()),
+            Err(_) => Err("no answer".to_owned()),
+        }
+    };
+    assert!(ping().await.is_err(), "the new CA is not trusted yet");
+    // Renewed in place, as cert-manager does: a new CA, and the node's certificate from it.
+    new_ca.write(certs.path(), "ca.pem");
+    new_ca.peer(&[&host(0)]).write(certs.path(), "node0");
+    let mut reloaded = false;
+    for _ in 0..50 {
+        if ping().await.is_ok() {
+            reloaded = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        reloaded,
+        "the renewed files are not served:\n{}",
+        node.stderr()
+    );
+    assert_eq!(
+        metric_sum(
+            node.http_addr(),
+            "ratekeeper_peer_tls_loads_total{result=\"success\"}"
+        ),
+        2.0
+    );
+}
+
+#[test]
+fn a_peer_listener_off_loopback_without_mtls_needs_the_insecure_opt_in() {
+    let dir = TempDir::new("cluster-insecure");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let config = config.display().to_string();
+    let args = |extra: &[&str]| -> Vec<String> {
+        let mut args = vec!["serve", "--config", &config, "--peer-addr", "0.0.0.0:0"];
+        args.extend_from_slice(extra);
+        args.into_iter().map(str::to_owned).collect()
+    };
+    let (status, _, stderr) = support::run_ratekeeper(&args(&["--advertise", "127.0.0.1:1"]));
+    assert!(!status.success(), "started without mTLS on 0.0.0.0");
+    for flag in [
+        "--peer-tls-cert",
+        "--peer-tls-key",
+        "--peer-tls-ca",
+        "--peer-insecure",
+    ] {
+        assert!(stderr.contains(flag), "the error names {flag}: {stderr}");
+    }
+    let started = Ratekeeper::start(
+        dir.path(),
+        &[
+            "--peer-addr",
+            "0.0.0.0:0",
+            "--advertise",
+            "127.0.0.1:1",
+            "--peer-insecure",
+        ],
+    );
+    assert!(
+        started
+            .stderr()
+            .contains("--peer-insecure: the peer listener takes unauthenticated"),
+        "a warning at start: {}",
+        started.stderr()
+    );
+}
