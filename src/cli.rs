@@ -354,6 +354,34 @@ pub struct ServeArgs {
     /// What to do when a key's owner cannot answer.
     #[arg(long, env = "RATEKEEPER_PEER_FALLBACK", value_enum, default_value_t = FallbackArg::Local)]
     pub peer_fallback: FallbackArg,
+    /// Mutual TLS between peers: this node's certificate chain (PEM), presented on the peer
+    /// listener and when dialling peers; valid for its --advertise host (IP or DNS SAN).
+    /// Reloaded when it changes.
+    #[arg(
+        long,
+        env = "RATEKEEPER_PEER_TLS_CERT",
+        requires_all = ["peer_tls_key", "peer_tls_ca"]
+    )]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --peer-tls-cert.
+    #[arg(long, env = "RATEKEEPER_PEER_TLS_KEY", requires = "peer_tls_cert")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signed every peer's certificate: both sides of a peer connection
+    /// must present one it signed.
+    #[arg(long, env = "RATEKEEPER_PEER_TLS_CA", requires = "peer_tls_cert")]
+    pub peer_tls_ca: Option<PathBuf>,
+    /// One certificate shared by all nodes: check every peer's certificate for this DNS name
+    /// instead of its --advertise host (any holder then speaks for every node).
+    #[arg(long, env = "RATEKEEPER_PEER_TLS_NAME", requires = "peer_tls_cert")]
+    pub peer_tls_name: Option<String>,
+    /// Serve the peer listener without mutual TLS on a non-loopback address: anything that
+    /// reaches it can change the membership, hand over and reset counters.
+    #[arg(
+        long,
+        env = "RATEKEEPER_PEER_INSECURE",
+        conflicts_with = "peer_tls_cert"
+    )]
+    pub peer_insecure: bool,
     /// Keep the descriptor values of up to this many live counters, so
     /// GET /counters/{domain} can list them (0: keep none, the endpoint answers 404).
     #[arg(long, env = "RATEKEEPER_COUNTER_NAMES", default_value_t = 0)]
@@ -503,6 +531,17 @@ impl ServeArgs {
         options.ping_interval = self.peer_ping_interval;
         options.down_after = self.peer_down_after;
         options.up_after = self.peer_up_after;
+        options.tls = self
+            .peer_tls_cert
+            .clone()
+            .zip(self.peer_tls_key.clone())
+            .map(|(cert, key)| TlsOptions {
+                cert,
+                key,
+                client_ca: self.peer_tls_ca.clone(),
+                client_san: self.peer_tls_name.clone(),
+            });
+        options.insecure = self.peer_insecure;
         options.fallback = match self.peer_fallback {
             FallbackArg::Local => Fallback::Local,
             FallbackArg::Allow => Fallback::Allow,

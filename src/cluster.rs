@@ -8,7 +8,12 @@
 //! this node's own counter for the key (degraded, but bounded).
 //!
 //! Membership: the `--peers` seeds, the addresses `--peer-dns` resolves to, and nodes that
-//! announced themselves with `Join`, minus nodes that said `Leave`. Any change rebuilds the
+//! announced themselves with `Join`, minus nodes that said `Leave` and those the failure
+//! detector finds down. Anti-entropy heals a membership broken by mistake (a spoofed or stale
+//! `Leave`, a false failure detection, a healed partition): every ping answer carries the
+//! peer's ring; a node missing from it joins that peer again, and a node said to have left
+//! that answers with itself on its ring is a member again (`Membership::heard`, in
+//! `detector`). Any change rebuilds the
 //! ring (an immutable value swapped atomically) and triggers a rebalance: counters this node
 //! holds but no longer owns (after a join, or kept during a fallback) are handed to their
 //! owners, which merge them into their own. A node leaving gracefully tells the others, drains,
@@ -18,6 +23,8 @@
 
 mod convert;
 mod detector;
+mod dial;
+pub mod identity;
 pub mod lease;
 mod metrics;
 pub mod names;
@@ -42,6 +49,7 @@ use crate::key::KeyId;
 use crate::key::shard_of;
 use crate::ring::{DEFAULT_VNODES, Ring};
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
+use crate::tls::{Tls, TlsOptions};
 
 /// What a node does with a check whose owner cannot answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -100,6 +108,11 @@ pub struct ClusterOptions {
     pub down_after: u32,
     /// Answered pings in a row before a member that was down is back on the ring.
     pub up_after: u32,
+    /// Mutual TLS between peers (`--peer-tls-*`: certificate, key, CA, and the optional
+    /// shared name): loaded by the server, which serves the peer listener with it.
+    pub tls: Option<TlsOptions>,
+    /// Serve an unauthenticated peer listener on a non-loopback address (`--peer-insecure`).
+    pub insecure: bool,
 }
 
 impl ClusterOptions {
@@ -123,6 +136,8 @@ impl ClusterOptions {
             ping_interval: Duration::from_millis(500),
             down_after: 3,
             up_after: 2,
+            tls: None,
+            insecure: false,
         }
     }
 }
@@ -146,6 +161,9 @@ pub struct ClusterStats {
     pub handoff_failed: AtomicU64,
     pub handoff_received: AtomicU64,
     pub ring_changes: AtomicU64,
+    /// Peer messages refused: their client certificate does not speak for the node they
+    /// concern (mutual TLS).
+    pub refused: AtomicU64,
 }
 
 /// The routing snapshot: the ring plus a client per member (None for this node).
@@ -186,6 +204,32 @@ impl Membership {
             .collect()
     }
 
+    /// Every other node the detector pings: the candidates, and the nodes said to have left
+    /// (a `Leave` stays honoured only while its node does not answer as a member).
+    fn probed(&self, me: &str) -> BTreeSet<String> {
+        let mut probed = self.candidates(me);
+        probed.extend(self.left.iter().filter(|left| **left != *me).cloned());
+        probed
+    }
+
+    /// Anti-entropy: `peer` answered a ping with its ring, `theirs`. A node said to have
+    /// left that still has itself on its ring is alive and not leaving: the `Leave` (spoofed,
+    /// or stale from its previous run) is forgotten and the node is a member again. Answers
+    /// what follows for both sides.
+    fn heard(&mut self, me: &str, peer: &str, theirs: &[String]) -> Heard {
+        let member = theirs.iter().any(|address| address == peer);
+        let back = member && self.left.remove(peer);
+        if back {
+            self.joined.insert(peer.to_owned());
+        }
+        Heard {
+            back,
+            // This node is missing from the peer's ring (it dropped us: a spoofed or stale
+            // leave, a false failure detection, a partition that healed): join it again.
+            rejoin: !self.leaving && !theirs.iter().any(|address| address == me),
+        }
+    }
+
     /// The ring's members: the reachable candidates, and this node unless it is leaving.
     fn members(&self, me: &str) -> BTreeSet<String> {
         let mut members: BTreeSet<String> = self
@@ -202,9 +246,20 @@ impl Membership {
     }
 }
 
+/// What a ping's answer means for the membership ([`Membership::heard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Heard {
+    /// The peer was taken back on this node's ring.
+    back: bool,
+    /// This node should announce itself to the peer again.
+    rejoin: bool,
+}
+
 struct Node {
     me: Arc<str>,
     options: ClusterOptions,
+    /// Mutual TLS with the other nodes (both ways), when configured.
+    tls: Option<Tls>,
     engine: Engine,
     topology: ArcSwap<Topology>,
     membership: Mutex<Membership>,
@@ -247,10 +302,16 @@ impl Cluster {
         Cluster { engine, node: None }
     }
 
-    /// A cluster member. Spawns the rebalance and (with `peer_dns`) discovery tasks, and
-    /// announces this node to its seeds. Call from inside the tokio runtime, once the peer
-    /// listener is bound (so peers can reach us as soon as they hear of us).
+    /// A cluster member talking plain HTTP/2 to its peers: [`Cluster::join_with`].
     pub fn join(engine: Engine, options: ClusterOptions) -> Cluster {
+        Cluster::join_with(engine, options, None)
+    }
+
+    /// A cluster member, dialling its peers over mutual TLS with `tls` (the config the peer
+    /// listener serves with). Spawns the rebalance and (with `peer_dns`) discovery tasks,
+    /// and announces this node to its seeds. Call from inside the tokio runtime, once the
+    /// peer listener is bound (so peers can reach us as soon as they hear of us).
+    pub fn join_with(engine: Engine, options: ClusterOptions, tls: Option<Tls>) -> Cluster {
         let me: Arc<str> = Arc::from(options.advertise.as_str());
         let membership = Membership {
             seeds: options
@@ -263,6 +324,7 @@ impl Cluster {
         };
         let node = Arc::new(Node {
             me,
+            tls,
             engine: engine.clone(),
             topology: ArcSwap::from_pointee(Topology {
                 ring: Ring::new([&*options.advertise], options.vnodes),
@@ -528,6 +590,9 @@ impl Cluster {
             membership.leaving = true;
             membership.remotes.values().cloned().collect()
         };
+        // Off this node's own ring first: its ping answers then no longer list it, so the
+        // others' anti-entropy honours the leave (see `Membership::heard`).
+        node.refresh();
         let mut calls = Vec::new();
         for remote in remotes {
             calls.push(tokio::spawn(async move { remote.leave().await }));
@@ -709,6 +774,7 @@ impl Node {
                     &self.options,
                     Arc::clone(&self.rebalance),
                     Arc::clone(&self.leases),
+                    self.tls.as_ref(),
                 ) {
                     Ok(remote) => {
                         membership

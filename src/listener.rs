@@ -28,6 +28,7 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
@@ -137,6 +138,18 @@ impl GrpcListener {
                 _file: file,
             },
             endpoint: GrpcEndpoint::Unix(path.to_owned()),
+        })
+    }
+
+    /// A TCP listener bound elsewhere (the peer listener): served the same way.
+    pub fn from_tcp(listener: TcpListener) -> Result<GrpcListener, ListenError> {
+        let bound = listener.local_addr().map_err(|source| ListenError::Tcp {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        Ok(GrpcListener {
+            socket: Socket::Tcp(listener),
+            endpoint: GrpcEndpoint::Tcp(bound),
         })
     }
 
@@ -285,6 +298,48 @@ impl Conn {
             // Accepted connections are plain; a second handshake is a no-op.
             tls @ (Conn::TlsTcp(_) | Conn::TlsUnix(_)) => tls,
         })
+    }
+}
+
+/// What a served request knows of its connection (a request extension, through tonic's
+/// [`Connected`](tonic::transport::server::Connected)).
+#[derive(Clone, Debug, Default)]
+pub struct ConnInfo {
+    /// The client's address (TCP).
+    pub remote: Option<SocketAddr>,
+    /// The client's certificate chain, leaf first, when it presented one (mutual TLS).
+    pub client_certs: Option<Arc<[CertificateDer<'static>]>>,
+}
+
+impl ConnInfo {
+    /// The client certificate (the chain's leaf), when there is one.
+    pub fn client_cert(&self) -> Option<&CertificateDer<'static>> {
+        self.client_certs.as_deref().and_then(<[_]>::first)
+    }
+}
+
+impl tonic::transport::server::Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        let certs = |certs: Option<&[CertificateDer<'static>]>| -> Option<Arc<[_]>> {
+            certs.map(|certs| certs.iter().map(|cert| cert.clone().into_owned()).collect())
+        };
+        match self {
+            Conn::Tcp(stream) => ConnInfo {
+                remote: stream.peer_addr().ok(),
+                client_certs: None,
+            },
+            Conn::Unix(_) => ConnInfo::default(),
+            Conn::TlsTcp(stream) => ConnInfo {
+                remote: stream.get_ref().0.peer_addr().ok(),
+                client_certs: certs(stream.get_ref().1.peer_certificates()),
+            },
+            Conn::TlsUnix(stream) => ConnInfo {
+                remote: None,
+                client_certs: certs(stream.get_ref().1.peer_certificates()),
+            },
+        }
     }
 }
 

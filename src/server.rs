@@ -23,10 +23,9 @@ use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::server::TcpIncoming;
 
 use crate::listener::{GrpcEndpoint, GrpcListener, ListenError};
-use crate::tls::{Tls, TlsError, TlsOptions, TlsWatch};
+use crate::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::{self, AdminOptions, Health};
@@ -221,6 +220,10 @@ pub enum ServeError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Watch(#[from] reload::ReloadError),
+    #[error(
+        "the peer listener on {0} is reachable from other hosts without authentication: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca (mutual tls between peers), or --peer-insecure to accept that"
+    )]
+    PeerInsecure(SocketAddr),
     #[error("--advertise is needed when the peer listener binds {0} (others cannot reach that)")]
     Advertise(SocketAddr),
     #[error(
@@ -254,6 +257,8 @@ pub struct Server {
     admin_addr: SocketAddr,
     admin_token: Option<TokenFile>,
     peer: Option<(TcpListener, SocketAddr)>,
+    /// Mutual TLS on the peer listener (and the peer clients), when configured.
+    peer_tls: Option<Tls>,
     grpc_endpoint: GrpcEndpoint,
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
@@ -268,6 +273,8 @@ pub struct Server {
     _tls_watch: Option<TlsWatch>,
     /// Kept alive while serving; dropping it stops re-reading the admin token.
     _token_watch: Option<TokenWatch>,
+    /// Kept alive while serving; dropping it stops watching the peer TLS files.
+    _peer_tls_watch: Option<TlsWatch>,
     /// The xDS subscription, stopped when the server is dropped.
     _xds: Option<AbortOnDrop>,
     xds_stats: Arc<XdsStats>,
@@ -301,6 +308,12 @@ impl Server {
         if admin_token.is_none() && !options.admin_addr.ip().to_canonical().is_loopback() {
             return Err(ServeError::AdminWithoutToken(options.admin_addr));
         }
+        let peer_tls = options
+            .cluster
+            .as_ref()
+            .and_then(|(_, cluster)| cluster.tls.clone())
+            .map(|files| Tls::load_for(files, &tls::PEER))
+            .transpose()?;
         let grpc = match &options.grpc_uds {
             Some(path) => GrpcListener::bind_unix(path)?,
             None => GrpcListener::bind_tcp(options.grpc_addr).await?,
@@ -312,6 +325,12 @@ impl Server {
         let (cluster, peer) = match &options.cluster {
             None => (Cluster::single(engine), None),
             Some((peer_addr, cluster_options)) => {
+                if peer_tls.is_none() && !peer_addr.ip().is_loopback() {
+                    if !cluster_options.insecure {
+                        return Err(ServeError::PeerInsecure(*peer_addr));
+                    }
+                    tracing::warn!(peer_addr = %peer_addr, "--peer-insecure: the peer listener takes unauthenticated messages (membership, handoffs, resets) from anything that reaches it");
+                }
                 let (listener, bound) = bind(*peer_addr).await?;
                 let mut cluster_options = cluster_options.clone();
                 if cluster_options.advertise.is_empty() {
@@ -321,7 +340,7 @@ impl Server {
                     cluster_options.advertise = bound.to_string();
                 }
                 (
-                    Cluster::join(engine, cluster_options),
+                    Cluster::join_with(engine, cluster_options, peer_tls.clone()),
                     Some((listener, bound)),
                 )
             }
@@ -349,6 +368,10 @@ impl Server {
         if let Some(tls) = &tls {
             tls.stats().register_metrics(&mut registry);
         }
+        if let Some(tls) = &peer_tls {
+            tls.stats()
+                .register_metrics_as(tls::PEER.what, &mut registry);
+        }
         let store: Arc<dyn Store> = match &options.store {
             None => Arc::new(cluster.clone()),
             Some(redis) => {
@@ -375,6 +398,7 @@ impl Server {
         };
         let tls_watch = tls.as_ref().map(Tls::watch).transpose()?;
         let token_watch = admin_token.as_ref().map(TokenFile::watch);
+        let peer_tls_watch = peer_tls.as_ref().map(Tls::watch).transpose()?;
         let xds = options.xds.clone().map(|xds| {
             let client = XdsClient::new(
                 xds,
@@ -402,6 +426,7 @@ impl Server {
             admin_addr,
             admin_token,
             peer,
+            peer_tls,
             grpc_endpoint,
             http_addr,
             limiter,
@@ -413,6 +438,7 @@ impl Server {
             _watcher: watcher,
             _tls_watch: tls_watch,
             _token_watch: token_watch,
+            _peer_tls_watch: peer_tls_watch,
             _xds: xds,
             xds_stats,
         })
@@ -533,7 +559,9 @@ impl Server {
             let Some(service) = PeerService::with_names(&cluster, names) else {
                 return Ok(());
             };
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            // Accepted (and, with mutual TLS, handshaken) like the gRPC listener's
+            // connections; each request carries its connection's client certificate.
+            let incoming = GrpcListener::from_tcp(listener)?.incoming(self.peer_tls);
             tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, stopped(grpc_done_rx))

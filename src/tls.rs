@@ -1,7 +1,10 @@
-//! TLS (and mTLS) on the gRPC listener: the certificate, key and client CA files named by
-//! `--grpc-tls-*`, turned into a rustls `ServerConfig` (ring provider, ALPN `h2`), and kept
-//! current while serving: [`Tls::watch`] watches the files' directories and swaps in a new
-//! config when they change, so new connections see a renewed certificate without a restart.
+//! TLS (and mTLS) on the gRPC listener and between cluster peers: the certificate, key and
+//! CA files named by `--grpc-tls-*` (or `--peer-tls-*`, [`Flags`] says which), turned into a
+//! rustls `ServerConfig` (ring provider, ALPN `h2`) and, for peers, the `ClientConfig` their
+//! outgoing connections use (presenting the same certificate, checking the other node's
+//! against the same CA), and kept current while serving: [`Tls::watch`] watches the files'
+//! directories and swaps in new configs when they change, so new connections see a renewed
+//! certificate without a restart.
 //!
 //! The reference service's `GRPC_SERVER_USE_TLS` / `_TLS_CERT` / `_TLS_KEY` /
 //! `GRPC_CLIENT_TLS_CACERT` / `GRPC_CLIENT_TLS_SAN`: with a client CA, clients must present
@@ -25,6 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
+use rustls::client::ClientConfig;
 use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -44,6 +48,39 @@ pub const CERT_FLAG: &str = "--grpc-tls-cert";
 pub const KEY_FLAG: &str = "--grpc-tls-key";
 pub const CLIENT_CA_FLAG: &str = "--grpc-tls-client-ca";
 pub const CLIENT_SAN_FLAG: &str = "--grpc-tls-client-san";
+
+/// Which listener a [`Tls`] serves: the flags naming its files (for errors), its name in
+/// logs and metrics, and whether it also makes a client config (peers dial each other).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Flags {
+    pub cert: &'static str,
+    pub key: &'static str,
+    pub ca: &'static str,
+    pub san: &'static str,
+    /// `grpc` or `peer`: in logs, and the metrics' prefix (`{what}_tls_loads`).
+    pub what: &'static str,
+    pub client: bool,
+}
+
+/// The gRPC listener's (`--grpc-tls-*`).
+pub const GRPC: Flags = Flags {
+    cert: CERT_FLAG,
+    key: KEY_FLAG,
+    ca: CLIENT_CA_FLAG,
+    san: CLIENT_SAN_FLAG,
+    what: "grpc",
+    client: false,
+};
+
+/// The peer listener's and the peer clients' (`--peer-tls-*`): mutual TLS between nodes.
+pub const PEER: Flags = Flags {
+    cert: "--peer-tls-cert",
+    key: "--peer-tls-key",
+    ca: "--peer-tls-ca",
+    san: "--peer-tls-name",
+    what: "peer",
+    client: true,
+};
 
 /// Certificate and key files larger than this are refused.
 pub const MAX_FILE_BYTES: u64 = 1 << 20;
@@ -86,13 +123,28 @@ pub enum TlsError {
         problem: String,
     },
     #[error(
-        "{KEY_FLAG} {}: the key does not match the certificate in {CERT_FLAG} {}",
+        "{} {}: the key does not match the certificate in {} {}",
+        flags.key,
         key.display(),
+        flags.cert,
         cert.display()
     )]
-    Mismatch { cert: PathBuf, key: PathBuf },
-    #[error("{CLIENT_SAN_FLAG} {san:?}: {problem}")]
-    ClientSan { san: String, problem: String },
+    Mismatch {
+        flags: &'static Flags,
+        cert: PathBuf,
+        key: PathBuf,
+    },
+    #[error("{flag} {san:?}: {problem}")]
+    ClientSan {
+        flag: &'static str,
+        san: String,
+        problem: String,
+    },
+    #[error("{flag} is needed with {cert_flag}: peers must verify each other (mutual tls)")]
+    NoCa {
+        flag: &'static str,
+        cert_flag: &'static str,
+    },
     #[error("cannot set up tls: {0}")]
     Setup(rustls::Error),
     #[error("cannot watch the tls files in {}: {source}", dir.display())]
@@ -113,22 +165,41 @@ pub struct TlsStats {
 }
 
 impl TlsStats {
-    /// Registers the TLS metrics (read at scrape time) in `registry`.
+    /// Registers the gRPC listener's TLS metrics (read at scrape time) in `registry`.
     pub fn register_metrics(
         self: &Arc<Self>,
         registry: &mut prometheus_client::registry::Registry,
     ) {
+        self.register_metrics_as(GRPC.what, registry);
+    }
+
+    /// Registers the TLS metrics as `{what}_tls_*` (see [`Flags::what`]).
+    pub fn register_metrics_as(
+        self: &Arc<Self>,
+        what: &'static str,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
         registry.register_collector(Box::new(watch::TlsCollector {
             stats: Arc::clone(self),
+            what,
         }));
     }
 }
 
-/// The gRPC listener's live TLS config; cheap to clone (all clones see every swap).
+/// The configs made from one set of files, swapped together.
+struct Configs {
+    server: Arc<ServerConfig>,
+    /// With [`Flags::client`]: for connections this node opens.
+    client: Option<Arc<ClientConfig>>,
+}
+
+/// A listener's live TLS config (and, for peers, the client side's); cheap to clone (all
+/// clones see every swap).
 #[derive(Clone)]
 pub struct Tls {
     options: Arc<TlsOptions>,
-    live: Arc<ArcSwap<ServerConfig>>,
+    flags: &'static Flags,
+    live: Arc<ArcSwap<Configs>>,
     /// [`Loaded::version`] of the live config.
     version: Arc<AtomicU64>,
     stats: Arc<TlsStats>,
@@ -138,19 +209,26 @@ impl fmt::Debug for Tls {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tls")
             .field("options", &self.options)
+            .field("what", &self.flags.what)
             .finish_non_exhaustive()
     }
 }
 
 impl Tls {
-    /// Loads the files; an error names the flag and file at fault.
+    /// Loads the gRPC listener's files; an error names the flag and file at fault.
     pub fn load(options: TlsOptions) -> Result<Tls, TlsError> {
-        let loaded = load(&options)?;
+        Tls::load_for(options, &GRPC)
+    }
+
+    /// Loads the files named by `flags`; an error names the flag and file at fault.
+    pub fn load_for(options: TlsOptions, flags: &'static Flags) -> Result<Tls, TlsError> {
+        let loaded = load(&options, flags)?;
         let stats = Arc::new(TlsStats::default());
         stats.loads.fetch_add(1, Ordering::Relaxed);
         Ok(Tls {
             options: Arc::new(options),
-            live: Arc::new(ArcSwap::from_pointee(loaded.config)),
+            flags,
+            live: Arc::new(ArcSwap::from_pointee(loaded.configs)),
             version: Arc::new(AtomicU64::new(loaded.version)),
             stats,
         })
@@ -158,7 +236,23 @@ impl Tls {
 
     /// The config for a handshake starting now.
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        tokio_rustls::TlsAcceptor::from(self.live.load_full())
+        tokio_rustls::TlsAcceptor::from(Arc::clone(&self.live.load().server))
+    }
+
+    /// The client config for a connection opened now (peers only: `None` otherwise).
+    pub fn connector(&self) -> Option<tokio_rustls::TlsConnector> {
+        let client = self.live.load().client.clone()?;
+        Some(tokio_rustls::TlsConnector::from(client))
+    }
+
+    /// The name every certificate must be valid for (`--peer-tls-name`), when one is set.
+    pub fn name(&self) -> Option<&str> {
+        self.options.client_san.as_deref()
+    }
+
+    /// `grpc` or `peer`.
+    pub fn what(&self) -> &'static str {
+        self.flags.what
     }
 
     pub fn stats(&self) -> &Arc<TlsStats> {
@@ -169,21 +263,22 @@ impl Tls {
     /// when they are unchanged. On error the live config stays, and the failure is counted
     /// and logged. Blocking (reads files).
     pub fn reload_now(&self) -> Result<bool, TlsError> {
-        let loaded = match load(&self.options) {
+        let what = self.flags.what;
+        let loaded = match load(&self.options, self.flags) {
             Ok(loaded) => loaded,
             Err(error) => {
                 self.stats.load_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(%error, "cannot reload the grpc tls files, keeping the previous certificate");
+                tracing::error!(%error, what, "cannot reload the tls files, keeping the previous certificate");
                 return Err(error);
             }
         };
         if loaded.version == self.version.load(Ordering::Relaxed) {
             return Ok(false);
         }
-        self.live.store(Arc::new(loaded.config));
+        self.live.store(Arc::new(loaded.configs));
         self.version.store(loaded.version, Ordering::Relaxed);
         self.stats.loads.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(cert = %self.options.cert.display(), "grpc tls certificate reloaded");
+        tracing::info!(cert = %self.options.cert.display(), what, "tls certificate reloaded");
         Ok(true)
     }
 
@@ -194,18 +289,24 @@ impl Tls {
     }
 }
 
-/// A config built from the files, and a hash of their bytes.
+/// The configs built from the files, and a hash of their bytes.
 struct Loaded {
-    config: ServerConfig,
+    configs: Configs,
     version: u64,
 }
 
-fn load(options: &TlsOptions) -> Result<Loaded, TlsError> {
+fn load(options: &TlsOptions, flags: &'static Flags) -> Result<Loaded, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let cert_pem = read(CERT_FLAG, &options.cert)?;
-    let key_pem = read(KEY_FLAG, &options.key)?;
+    let cert_pem = read(flags.cert, &options.cert)?;
+    let key_pem = read(flags.key, &options.key)?;
     let ca_pem = match &options.client_ca {
-        Some(path) => Some((path, read(CLIENT_CA_FLAG, path)?)),
+        Some(path) => Some((path, read(flags.ca, path)?)),
+        None if flags.client => {
+            return Err(TlsError::NoCa {
+                flag: flags.ca,
+                cert_flag: flags.cert,
+            });
+        }
         None => None,
     };
     // Each file's length, then its bytes: a change to any file changes the version.
@@ -218,32 +319,34 @@ fn load(options: &TlsOptions) -> Result<Loaded, TlsError> {
         version = fnv1a64(version, bytes);
     }
 
-    let chain = certificates(CERT_FLAG, &options.cert, &cert_pem)?;
+    let chain = certificates(flags.cert, &options.cert, &cert_pem)?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| TlsError::Invalid {
-        flag: KEY_FLAG,
+        flag: flags.key,
         path: options.key.clone(),
         problem: pem_problem(&error, "private key"),
     })?;
+    let client_key = key.clone_key();
     let signing_key = provider
         .key_provider
         .load_private_key(key)
         .map_err(|error| TlsError::Invalid {
-            flag: KEY_FLAG,
+            flag: flags.key,
             path: options.key.clone(),
             problem: format!("unusable private key: {error}"),
         })?;
-    let certified = rustls::sign::CertifiedKey::new(chain, signing_key);
+    let certified = rustls::sign::CertifiedKey::new(chain.clone(), signing_key);
     match certified.keys_match() {
         Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => {}
         Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
             return Err(TlsError::Mismatch {
+                flags,
                 cert: options.cert.clone(),
                 key: options.key.clone(),
             });
         }
         Err(error) => {
             return Err(TlsError::Invalid {
-                flag: CERT_FLAG,
+                flag: flags.cert,
                 path: options.cert.clone(),
                 problem: format!("unusable certificate: {error}"),
             });
@@ -253,50 +356,96 @@ fn load(options: &TlsOptions) -> Result<Loaded, TlsError> {
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Setup)?;
+    let mut client = None;
     let builder = match ca_pem {
         None => builder.with_no_client_auth(),
         Some((path, pem)) => {
-            let verifier = client_verifier(path, &pem, options.client_san.as_deref(), &provider)?;
+            let roots = Arc::new(roots(flags.ca, path, &pem)?);
+            let verifier = client_verifier(
+                flags,
+                path,
+                Arc::clone(&roots),
+                options.client_san.as_deref(),
+                &provider,
+            )?;
+            if flags.client {
+                client = Some(Arc::new(client_config(
+                    flags, options, roots, chain, client_key, &provider,
+                )?));
+            }
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config =
+    let mut server =
         builder.with_cert_resolver(Arc::new(rustls::sign::SingleCertAndKey::from(certified)));
     // gRPC is HTTP/2; a client offering only other protocols is refused in the handshake.
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Loaded { config, version })
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    let configs = Configs {
+        server: Arc::new(server),
+        client,
+    };
+    Ok(Loaded { configs, version })
 }
 
-/// Clients must present a certificate signed by one of the CAs in `pem` (and valid for
-/// `san`, when given).
+/// The client side of mutual TLS between peers: presents this node's certificate, and
+/// accepts a server whose certificate one of `roots` signed (valid for the name the
+/// connection asks for: see `cluster::connect`).
+fn client_config(
+    flags: &'static Flags,
+    options: &TlsOptions,
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    provider: &Arc<CryptoProvider>,
+) -> Result<ClientConfig, TlsError> {
+    let mut config = ClientConfig::builder_with_provider(Arc::clone(provider))
+        .with_safe_default_protocol_versions()
+        .map_err(TlsError::Setup)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|error| TlsError::Invalid {
+            flag: flags.key,
+            path: options.key.clone(),
+            problem: format!("cannot present the certificate as a client: {error}"),
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// The CA certificates in `pem`.
+fn roots(flag: &'static str, path: &Path, pem: &[u8]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for (index, cert) in certificates(flag, path, pem)?.into_iter().enumerate() {
+        roots.add(cert).map_err(|error| TlsError::Invalid {
+            flag,
+            path: path.to_owned(),
+            problem: format!("certificate {index} is not a usable CA: {error}"),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// Clients must present a certificate signed by one of `roots` (and valid for `san`, when
+/// given).
 fn client_verifier(
+    flags: &'static Flags,
     path: &Path,
-    pem: &[u8],
+    roots: Arc<RootCertStore>,
     san: Option<&str>,
     provider: &Arc<CryptoProvider>,
 ) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
-    let invalid = |problem: String| TlsError::Invalid {
-        flag: CLIENT_CA_FLAG,
-        path: path.to_owned(),
-        problem,
-    };
-    let mut roots = RootCertStore::empty();
-    for (index, cert) in certificates(CLIENT_CA_FLAG, path, pem)?
-        .into_iter()
-        .enumerate()
-    {
-        roots
-            .add(cert)
-            .map_err(|error| invalid(format!("certificate {index} is not a usable CA: {error}")))?;
-    }
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
-            .build()
-            .map_err(|error| invalid(format!("cannot verify clients with it: {error}")))?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(provider))
+        .build()
+        .map_err(|error| TlsError::Invalid {
+            flag: flags.ca,
+            path: path.to_owned(),
+            problem: format!("cannot verify clients with it: {error}"),
+        })?;
     let Some(san) = san else {
         return Ok(verifier);
     };
     let name = ServerName::try_from(san.to_owned()).map_err(|error| TlsError::ClientSan {
+        flag: flags.san,
         san: san.to_owned(),
         problem: format!("not a DNS name or IP address: {error}"),
     })?;

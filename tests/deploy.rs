@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::{
-    Process, START_TIMEOUT, TempDir, envoy_validate, eventually, http_get, python_tool,
+    Process, START_TIMEOUT, TempDir, envoy_validate, eventually, http_get, metric, python_tool,
     ratekeeper_command, read_repo_file, repo_path, run_ratekeeper, run_to_end, write_config,
     yaml_document, yaml_documents,
 };
@@ -378,7 +378,9 @@ fn kustomization_lists_every_manifest_and_each_parses() {
     for entry in fs::read_dir(repo_path(MANIFESTS)).expect("deploy/kubernetes") {
         let name = entry.expect("a dir entry").file_name();
         let name = name.to_string_lossy().into_owned();
-        if (name.ends_with(".yaml") || name.ends_with(".yml")) && name != "kustomization.yaml" {
+        // peer-certificate.yaml needs cert-manager's CRDs: applied on its own (README).
+        let separate = ["kustomization.yaml", "peer-certificate.yaml"];
+        if (name.ends_with(".yaml") || name.ends_with(".yml")) && !separate.contains(&&*name) {
             present.insert(name);
         }
     }
@@ -856,8 +858,29 @@ fn the_deployments_command_line_serves() {
         .expect("a free port")
         .port();
     let peer = format!("127.0.0.1:{peer_port}");
+    // The peer certificates as deploy/kubernetes/peer-certs.sh makes them (no cert-manager).
+    let certs = dir.path().join("peer-tls");
+    let made = std::process::Command::new("sh")
+        .arg(repo_path("deploy/kubernetes/peer-certs.sh"))
+        .arg(&certs)
+        .output()
+        .expect("run peer-certs.sh");
+    assert!(
+        made.status.success(),
+        "peer-certs.sh: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let secret = String::from_utf8_lossy(&made.stdout);
+    assert!(
+        secret.contains("name: ratekeeper-peer-tls"),
+        "prints the Secret: {secret}"
+    );
+    let cert_file = |name: &str| certs.join(name).display().to_string();
     let swaps = [
         ("config", limits.display().to_string()),
+        ("peer-tls-cert", cert_file("tls.crt")),
+        ("peer-tls-key", cert_file("tls.key")),
+        ("peer-tls-ca", cert_file("ca.crt")),
         ("grpc-addr", "127.0.0.1:0".to_owned()),
         ("http-addr", "127.0.0.1:0".to_owned()),
         ("admin-addr", "127.0.0.1:0".to_owned()),
@@ -889,6 +912,12 @@ fn the_deployments_command_line_serves() {
     if !healthy {
         process.fail("never answered /healthcheck with 200");
     }
+    // Peer mTLS is on with those files, and the node's own ping over it succeeds (its
+    // --peer-dns resolves to itself here): it is alive on its own ring.
+    assert!(
+        metric(http, "ratekeeper_peer_tls_loads_total{result=\"success\"}") == 1.0,
+        "the peer tls files are loaded"
+    );
     // --log-format=json took effect: every log line is a JSON object.
     let logs = process.stderr();
     assert!(!logs.trim().is_empty(), "no logs");

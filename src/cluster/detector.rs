@@ -8,18 +8,25 @@
 //!
 //! Any answer counts as alive, even an error status (a node that predates `Ping` answers
 //! UNIMPLEMENTED): only a call that fails to reach the peer or times out is a miss.
+//!
+//! Anti-entropy rides on the pings: nodes said to have left are pinged too, and each answer
+//! (the peer's ring) goes through `Membership::heard`: a node missing from the peer's ring
+//! joins it again at once, and a node said to have left that answers with itself on its ring
+//! is back on this one. So a live node dropped by mistake is back on every ring within about
+//! one `ping_interval` of being reachable (a false failure detection: `up_after` of them).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::Node;
 use super::convert::VERSION;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_client::PeerClient;
+use crate::tls::Tls;
 
 /// One member as the detector sees it.
 struct Probe {
@@ -33,8 +40,13 @@ impl Probe {
     /// A client for `address`. Its connection carries HTTP/2 keepalive pings, so one that
     /// went silent (a cut network: no reset, just retransmits) is dropped and the next
     /// ping connects afresh instead of waiting out TCP's backoff.
-    fn new(address: &str, deadline: Duration, options: &super::ClusterOptions) -> Option<Probe> {
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+    fn new(
+        address: &str,
+        deadline: Duration,
+        options: &super::ClusterOptions,
+        tls: Option<&Tls>,
+    ) -> Option<Probe> {
+        let endpoint = super::dial::endpoint(address)
             .ok()?
             .connect_timeout(deadline)
             .http2_keep_alive_interval(options.keepalive)
@@ -42,23 +54,28 @@ impl Probe {
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         Some(Probe {
-            client: PeerClient::new(endpoint.connect_lazy()),
+            client: PeerClient::new(super::dial::channel(address, endpoint, tls).ok()?),
             misses: 0,
             answers: 0,
         })
     }
 }
 
-/// Whether a ping's outcome shows the peer alive.
-fn alive(outcome: &Result<Result<tonic::Response<wire::Members>, tonic::Status>, ()>) -> bool {
+/// A ping's outcome: whether it shows the peer alive, and the peer's ring when it answered.
+fn alive(
+    outcome: Result<Result<tonic::Response<wire::Members>, tonic::Status>, ()>,
+) -> (bool, Option<Vec<String>>) {
     match outcome {
-        Ok(Ok(_)) => true,
+        Ok(Ok(members)) => (true, Some(members.into_inner().addresses)),
         // The peer's gRPC server answered, with a status of its own.
-        Ok(Err(status)) => !matches!(
-            status.code(),
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        Ok(Err(status)) => (
+            !matches!(
+                status.code(),
+                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+            None,
         ),
-        Err(()) => false,
+        Err(()) => (false, None),
     }
 }
 
@@ -71,21 +88,21 @@ impl Node {
         let mut probes: HashMap<String, Probe> = HashMap::new();
         loop {
             tick.tick().await;
-            let candidates = {
+            let probed = {
                 let mut membership = self.lock();
                 let candidates = membership.candidates(&self.me);
                 membership
                     .down
                     .retain(|address| candidates.contains(address));
-                candidates
+                membership.probed(&self.me)
             };
-            probes.retain(|address, _| candidates.contains(address));
+            probes.retain(|address, _| probed.contains(address));
             let mut pings = JoinSet::new();
-            for address in candidates {
+            for address in probed {
                 let probe = match probes.entry(address.clone()) {
                     std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
                     std::collections::hash_map::Entry::Vacant(entry) => {
-                        match Probe::new(&address, interval, &self.options) {
+                        match Probe::new(&address, interval, &self.options, self.tls.as_ref()) {
                             Some(probe) => entry.insert(probe),
                             None => continue,
                         }
@@ -97,15 +114,33 @@ impl Node {
                     address: self.me.to_string(),
                 });
                 request.set_timeout(interval);
+                let me = Arc::clone(&self.me);
+                let node = Arc::clone(&self);
                 pings.spawn(async move {
                     let outcome = tokio::time::timeout(interval, client.ping(request))
                         .await
                         .map_err(|_| ());
-                    (address, alive(&outcome))
+                    let (answered, theirs) = alive(outcome);
+                    let heard = theirs.map(|theirs| node.lock().heard(&me, &address, &theirs));
+                    if heard.is_some_and(|heard| heard.rejoin) {
+                        // Anti-entropy: the peer dropped this node; announce it again.
+                        let mut request = tonic::Request::new(wire::Member {
+                            version: VERSION,
+                            address: me.to_string(),
+                        });
+                        request.set_timeout(interval);
+                        let joined = tokio::time::timeout(interval, client.join(request)).await;
+                        tracing::info!(peer = %address, ok = matches!(joined, Ok(Ok(_))), "a peer did not have this node on its ring: joined it again");
+                    }
+                    if heard.is_some_and(|heard| heard.back) {
+                        tracing::info!(peer = %address, "a peer said to have left answers as a member: back on the ring");
+                    }
+                    (address, answered, heard.is_some_and(|heard| heard.back))
                 });
             }
             let mut changed = false;
-            while let Some(Ok((address, answered))) = pings.join_next().await {
+            while let Some(Ok((address, answered, back))) = pings.join_next().await {
+                changed |= back;
                 let Some(probe) = probes.get_mut(&address) else {
                     continue;
                 };

@@ -27,7 +27,7 @@ impl Collector for ClusterCollector {
             "Nodes on this node's hash ring, itself included",
             self.cluster.member_count() as u64,
         )?;
-        let totals: [(&str, &str, &AtomicU64); 5] = [
+        let totals: [(&str, &str, &AtomicU64); 6] = [
             (
                 "cluster_fallbacks",
                 "Request groups decided by the fallback policy because their owner did not answer",
@@ -52,6 +52,11 @@ impl Collector for ClusterCollector {
                 "cluster_ring_changes",
                 "Times the hash ring changed",
                 &stats.ring_changes,
+            ),
+            (
+                "cluster_peer_refused",
+                "Peer messages refused because the client certificate does not speak for the node they concern (mutual TLS)",
+                &stats.refused,
             ),
         ];
         for (name, help, value) in totals {

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::convert::{self, VERSION};
 use super::lease::{Grant, Leases, Refund};
@@ -38,6 +38,7 @@ use crate::error::{ClusterError, ErrorKind};
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_client::PeerClient;
+use crate::tls::Tls;
 
 /// A forward batch slower than this is counted as slow (`ratekeeper_peer_slow_total`): past
 /// Envoy's default rate limit timeout (20 ms), so Envoy applied its failure mode meanwhile.
@@ -113,27 +114,30 @@ impl std::fmt::Debug for Remote {
 }
 
 impl Remote {
-    /// A client for `address` with its batcher running. `recovered` is notified when the
-    /// breaker closes again (so counters kept meanwhile can be handed over).
+    /// A client for `address` with its batcher running (over mutual TLS with `tls`).
+    /// `recovered` is notified when the breaker closes again (so counters kept meanwhile can
+    /// be handed over).
     pub fn spawn(
         address: Arc<str>,
         me: Arc<str>,
         options: &ClusterOptions,
         recovered: Arc<Notify>,
         leases: Arc<Leases>,
+        tls: Option<&Tls>,
     ) -> Result<Arc<Remote>, PeerError> {
         let unreachable = |problem: String| PeerError::Unreachable {
             peer: Arc::clone(&address),
             problem,
         };
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|error| unreachable(format!("bad address: {error}")))?
+        let endpoint = super::dial::endpoint(&address)
+            .map_err(unreachable)?
             .connect_timeout(options.timeout.max(Duration::from_millis(100)))
             .http2_keep_alive_interval(options.keepalive)
             .keep_alive_timeout(options.keepalive_timeout)
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
-        let client = PeerClient::new(endpoint.connect_lazy());
+        let channel = super::dial::channel(&address, endpoint, tls).map_err(unreachable)?;
+        let client = PeerClient::new(channel);
         let (queue, rx) = mpsc::channel(options.queue_capacity.max(1));
         let remote = Arc::new(Remote {
             address,

@@ -3,7 +3,9 @@
 //! (names).
 //!
 //! Everything a peer sends is validated (see `convert`); a malformed message is
-//! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. Forwarded checks go
+//! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. With mutual TLS,
+//! a message that changes state on behalf of a node (`Join`, `Leave`, `Handoff`, `Reset`,
+//! `Refund`) is accepted only from that node (`identity`): `PERMISSION_DENIED` otherwise. Forwarded checks go
 //! through the same engine as local ones, one engine call per originating request.
 
 use std::collections::HashMap;
@@ -13,11 +15,13 @@ use std::sync::atomic::Ordering;
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, VERSION};
+use super::identity;
 use super::lease;
 use super::names::{self, NameSource};
 use super::{Cluster, Node};
 use crate::check::{Checks, Counter};
 use crate::key::KeyId;
+use crate::listener::ConnInfo;
 use crate::peer::v1 as wire;
 use crate::peer::v1::peer_server::{Peer, PeerServer};
 
@@ -59,12 +63,20 @@ impl PeerService {
         )
     }
 
-    /// The node and the validated address of a `Join` or `Leave`.
-    fn member(&self, request: Request<wire::Member>) -> Result<(&Arc<Node>, String), Status> {
+    /// The node and the validated address of a `Join`, `Leave` or `Ping`; with `authorize`,
+    /// only from the node at that address (see [`authorize`]).
+    fn member(
+        &self,
+        request: Request<wire::Member>,
+        authorize: bool,
+    ) -> Result<(&Arc<Node>, String), Status> {
         let node = self.node()?;
+        count_within("address bytes", request.get_ref().address.len(), 1, 256)?;
+        if authorize {
+            self::authorize(node, &request, &request.get_ref().address)?;
+        }
         let member = request.into_inner();
         same_version(member.version)?;
-        count_within("address bytes", member.address.len(), 1, 256)?;
         Ok((node, member.address))
     }
 
@@ -98,6 +110,24 @@ impl PeerService {
                 .fetch_add(lent.units, Ordering::Relaxed);
         }
     }
+}
+
+/// With mutual TLS, accepts a message that changes state on behalf of the node at
+/// `concerns` only over a connection whose client certificate speaks for that node
+/// ([`identity::authorize`]: UNAUTHENTICATED without one, PERMISSION_DENIED when it is
+/// another node's). Without mutual TLS, everything is accepted (README: what is and is not
+/// authenticated then).
+fn authorize<T>(node: &Node, request: &Request<T>, concerns: &str) -> Result<(), Status> {
+    let Some(tls) = &node.tls else {
+        return Ok(());
+    };
+    let info = request.extensions().get::<ConnInfo>();
+    let cert = info.and_then(ConnInfo::client_cert);
+    identity::authorize(cert, concerns, tls.name()).inspect_err(|status| {
+        node.stats.refused.fetch_add(1, Ordering::Relaxed);
+        let from = info.and_then(|info| info.remote);
+        tracing::warn!(?from, %concerns, problem = %status.message(), "refused a peer message");
+    })
 }
 
 /// INVALID_ARGUMENT naming `field` unless it holds `least` to `most` items.
@@ -206,6 +236,7 @@ impl Peer for PeerService {
         request: Request<wire::HandoffBatch>,
     ) -> Result<Response<wire::HandoffReply>, Status> {
         let node = self.node()?;
+        authorize(node, &request, &request.get_ref().sender)?;
         let batch = request.into_inner();
         same_version(batch.version)?;
         count_within("counters", batch.counters.len(), 0, convert::MAX_HANDOFF)?;
@@ -229,7 +260,8 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::ResetRequest>,
     ) -> Result<Response<wire::ResetReply>, Status> {
-        self.node()?;
+        let node = self.node()?;
+        authorize(node, &request, &request.get_ref().sender)?;
         let message = request.into_inner();
         same_version(message.version)?;
         count_within(
@@ -255,7 +287,7 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::Member>,
     ) -> Result<Response<wire::Members>, Status> {
-        let (node, address) = self.member(request)?;
+        let (node, address) = self.member(request, true)?;
         let addresses = node.joined(&address);
         Ok(Response::new(wire::Members { addresses }))
     }
@@ -264,7 +296,7 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::Member>,
     ) -> Result<Response<wire::Members>, Status> {
-        let (node, address) = self.member(request)?;
+        let (node, address) = self.member(request, true)?;
         let addresses = node.left(&address);
         Ok(Response::new(wire::Members { addresses }))
     }
@@ -273,7 +305,8 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::RefundBatch>,
     ) -> Result<Response<wire::RefundReply>, Status> {
-        self.node()?;
+        let node = self.node()?;
+        authorize(node, &request, &request.get_ref().sender)?;
         let batch = request.into_inner();
         same_version(batch.version)?;
         count_within("refunds", batch.refunds.len(), 0, convert::MAX_HANDOFF)?;
@@ -345,7 +378,7 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::Member>,
     ) -> Result<Response<wire::Members>, Status> {
-        let (node, _) = self.member(request)?;
+        let (node, _) = self.member(request, false)?;
         let addresses = node.member_list();
         Ok(Response::new(wire::Members { addresses }))
     }

@@ -297,3 +297,96 @@ async fn the_detector_takes_a_silent_member_off_the_ring_and_back_when_it_answer
     assert_eq!(a.peer_health(), vec![(b_address, true)]);
     server.abort();
 }
+
+#[test]
+fn a_ping_answer_heals_a_mistaken_leave_and_a_missing_self() {
+    let mut membership = Membership {
+        seeds: set(&["b:1"]),
+        ..Membership::default()
+    };
+    membership.left.insert("c:1".to_owned());
+    assert_eq!(
+        membership.probed("me:1"),
+        set(&["b:1", "c:1"]),
+        "a node said to have left is still pinged"
+    );
+    let theirs = |members: &[&str]| -> Vec<String> {
+        members.iter().map(|member| (*member).to_owned()).collect()
+    };
+    // C answers with itself on its ring: the leave was spoofed or stale.
+    let heard = membership.heard("me:1", "c:1", &theirs(&["c:1", "me:1"]));
+    assert_eq!(
+        heard,
+        Heard {
+            back: true,
+            rejoin: false
+        }
+    );
+    assert_eq!(membership.members("me:1"), set(&["b:1", "c:1", "me:1"]));
+    // A node that really left (not on its own ring) stays left.
+    membership.left.insert("d:1".to_owned());
+    let heard = membership.heard("me:1", "d:1", &theirs(&["b:1", "me:1"]));
+    assert_eq!(
+        heard,
+        Heard {
+            back: false,
+            rejoin: false
+        }
+    );
+    assert!(!membership.members("me:1").contains("d:1"));
+    // B's ring lacks this node: it joins B again, unless it is leaving itself.
+    let heard = membership.heard("me:1", "b:1", &theirs(&["b:1", "c:1"]));
+    assert_eq!(
+        heard,
+        Heard {
+            back: false,
+            rejoin: true
+        }
+    );
+    membership.leaving = true;
+    let heard = membership.heard("me:1", "b:1", &theirs(&["b:1", "c:1"]));
+    assert_eq!(
+        heard,
+        Heard {
+            back: false,
+            rejoin: false
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_member_dropped_by_a_spoofed_leave_is_back_on_both_rings() {
+    let bind = || async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("bound").to_string();
+        (listener, address)
+    };
+    let ((a_listener, a_address), (b_listener, b_address)) = (bind().await, bind().await);
+    let fast = |me: &str, peers: Vec<String>| {
+        let mut options = ClusterOptions::new(me);
+        options.peers = peers;
+        options.ping_interval = Duration::from_millis(20);
+        options
+    };
+    let a = Cluster::join(engine(), fast(&a_address, vec![b_address.clone()]));
+    let b = Cluster::join(engine(), fast(&b_address, Vec::new()));
+    let servers = [serve_peer(&a, a_listener), serve_peer(&b, b_listener)];
+    let both = |a: &Cluster, b: &Cluster| a.members().len() == 2 && b.members().len() == 2;
+    assert!(within_5s(|| both(&a, &b)).await, "the two nodes meet");
+    // Someone tells B that A left, and A that B left; both are alive.
+    let (a_node, b_node) = (
+        a.node.as_ref().expect("member"),
+        b.node.as_ref().expect("member"),
+    );
+    assert_eq!(b_node.left(&a_address), vec![b_address.clone()]);
+    assert_eq!(a_node.left(&b_address), vec![a_address.clone()]);
+    assert!(
+        within_5s(|| both(&a, &b)).await,
+        "anti-entropy puts each back on the other's ring"
+    );
+    for server in servers {
+        server.abort();
+    }
+}

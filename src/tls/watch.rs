@@ -83,7 +83,7 @@ pub(super) fn start(tls: Tls) -> Result<TlsWatch, TlsError> {
             .watch(dir, RecursiveMode::NonRecursive)
             .map_err(watch_error(dir))?;
     }
-    tracing::info!(dirs = ?dirs, "watching the grpc tls files for changes");
+    tracing::info!(dirs = ?dirs, what = tls.what(), "watching the tls files for changes");
     // A change between the start-up load and the watch would otherwise wait for the next
     // event; unchanged files are a no-op (errors are logged and counted inside).
     let _ = tls.reload_now();
@@ -107,11 +107,12 @@ async fn run(tls: Tls, mut events: mpsc::Receiver<()>) {
         if !settle(&mut events).await {
             return;
         }
+        let what = tls.what();
         let tls = tls.clone();
         // Errors are logged and counted inside; the old config stays live.
         match tokio::task::spawn_blocking(move || tls.reload_now()).await {
             Ok(_) => {}
-            Err(error) => tracing::error!(%error, "grpc tls reload did not finish"),
+            Err(error) => tracing::error!(%error, what, "tls reload did not finish"),
         }
     }
 }
@@ -135,15 +136,27 @@ async fn settle(events: &mut mpsc::Receiver<()>) -> bool {
 #[derive(Debug)]
 pub(super) struct TlsCollector {
     pub stats: Arc<TlsStats>,
+    /// `grpc` or `peer`: the metrics' prefix.
+    pub what: &'static str,
 }
 
 impl Collector for TlsCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let stats = &self.stats;
+        let (loads, failures) = match self.what {
+            "peer" => (
+                "Loads of the peer TLS certificate files by result (the start-up load counts)",
+                "Peer connections whose TLS handshake failed or timed out",
+            ),
+            _ => (
+                "Loads of the gRPC TLS certificate files by result (the start-up load counts)",
+                "gRPC connections whose TLS handshake failed or timed out",
+            ),
+        };
         scrape_counters_by(
             &mut encoder,
-            "grpc_tls_loads",
-            "Loads of the gRPC TLS certificate files by result (the start-up load counts)",
+            &format!("{}_tls_loads", self.what),
+            loads,
             "result",
             &[
                 ("success", stats.loads.load(Ordering::Relaxed)),
@@ -152,8 +165,8 @@ impl Collector for TlsCollector {
         )?;
         scrape_counter(
             &mut encoder,
-            "grpc_tls_handshake_failures",
-            "gRPC connections whose TLS handshake failed or timed out",
+            &format!("{}_tls_handshake_failures", self.what),
+            failures,
             stats.handshake_failures.load(Ordering::Relaxed),
         )
     }

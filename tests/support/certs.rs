@@ -49,10 +49,26 @@ impl TestCa {
         self.leaf(names, ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A cluster peer's certificate for `names`: it serves the peer listener and dials
+    /// the other peers with it.
+    pub fn peer(&self, names: &[&str]) -> Leaf {
+        self.leaf_for(
+            names,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
+    }
+
     fn leaf(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Leaf {
+        self.leaf_for(names, vec![usage])
+    }
+
+    fn leaf_for(&self, names: &[&str], usages: Vec<ExtendedKeyUsagePurpose>) -> Leaf {
         let names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
         let mut params = CertificateParams::new(names).expect("leaf params");
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages;
         params.distinguished_name.push(DnType::CommonName, "leaf");
         let key = KeyPair::generate().expect("leaf key");
         let cert = params.signed_by(&key, &self.issuer).expect("signed leaf");

@@ -231,6 +231,8 @@ impl Netns {
             &me,
             "--advertise",
             &me,
+            // The peer network is this test's own namespaces: no certificates needed.
+            "--peer-insecure",
         ];
         args.extend_from_slice(extra_args);
         let started =
