@@ -16,7 +16,6 @@
 //!   token keeps the token in use, and the problem is logged once (until it changes). At
 //!   start a bad file is an error naming the flag and the file. The token is never logged.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,26 +85,15 @@ pub fn read_token(path: &Path) -> Result<Token, TokenError> {
         path: path.to_owned(),
         source,
     };
-    let not_a_file = || TokenError::NotAFile {
-        path: path.to_owned(),
-    };
-    // Checked before opening too: opening a FIFO would wait for a writer.
-    if !std::fs::metadata(path).map_err(read_error)?.is_file() {
-        return Err(not_a_file());
-    }
-    let file = std::fs::File::open(path).map_err(read_error)?;
-    if !file.metadata().map_err(read_error)?.is_file() {
-        return Err(not_a_file());
-    }
-    let mut bytes = Vec::new();
-    file.take(MAX_TOKEN_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_error)?;
-    if u64::try_from(bytes.len()).map_or(true, |len| len > MAX_TOKEN_BYTES) {
-        return Err(TokenError::TooLarge {
+    let bytes = crate::files::read_regular(path, MAX_TOKEN_BYTES).map_err(|error| match error {
+        crate::files::ReadError::Io(source) => read_error(source),
+        crate::files::ReadError::NotAFile => TokenError::NotAFile {
             path: path.to_owned(),
-        });
-    }
+        },
+        crate::files::ReadError::TooLarge { .. } => TokenError::TooLarge {
+            path: path.to_owned(),
+        },
+    })?;
     let token = bytes.trim_ascii();
     if token.is_empty() {
         return Err(TokenError::Empty {
