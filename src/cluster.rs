@@ -16,7 +16,7 @@
 //!
 //! Without cluster options, [`Cluster`] is a thin pass-through to the engine.
 
-mod convert;
+pub(crate) mod convert;
 mod detector;
 pub mod lease;
 mod metrics;

@@ -19,6 +19,8 @@ pub mod clock;
 pub mod cluster;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod histogram;
 pub mod key;

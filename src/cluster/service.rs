@@ -59,6 +59,16 @@ impl PeerService {
         )
     }
 
+    /// The service itself, not wrapped in its gRPC server (the fuzz harness calls its
+    /// methods); `None` outside cluster mode.
+    pub(crate) fn unwrapped(cluster: &Cluster) -> Option<PeerService> {
+        cluster.node.as_ref()?;
+        Some(PeerService {
+            cluster: cluster.clone(),
+            names: None,
+        })
+    }
+
     /// The node and the validated address of a `Join` or `Leave`.
     fn member(&self, request: Request<wire::Member>) -> Result<(&Arc<Node>, String), Status> {
         let node = self.node()?;
