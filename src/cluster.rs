@@ -21,7 +21,7 @@
 //!
 //! Without cluster options, [`Cluster`] is a thin pass-through to the engine.
 
-mod convert;
+pub(crate) mod convert;
 mod detector;
 mod dial;
 pub mod identity;

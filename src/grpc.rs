@@ -197,7 +197,7 @@ async fn should_rate_limit(
 async fn read_message(body: Body) -> Result<Bytes, Status> {
     // The frame's header and the largest message; a longer body is refused while reading.
     let limited = http_body_util::Limited::new(body, 5 + MAX_MESSAGE_BYTES);
-    let mut body = match limited.collect().await {
+    let body = match limited.collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
             return Err(if error.is::<http_body_util::LengthLimitError>() {
@@ -210,6 +210,11 @@ async fn read_message(body: Body) -> Result<Bytes, Status> {
             });
         }
     };
+    unframe(body)
+}
+
+/// The one message of a whole request body (`[flag][u32 length][message]`).
+pub(crate) fn unframe(mut body: Bytes) -> Result<Bytes, Status> {
     if body.is_empty() {
         return Err(Status::internal("Missing request message."));
     }
@@ -251,7 +256,7 @@ async fn read_message(body: Body) -> Result<Bytes, Status> {
 
 /// The client's `grpc-timeout` (`1-8 digits` and a unit: `H M S m u n`); `None` when absent
 /// or malformed, which tonic also ignores.
-fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
+pub(crate) fn grpc_timeout(headers: &HeaderMap) -> Option<Duration> {
     let value = headers.get("grpc-timeout")?.to_str().ok()?;
     let split = value.len().checked_sub(1)?;
     let (digits, unit) = value.split_at(split);

@@ -20,6 +20,8 @@ pub mod cluster;
 pub mod engine;
 pub mod error;
 pub mod files;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod histogram;
 pub mod key;

@@ -165,7 +165,9 @@ impl Leases {
         let lease = Lease {
             lender: grant.lender,
             rate: counter.rate,
-            units: grant.units,
+            // An owner lends at most what the counter can admit: a larger grant (from the
+            // wire) is held to that, and grants add up without overflowing.
+            units: grant.units.min(counter.rate.capacity()),
             window: grant.window,
             expires: now + grant.lease_for.min(TTL),
             remaining: grant.remaining,
@@ -179,7 +181,7 @@ impl Leases {
                     && held.rate == lease.rate
                     && held.lender == lease.lender =>
             {
-                held.units += lease.units;
+                held.units = held.units.saturating_add(lease.units);
                 held.expires = held.expires.min(lease.expires);
                 held.remaining = lease.remaining;
                 None

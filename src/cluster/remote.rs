@@ -284,18 +284,7 @@ impl Remote {
         let now = tokio::time::Instant::now();
         let counters = checks.iter().flat_map(|check| check.counters.iter());
         for (counter, decision) in counters.zip(decisions) {
-            if decision.lease_units > 0 {
-                let grant = Grant {
-                    lender: Arc::clone(&self.address),
-                    units: decision.lease_units,
-                    window: decision.lease_window,
-                    lease_for: Duration::from_nanos(decision.lease_for_nanos),
-                    // The decision's remaining counts the lease in; the owner's does not.
-                    remaining: decision
-                        .remaining
-                        .saturating_sub(u32::try_from(decision.lease_units).unwrap_or(u32::MAX)),
-                    reset_after: Duration::from_nanos(decision.reset_after_nanos),
-                };
+            if let Some(grant) = grant(&self.address, decision) {
                 self.leases.take(counter, grant, now);
             }
         }
@@ -488,6 +477,21 @@ impl Remote {
             }
         }
     }
+}
+
+/// The lease `lender` granted with `decision`, if it lent any hits.
+pub(crate) fn grant(lender: &Arc<str>, decision: &wire::Decision) -> Option<Grant> {
+    (decision.lease_units > 0).then(|| Grant {
+        lender: Arc::clone(lender),
+        units: decision.lease_units,
+        window: decision.lease_window,
+        lease_for: Duration::from_nanos(decision.lease_for_nanos),
+        // The decision's remaining counts the lease in; the owner's does not.
+        remaining: decision
+            .remaining
+            .saturating_sub(u32::try_from(decision.lease_units).unwrap_or(u32::MAX)),
+        reset_after: Duration::from_nanos(decision.reset_after_nanos),
+    })
 }
 
 struct Batcher {

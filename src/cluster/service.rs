@@ -63,6 +63,16 @@ impl PeerService {
         )
     }
 
+    /// The service itself, not wrapped in its gRPC server (the fuzz harness calls its
+    /// methods); `None` outside cluster mode.
+    pub(crate) fn unwrapped(cluster: &Cluster) -> Option<PeerService> {
+        cluster.node.as_ref()?;
+        Some(PeerService {
+            cluster: cluster.clone(),
+            names: None,
+        })
+    }
+
     /// The node and the validated address of a `Join`, `Leave` or `Ping`; with `authorize`,
     /// only from the node at that address (see [`authorize`]).
     fn member(

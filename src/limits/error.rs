@@ -41,7 +41,7 @@ impl ConfigError {
             file: file.into(),
             position: None,
             place: place.into(),
-            problem: problem.into(),
+            problem: one_line(problem.into()),
         }
     }
 
@@ -55,7 +55,7 @@ impl ConfigError {
             file: file.into(),
             position,
             place: String::new(),
-            problem: problem.into(),
+            problem: one_line(problem.into()),
         }
     }
 
@@ -136,6 +136,24 @@ impl fmt::Display for Lines<'_> {
         }
         Ok(())
     }
+}
+
+/// `problem` with its control characters escaped: the parser quotes what it read (an unknown
+/// field's name may hold line breaks), and a message stays on one line.
+fn one_line(problem: String) -> String {
+    if !problem.chars().any(char::is_control) {
+        return problem;
+    }
+    problem
+        .chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Writes a key, value or domain name for a place or a node path: as is when it is plain,

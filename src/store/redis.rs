@@ -407,17 +407,12 @@ impl Inner {
     /// Derives the decisions from the states the script read; `None` if the reply does not
     /// have the expected shape.
     fn read(&self, checks: &Checks, now: u64, reply: &[u8]) -> Option<Decisions> {
-        let mut out = Decisions::new();
-        let mut at = 0;
-        for check in checks {
-            let (admitted, at_time, mut states) = read_states(check, now, reply, &mut at)?;
-            let denied = check.decide(&mut states, at_time, &mut out);
-            if denied.is_none() != admitted {
+        read_reply(checks, now, reply, |check, states, at_time, agreed| {
+            if let Err(admitted) = agreed {
                 self.disagreed(admitted);
             }
-            self.blocked.remember(check, &states, at_time, &self.stats);
-        }
-        Some(out)
+            self.blocked.remember(check, states, at_time, &self.stats);
+        })
     }
 
     fn disagreed(&self, admitted: bool) {
@@ -542,6 +537,31 @@ impl Drop for Probe<'_> {
     }
 }
 
+/// The decisions the script's `reply` gives `checks` (asked at `now`); `None` if the reply
+/// does not have the expected shape. `each` sees every check with its counters' states
+/// after the decision, the time it was decided at, and `Err(admitted)` when the script
+/// said `admitted` and Rust did not agree.
+pub(crate) fn read_reply(
+    checks: &Checks,
+    now: u64,
+    reply: &[u8],
+    mut each: impl FnMut(&Check, &States, u64, Result<(), bool>),
+) -> Option<Decisions> {
+    let mut out = Decisions::new();
+    let mut at = 0;
+    for check in checks {
+        let (admitted, at_time, mut states) = read_states(check, now, reply, &mut at)?;
+        let denied = check.decide(&mut states, at_time, &mut out);
+        let agreed = if denied.is_none() == admitted {
+            Ok(())
+        } else {
+            Err(admitted)
+        };
+        each(check, &states, at_time, agreed);
+    }
+    Some(out)
+}
+
 /// One check's part of the script's reply, from `reply[*at]` on (`at` moves past it):
 /// whether the script admitted it, the time it decided at (the latest of `now` and the
 /// keys' times), and its counters' states. `None` if the reply does not have that shape.
@@ -599,7 +619,7 @@ fn split_check<'r>(
 
 /// The length of the part of `reply` from `at` on that answers `checks`, or `None` if
 /// `reply` is too short for it.
-fn part_len(checks: &Checks, reply: &[u8], at: usize) -> Option<usize> {
+pub(crate) fn part_len(checks: &Checks, reply: &[u8], at: usize) -> Option<usize> {
     let mut end = at;
     for check in checks {
         split_check(check, reply, &mut end)?;

@@ -108,3 +108,21 @@ async fn grants_for_one_window_add_up_and_a_new_window_sends_the_old_one_back() 
     assert_eq!(refunds.len(), 2, "{refunds:?}");
     assert_eq!(refunds.iter().map(|refund| refund.units).sum::<u64>(), 7);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_beyond_the_limit_admits_no_more_than_the_limit() {
+    let leases = Leases::default();
+    let hot = check("hot", Rate::fixed(3, Unit::Minute), 1);
+    let now = Instant::now();
+    // Found by the peer fuzz target: two such grants for one window overflowed the sum.
+    leases.take(&hot.counters[0], grant(u64::MAX, 7), now);
+    leases.take(&hot.counters[0], grant(u64::MAX, 7), now);
+    for _ in 0..6 {
+        assert!(leases.spend(&hot, now).is_some());
+    }
+    assert_eq!(
+        leases.spend(&hot, now),
+        None,
+        "two grants of at most 3 each"
+    );
+}

@@ -526,3 +526,12 @@ descriptors:
     let b = domain.and_then(|d| d.lookup([("b", "42")]));
     assert_eq!(b.map(|n| (n.shadow_mode, n.limits.len())), Some((false, 0)));
 }
+
+#[test]
+fn a_yaml_error_quoting_a_line_break_stays_on_one_line() {
+    // Found by the limits fuzz target: an unknown field's name with line breaks in it.
+    let lines = errors("domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {\"u\\nx\": 1}\n");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("t.yaml:4:"), "{}", lines[0]);
+    assert!(lines[0].contains("unknown field `u\\nx`"), "{}", lines[0]);
+}

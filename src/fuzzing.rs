@@ -1,0 +1,629 @@
+//! Fuzz harnesses: one `pub fn name(data: &[u8])` per cargo-fuzz target in `fuzz/`.
+//!
+//! The targets in `fuzz/fuzz_targets/` only call these, and the stable replay tests
+//! (`fuzzing::tests`) run the same functions on every file of `fuzz/corpus/<target>/` and
+//! `fuzz/regressions/<target>/`, so what was fuzzed and what `cargo test` replays cannot
+//! drift. See fuzz/README.md.
+//!
+//! Each harness feeds outside bytes to the code that reads them in production and asserts
+//! what must hold for any input: no panic, errors answered as bad input (never `UNKNOWN` or
+//! an internal error), and round trips where there is one.
+//!
+//! Invariants:
+//! - Not part of the API: hidden from the docs, and nothing else in the crate calls it.
+//! - No IO beyond the process: no sockets, no files; time is the process's own clock.
+//! - Checks never wait: the fixtures configure no `max_wait` and the peer harness clears a
+//!   peer's `max_wait_nanos`, so one input is one short step, not a queue for seconds.
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use prost::Message;
+use tonic::{Code, Request};
+
+use crate::admin::{Admin, AdminOptions, Health};
+use crate::algorithm::{Algorithm, Rate, Unit};
+use crate::check::{Check, Checks, Counter};
+use crate::clock::Clock;
+use crate::cluster::convert;
+use crate::cluster::lease::Leases;
+use crate::cluster::service::PeerService;
+use crate::cluster::{Cluster, ClusterOptions};
+use crate::engine::{Engine, EngineConfig};
+use crate::error::ErrorKind;
+use crate::key::KeyId;
+use crate::limiter::{Limiter, LimiterOptions};
+use crate::limits::{Limits, LoadOptions, Source};
+use crate::peer::v1 as wire;
+use crate::peer::v1::peer_server::Peer;
+
+/// The limits every fixture decides with: each algorithm, a nested descriptor, a wildcard,
+/// an unlimited entry, shadow and quota mode, named limits and a `replaces`.
+pub const LIMITS: &str = r#"
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per_key}
+  - key: api_key
+    value: "vip-*"
+    rate_limit: {algorithm: token_bucket, unit: minute, requests_per_unit: 100, burst: 20}
+  - key: api_key
+    value: healthchecker
+  - key: path
+    rate_limit: {algorithm: sliding_window, unit: second, requests_per_unit: 10, name: per_path}
+    descriptors:
+      - key: method
+        value: POST
+        rate_limits:
+          - {algorithm: gcra, unit: hour, requests_per_unit: 1000, burst: 50}
+          - {unit: day, requests_per_unit: 20000, replaces: [{name: per_path}]}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: second, requests_per_unit: 2}
+  - key: unlimited
+    rate_limit: {unlimited: true}
+    metadata: {team: search, tier: 2}
+"#;
+
+/// What the decide harnesses share: a runtime, and a limiter over [`LIMITS`] on a small
+/// in-memory engine.
+struct Fixture {
+    runtime: tokio::runtime::Runtime,
+    limiter: Arc<Limiter>,
+    /// The HTTP listener's routes over `limiter` (`/json`, `/nginx`, `/rate`, probes).
+    http: axum::Router,
+    /// The admin listener's routes (`/counters` and `/debug/explain` on, the dashboard off).
+    admin: axum::Router,
+}
+
+/// A current-thread runtime with timers, on which a fixture's engine runs its tasks.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        // The harness cannot run without a runtime; failing here is not an input's fault.
+        .expect("a tokio runtime")
+}
+
+/// A small engine on the system clock, spawned on `runtime`.
+fn engine(runtime: &tokio::runtime::Runtime) -> Engine {
+    let config = EngineConfig {
+        shards: 2,
+        max_keys: 10_000,
+        max_waiters: 16,
+    };
+    runtime.block_on(async { Engine::spawn(config, Clock::system()) })
+}
+
+impl Fixture {
+    /// The one fixture of this process: every response option on, counter names kept.
+    fn get() -> &'static Fixture {
+        static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+        FIXTURE.get_or_init(|| {
+            Fixture::new(LimiterOptions {
+                response_headers: true,
+                response_dynamic_metadata: true,
+                counter_names: 100,
+                ..LimiterOptions::default()
+            })
+        })
+    }
+
+    fn new(options: LimiterOptions) -> Fixture {
+        let runtime = runtime();
+        let limits = Limits::parse_str("fuzz.yaml", LIMITS).expect("the fixture's limits");
+        let engine = engine(&runtime);
+        let limiter = Arc::new(Limiter::standalone(
+            limits,
+            engine.clone(),
+            options,
+            crate::metrics::MetricsOptions::default(),
+        ));
+        let state = Admin {
+            health: Arc::new(Health::new()),
+            limiter: Arc::clone(&limiter),
+            cluster: Cluster::single(engine),
+            reload: Arc::new(crate::reload::ReloadStats::with_version(1)),
+            options: AdminOptions {
+                counters: true,
+                ui: false,
+            },
+        };
+        let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6070));
+        let http = crate::admin::router(&state, admin_addr);
+        let admin = crate::admin::admin_router(state, None);
+        Fixture {
+            runtime,
+            limiter,
+            http,
+            admin,
+        }
+    }
+
+    /// The answer to `request`, from the listener that serves its path (the operator
+    /// endpoints on the admin listener, the rest on the HTTP listener): status and body.
+    fn admin(&self, request: http::Request<axum::body::Body>) -> (http::StatusCode, Bytes) {
+        use tower_service::Service;
+        let path = request.uri().path();
+        let operator = ["/counters", "/debug", "/ui"]
+            .iter()
+            .any(|prefix| path.starts_with(prefix));
+        self.runtime.block_on(async {
+            let mut router = if operator {
+                self.admin.clone()
+            } else {
+                self.http.clone()
+            };
+            let response = match router.call(request).await {
+                Ok(response) => response,
+                Err(infallible) => match infallible {},
+            };
+            let status = response.status();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .expect("an admin answer's body");
+            (status, body)
+        })
+    }
+}
+
+/// Reads a fuzz input front to back; past its end every number is 0.
+struct Input<'a>(&'a [u8]);
+
+impl<'a> Input<'a> {
+    fn byte(&mut self) -> u8 {
+        let Some((&first, rest)) = self.0.split_first() else {
+            return 0;
+        };
+        self.0 = rest;
+        first
+    }
+
+    fn u64(&mut self) -> u64 {
+        let mut bytes = [0; 8];
+        for byte in &mut bytes {
+            *byte = self.byte();
+        }
+        u64::from_le_bytes(bytes)
+    }
+
+    fn take(&mut self, len: usize) -> &'a [u8] {
+        let (taken, rest) = self.0.split_at(len.min(self.0.len()));
+        self.0 = rest;
+        taken
+    }
+
+    fn rest(self) -> &'a [u8] {
+        self.0
+    }
+}
+
+/// `ShouldRateLimit`: request bytes -> prost -> [`crate::rls::query`] -> the limiter ->
+/// [`crate::rls::response`] -> bytes. A request that decodes is answered or refused as
+/// `INVALID_ARGUMENT`; the answer has one status per descriptor and decodes back to itself.
+pub fn rls(data: &[u8]) {
+    let Ok(request) = RateLimitRequest::decode(data) else {
+        return;
+    };
+    let fixture = Fixture::get();
+    let answer = fixture
+        .runtime
+        .block_on(crate::rls::should_rate_limit(&fixture.limiter, &request));
+    match answer {
+        Ok(response) => {
+            assert_eq!(response.statuses.len(), request.descriptors.len());
+            let bytes = response.encode_to_vec();
+            let decoded =
+                RateLimitResponse::decode(bytes.as_slice()).expect("an encoded response decodes");
+            assert_eq!(decoded, response);
+        }
+        Err(error) => {
+            // Bad input, or a store at its key bound (the fixture's engine is small).
+            let kind = error.kind();
+            assert!(
+                matches!(kind, ErrorKind::InvalidArgument | ErrorKind::Full),
+                "{kind:?}: {error}"
+            );
+        }
+    }
+}
+
+/// The limits loader on one file's text, as the reloader compiles it: compiled limits, or
+/// errors that each name the file, on one line.
+pub fn limits(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let source = Source {
+        name: "fuzz.yaml".to_owned(),
+        text: text.to_owned(),
+    };
+    for merge_domains in [false, true] {
+        let options = LoadOptions {
+            merge_domains,
+            ..LoadOptions::default()
+        };
+        match Limits::from_sources_with(std::slice::from_ref(&source), options) {
+            Ok(limits) => {
+                // What `/rlconfig` prints must not panic either.
+                let _ = limits.to_string();
+            }
+            Err(errors) => {
+                assert!(!errors.errors().is_empty(), "a failure without an error");
+                for error in errors.errors() {
+                    assert_eq!(error.file(), "fuzz.yaml");
+                    let line = error.to_string();
+                    assert!(!line.contains('\n'), "a message on two lines: {line:?}");
+                }
+            }
+        }
+    }
+}
+
+/// The gRPC fast path's framing ([`crate::grpc`]): the first byte is the length of a
+/// `grpc-timeout` value that follows, the rest is the request body. A body is one message
+/// of exactly its declared length (then decided as [`rls`] does), or refused with tonic's
+/// codes; a timeout is bounded.
+pub fn grpc(data: &[u8]) {
+    let mut input = Input(data);
+    let len = usize::from(input.byte() % 16);
+    let timeout = input.take(len);
+    if let Ok(value) = http::HeaderValue::from_bytes(timeout) {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-timeout", value);
+        if let Some(timeout) = crate::grpc::grpc_timeout(&headers) {
+            assert!(timeout <= std::time::Duration::from_secs(99_999_999 * 3600));
+        }
+    }
+    let body = input.rest();
+    match crate::grpc::unframe(Bytes::copy_from_slice(body)) {
+        Ok(message) => {
+            assert_eq!(body[0], 0, "a compressed message was read");
+            let declared = u32::from_be_bytes([body[1], body[2], body[3], body[4]]);
+            assert_eq!(message.len(), declared as usize);
+            assert_eq!(body.len(), 5 + message.len());
+            assert!(message.len() <= crate::rls::MAX_MESSAGE_BYTES);
+            rls(&message);
+        }
+        Err(status) => assert!(
+            matches!(
+                status.code(),
+                Code::Internal | Code::OutOfRange | Code::InvalidArgument
+            ),
+            "{status:?}"
+        ),
+    }
+}
+
+/// Peer messages are chosen by the first byte.
+const PEER_MESSAGES: u8 = 12;
+
+/// The peer protocol (`ratekeeper.peer.v1`): the first byte picks a message type, the rest
+/// is that message's protobuf. Requests go through this node's [`PeerService`] as a peer's
+/// would (validation, then the engine); replies through what the asking node does with
+/// them (decisions, error codes, leases, pages of names). Whatever a peer sends is refused
+/// as `INVALID_ARGUMENT` (or `FAILED_PRECONDITION` for another version), never a panic.
+///
+/// `Join` and `Leave` are checked through `Ping` (the same validation): applying them would
+/// add members (and connections) to the fixture's node. Waits are cleared (see the module
+/// docs).
+pub fn peer(data: &[u8]) {
+    let mut input = Input(data);
+    let kind = input.byte() % PEER_MESSAGES;
+    let bytes = input.rest();
+    let fixture = PeerFixture::get();
+    let service = &fixture.service;
+    let answered: Result<(), tonic::Status> = fixture.runtime.block_on(async {
+        match kind {
+            0 => {
+                let Ok(mut batch) = wire::CheckBatch::decode(bytes) else {
+                    return Ok(());
+                };
+                for check in batch.groups.iter_mut().flat_map(|group| &mut group.checks) {
+                    check.max_wait_nanos = 0;
+                }
+                let groups = batch.groups.len();
+                let reply = service.check(Request::new(batch)).await?.into_inner();
+                assert_eq!(reply.groups.len(), groups);
+                for group in &reply.groups {
+                    if group.code != 0 {
+                        let kind = convert::error_from_wire(group.code);
+                        assert_eq!(kind, ErrorKind::Full, "{}", group.error);
+                    }
+                }
+            }
+            1 => {
+                let Ok(batch) = wire::HandoffBatch::decode(bytes) else {
+                    return Ok(());
+                };
+                let offered = batch.counters.len();
+                let reply = service.handoff(Request::new(batch)).await?.into_inner();
+                assert!(reply.accepted as usize <= offered);
+            }
+            2..=4 => {
+                let Ok(member) = wire::Member::decode(bytes) else {
+                    return Ok(());
+                };
+                let reply = service.ping(Request::new(member)).await?.into_inner();
+                assert_eq!(reply.addresses, [PeerFixture::ME]);
+            }
+            5 => {
+                let Ok(message) = wire::ResetRequest::decode(bytes) else {
+                    return Ok(());
+                };
+                let keys = message.keys.len();
+                let reply = service.reset(Request::new(message)).await?.into_inner();
+                assert!(reply.removed as usize <= keys);
+            }
+            6 => {
+                let Ok(batch) = wire::RefundBatch::decode(bytes) else {
+                    return Ok(());
+                };
+                service.refund(Request::new(batch)).await?;
+            }
+            7 => {
+                let Ok(message) = wire::PeekRequest::decode(bytes) else {
+                    return Ok(());
+                };
+                let counters: usize = message
+                    .checks
+                    .iter()
+                    .map(|check| check.counters.len())
+                    .sum();
+                let reply = service.peek(Request::new(message)).await?.into_inner();
+                assert_eq!(reply.decisions.len(), counters);
+            }
+            8 => {
+                let Ok(message) = wire::NamesRequest::decode(bytes) else {
+                    return Ok(());
+                };
+                service.names(Request::new(message)).await?;
+            }
+            9 => {
+                let Ok(reply) = wire::CheckBatchReply::decode(bytes) else {
+                    return Ok(());
+                };
+                fixture.check_batch_reply(&reply);
+            }
+            10 => {
+                let Ok(reply) = wire::NamesReply::decode(bytes) else {
+                    return Ok(());
+                };
+                names_reply(reply);
+            }
+            _ => {
+                let Ok(reply) = wire::PeekReply::decode(bytes) else {
+                    return Ok(());
+                };
+                for decision in &reply.decisions {
+                    let read = convert::decision_from_wire(decision);
+                    let again = convert::decision_from_wire(&convert::decision_to_wire(&read));
+                    assert_eq!(again, read);
+                }
+            }
+        }
+        Ok(())
+    });
+    if let Err(status) = answered {
+        assert!(
+            matches!(
+                status.code(),
+                Code::InvalidArgument | Code::FailedPrecondition
+            ),
+            "{status:?}"
+        );
+    }
+}
+
+/// A page of names a peer answered: in bounds and order, or refused; what is accepted
+/// crosses the wire back unchanged.
+fn names_reply(reply: wire::NamesReply) {
+    const LIMIT: usize = 100;
+    let Ok(Some(page)) = convert::names_from_wire("edge", LIMIT, reply) else {
+        return;
+    };
+    let again = convert::names_from_wire("edge", LIMIT, convert::names_to_wire(Some(page.clone())));
+    assert_eq!(again, Ok(Some(page)));
+}
+
+/// A node in cluster mode with no other member, and the leases its remotes would keep.
+struct PeerFixture {
+    runtime: tokio::runtime::Runtime,
+    service: PeerService,
+    leases: Leases,
+    /// The checks a [`wire::CheckBatchReply`] is read against: two keys, each in two
+    /// checks, so grants for one key meet.
+    checks: Checks,
+}
+
+impl PeerFixture {
+    /// The fixture node's address (nothing listens there: it has no peers to call it).
+    const ME: &str = "127.0.0.1:1";
+
+    fn get() -> &'static PeerFixture {
+        static FIXTURE: OnceLock<PeerFixture> = OnceLock::new();
+        FIXTURE.get_or_init(|| {
+            let runtime = runtime();
+            let engine = engine(&runtime);
+            let cluster =
+                runtime.block_on(async { Cluster::join(engine, ClusterOptions::new(Self::ME)) });
+            let service = PeerService::unwrapped(&cluster).expect("a cluster member");
+            let check = |route: u64| Check {
+                counters: smallvec::smallvec![Counter {
+                    key: KeyId {
+                        route,
+                        id: [route, 7],
+                    },
+                    rate: Rate::fixed(100, Unit::Minute),
+                }],
+                cost: 1,
+                wait: None,
+            };
+            PeerFixture {
+                runtime,
+                service,
+                leases: Leases::default(),
+                checks: [check(1), check(2), check(1), check(2)]
+                    .into_iter()
+                    .collect(),
+            }
+        })
+    }
+
+    /// What a node does with an owner's answer to its batch: each group's decisions (and
+    /// the leases they grant), or its error's kind.
+    fn check_batch_reply(&self, reply: &wire::CheckBatchReply) {
+        let lender: Arc<str> = Arc::from("127.0.0.1:2");
+        let now = tokio::time::Instant::now();
+        for group in &reply.groups {
+            if !group.error.is_empty() || group.code != 0 {
+                convert::error_from_wire(group.code);
+                continue;
+            }
+            let counters = self.checks.iter().flat_map(|check| check.counters.iter());
+            for (counter, decision) in counters.zip(&group.decisions) {
+                convert::decision_from_wire(decision);
+                if let Some(grant) = crate::cluster::remote::grant(&lender, decision) {
+                    self.leases.take(counter, grant, now);
+                }
+            }
+        }
+        for check in &self.checks {
+            if let Some(decision) = self.leases.spend(check, now) {
+                assert!(decision.allowed);
+            }
+        }
+        for refund in self.leases.collect(now, true) {
+            assert!(refund.units > 0);
+        }
+    }
+}
+
+/// The Redis store's reading of its script's answer ([`crate::store::redis`]): the first
+/// bytes pick the checks asked (1 to 4, each 1 to 3 counters of any algorithm) and the time,
+/// the rest is the reply. A reply is either read whole (one decision per counter) or
+/// refused; never a panic, whatever Redis (or whoever answers in its place) sends.
+pub fn redis_reply(data: &[u8]) {
+    const RATES: [(u32, Unit, u32); 4] = [
+        (5, Unit::Second, 5),
+        (100, Unit::Minute, 20),
+        (1, Unit::Hour, 1),
+        (1_000_000, Unit::Day, 10),
+    ];
+    let mut input = Input(data);
+    let count = 1 + input.byte() % 4;
+    let mut checks = Checks::new();
+    for index in 0..count {
+        let shape = input.byte();
+        let counters = (0..1 + (shape >> 4) % 3)
+            .map(|counter| {
+                let algorithm = match (shape >> (2 * counter)) & 3 {
+                    0 => Algorithm::FixedWindow,
+                    1 => Algorithm::SlidingWindow,
+                    2 => Algorithm::TokenBucket,
+                    _ => Algorithm::Gcra,
+                };
+                let (requests, unit, burst) = RATES[usize::from((shape >> 6) ^ counter) % 4];
+                Counter {
+                    key: KeyId {
+                        route: u64::from(index),
+                        id: [u64::from(counter), 0],
+                    },
+                    rate: Rate::new(algorithm, requests, unit, Some(burst)),
+                }
+            })
+            .collect();
+        checks.push(Check {
+            counters,
+            cost: u64::from(input.byte() % 8),
+            wait: None,
+        });
+    }
+    let now = input.u64();
+    let reply = input.rest();
+    let decided = crate::store::redis::read_reply(&checks, now, reply, |_, states, at, _| {
+        assert!(at >= now, "decided before it was asked");
+        assert!(!states.is_empty());
+    });
+    if let Some(decisions) = decided {
+        let counters: usize = checks.iter().map(|check| check.counters.len()).sum();
+        assert_eq!(decisions.len(), counters);
+        assert!(crate::store::redis::part_len(&checks, reply, 0).is_some());
+    }
+}
+
+/// The admin listener's JSON bodies: the first byte's parity picks `POST /json` or
+/// `POST /debug/explain`, the rest is the body. The answer is JSON, and a request is
+/// decided, over its limit, or refused as a bad request (400) or a full store (503).
+pub fn admin_body(data: &[u8]) {
+    let mut input = Input(data);
+    let path = if input.byte() % 2 == 0 {
+        "/json"
+    } else {
+        "/debug/explain"
+    };
+    let request = http::Request::post(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(axum::body::Body::from(input.rest().to_vec()))
+        .expect("a request to a fixed path");
+    let (status, body) = Fixture::get().admin(request);
+    assert!(
+        matches!(status.as_u16(), 200 | 400 | 429 | 503),
+        "{status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    serde_json::from_slice::<serde_json::Value>(&body).expect("a json answer");
+}
+
+/// Any admin request, written as text: `METHOD TARGET`, header lines `name: value`, an empty
+/// line, the body (seeds aim at `/nginx`, `/rate` and `/counters`). Requests hyper would
+/// refuse (a malformed method, target or header) are skipped. No answer is a 500.
+pub fn admin_request(data: &[u8]) {
+    let (head, body) = match data.windows(2).position(|pair| pair == b"\n\n") {
+        Some(at) => (&data[..at], &data[at + 2..]),
+        None => (data, &[][..]),
+    };
+    let mut lines = head.split(|&byte| byte == b'\n');
+    let first = lines.next().unwrap_or_default();
+    let Some(space) = first.iter().position(|&byte| byte == b' ') else {
+        return;
+    };
+    let (Ok(method), Ok(uri)) = (
+        http::Method::from_bytes(&first[..space]),
+        http::Uri::try_from(&first[space + 1..]),
+    ) else {
+        return;
+    };
+    if uri.scheme().is_some() || !uri.path().starts_with('/') {
+        return;
+    }
+    let mut request = http::Request::new(axum::body::Body::from(body.to_vec()));
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    for line in lines {
+        let Some(colon) = line.iter().position(|&byte| byte == b':') else {
+            return;
+        };
+        let (Ok(name), Ok(value)) = (
+            http::HeaderName::from_bytes(&line[..colon]),
+            http::HeaderValue::from_bytes(line[colon + 1..].trim_ascii()),
+        ) else {
+            return;
+        };
+        request.headers_mut().append(name, value);
+    }
+    let (status, body) = Fixture::get().admin(request);
+    assert_ne!(
+        status,
+        http::StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+}
+
+#[cfg(test)]
+mod tests;
