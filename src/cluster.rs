@@ -820,12 +820,17 @@ impl Node {
         self.member_list()
     }
 
-    /// Drops `address` (it is leaving) until it joins again.
+    /// Drops `address` (it is leaving) until it joins again. Only a node this node knows
+    /// of is remembered as gone: `left` stays bounded by the members known, and the detector
+    /// (which probes nodes said to have left) never dials an address a message made up.
     fn left(&self, address: &str) -> Vec<String> {
         {
             let mut membership = self.lock();
+            let known = membership.candidates(&self.me).contains(address);
             membership.joined.remove(address);
-            membership.left.insert(address.to_owned());
+            if known {
+                membership.left.insert(address.to_owned());
+            }
         }
         self.refresh();
         self.member_list()

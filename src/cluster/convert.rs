@@ -19,6 +19,30 @@ pub const MAX_GROUPS: usize = 4096;
 pub const MAX_CHECKS_PER_GROUP: usize = 64;
 pub const MAX_COUNTERS_PER_CHECK: usize = 32;
 pub const MAX_HANDOFF: usize = 100_000;
+/// Members a peer may name in one membership answer, and bytes in one member's address.
+pub const MAX_MEMBERS: usize = 1024;
+pub const MAX_ADDRESS_BYTES: usize = 256;
+
+/// The member addresses a peer answered a `Join` or `Leave` with, bounded: at most
+/// [`MAX_MEMBERS`], each of 1 to [`MAX_ADDRESS_BYTES`] bytes.
+pub fn member_addresses(addresses: Vec<String>) -> Result<Vec<String>, String> {
+    if addresses.len() > MAX_MEMBERS {
+        return Err(format!(
+            "{} members named, at most {MAX_MEMBERS}",
+            addresses.len()
+        ));
+    }
+    if let Some(bad) = addresses
+        .iter()
+        .find(|address| !(1..=MAX_ADDRESS_BYTES).contains(&address.len()))
+    {
+        return Err(format!(
+            "a member address of {} bytes, expected 1 to {MAX_ADDRESS_BYTES}",
+            bad.len()
+        ));
+    }
+    Ok(addresses)
+}
 
 pub fn key_to_wire(key: &KeyId) -> wire::Key {
     wire::Key {

@@ -388,7 +388,11 @@ impl Remote {
             "drop a member"
         };
         let reply = self.call(what, self.admin_deadline(), member, send).await?;
-        Ok(reply.addresses)
+        // A malformed answer counts as no answer.
+        convert::member_addresses(reply.addresses).map_err(|problem| PeerError::Unreachable {
+            peer: Arc::clone(&self.address),
+            problem: format!("a malformed membership answer: {problem}"),
+        })
     }
 
     /// Sends one batch and answers every group in it.

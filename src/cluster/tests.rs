@@ -390,3 +390,39 @@ async fn a_live_member_dropped_by_a_spoofed_leave_is_back_on_both_rings() {
         server.abort();
     }
 }
+
+/// A `Leave` naming an address this node never knew changes nothing: `left` stays bounded
+/// by the members known, and the detector, which pings nodes said to have left, is never
+/// made to dial an address a message made up. (Found by the `peer` fuzz target.)
+#[tokio::test(start_paused = true)]
+async fn a_leave_for_an_unknown_address_is_not_remembered_nor_probed() {
+    let mut options = ClusterOptions::new("127.0.0.1:1");
+    options.peers = vec!["127.0.0.1:2".to_owned()];
+    let cluster = Cluster::join(engine(), options);
+    let node = cluster.node.as_ref().expect("a member");
+    for n in 0..1000 {
+        node.left(&format!("10.9.{}.{}:8091", n / 250, n % 250));
+    }
+    node.left("127.0.0.1:2");
+    let membership = node.lock();
+    assert_eq!(
+        membership.left,
+        set(&["127.0.0.1:2"]),
+        "only the known node"
+    );
+    assert_eq!(membership.probed("127.0.0.1:1"), set(&["127.0.0.1:2"]));
+}
+
+#[test]
+fn a_membership_answer_naming_too_many_or_malformed_members_is_refused() {
+    let many: Vec<String> = (0..=convert::MAX_MEMBERS)
+        .map(|n| format!("n{n}:1"))
+        .collect();
+    assert!(convert::member_addresses(many).is_err());
+    assert!(convert::member_addresses(vec![String::new()]).is_err());
+    assert!(convert::member_addresses(vec!["a".repeat(257)]).is_err());
+    assert_eq!(
+        convert::member_addresses(vec!["a:1".to_owned()]),
+        Ok(vec!["a:1".to_owned()])
+    );
+}
