@@ -21,6 +21,12 @@ pub use crate::algorithm::Decision;
 use crate::algorithm::{self, Rate, State};
 use crate::key::KeyId;
 
+/// The most hits one check may cost: a limit counts at most `u32::MAX`, so a larger cost
+/// could never be admitted (and every store holds this one exactly, Redis's doubles too).
+/// Front ends refuse more ([`crate::limiter::bounds::MAX_HITS`]), and so does a node for
+/// a check a peer forwards.
+pub const MAX_COST: u64 = u32::MAX as u64;
+
 /// One limit of a descriptor: the counter's key and its rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Counter {

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Rate, Unit};
-use crate::check::{Check, Counter, Counters, Decision, Slot, WaitPolicy};
+use crate::check::{Check, Counter, Counters, Decision, MAX_COST, Slot, WaitPolicy};
 use crate::error::ErrorKind;
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
@@ -134,6 +134,15 @@ pub fn check_from_wire(check: wire::Check) -> Result<(Check, bool), String> {
         .iter()
         .map(counter_from_wire)
         .collect::<Result<Counters, _>>()?;
+    // A check's counters live together on one shard, chosen by their shared route: a
+    // counter of another route would be counted on a shard that does not own it.
+    let route = counters[0].key.route;
+    if counters.iter().any(|counter| counter.key.route != route) {
+        return Err("counters of different routes in one check".to_owned());
+    }
+    if check.cost > MAX_COST {
+        return Err(format!("a cost of {}, at most {MAX_COST}", check.cost));
+    }
     let wait = (check.max_wait_nanos > 0).then(|| WaitPolicy {
         // Bounded like the config's max_wait, whatever a peer sends.
         max_wait: Duration::from_nanos(check.max_wait_nanos).min(Duration::from_secs(10)),
@@ -304,6 +313,32 @@ mod tests {
         // A node that predates the code sends 0 with text; an unknown code is no better.
         assert_eq!(error_from_wire(0), ErrorKind::Internal);
         assert_eq!(error_from_wire(99), ErrorKind::Internal);
+    }
+
+    /// A forwarded check is refused when its counters belong to different routes (they
+    /// would be counted on a shard that does not own them) or its cost is beyond any limit.
+    #[test]
+    fn a_forwarded_check_keeps_to_one_route_and_a_bounded_cost() {
+        use crate::algorithm::{Rate, Unit};
+        use crate::key::KeyBuilder;
+        let rate = Rate::fixed(5, Unit::Hour);
+        let counter = |value: &str| Counter {
+            key: KeyBuilder::new("d").entry("k", value).key(&rate),
+            rate,
+        };
+        let check = |counters: Vec<Counter>, cost: u64| Check {
+            counters: counters.into_iter().collect(),
+            cost,
+            wait: None,
+        };
+        let fine = check(vec![counter("a"), counter("a")], MAX_COST);
+        assert!(check_from_wire(check_to_wire(&fine)).is_ok());
+        let mixed = check(vec![counter("a"), counter("b")], 1);
+        let error = check_from_wire(check_to_wire(&mixed)).expect_err("two routes");
+        assert!(error.contains("different routes"), "{error}");
+        let costly = check(vec![counter("a")], MAX_COST + 1);
+        let error = check_from_wire(check_to_wire(&costly)).expect_err("beyond any limit");
+        assert!(error.contains("at most 4294967295"), "{error}");
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod bounds {
     /// larger cost could never be admitted, and every store (Redis's Lua counts in
     /// doubles) holds it exactly. A cost up to this bound but above what its limit can
     /// ever admit is answered OVER_LIMIT and consumes nothing.
-    pub const MAX_HITS: u64 = u32::MAX as u64;
+    pub const MAX_HITS: u64 = crate::check::MAX_COST;
 }
 
 /// A limit the request brings itself instead of the configured ones (Envoy's descriptor
