@@ -85,6 +85,16 @@ fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Check {
     }
 }
 
+/// A Redis store on `server`, on the system clock, with a 5 s deadline.
+fn store_on(server: &RedisServer) -> RedisStore {
+    let target = Target::parse(&server.url()).expect("a redis url");
+    let options = RedisOptions {
+        timeout: Duration::from_secs(5),
+        ..RedisOptions::new(target)
+    };
+    RedisStore::new(options, Clock::system()).expect("a redis store")
+}
+
 /// Unix nanoseconds the manual clock of the conformance test reads.
 static TIME: AtomicU64 = AtomicU64::new(1_800_000_000_123_456_789);
 
@@ -200,12 +210,7 @@ async fn every_algorithm_answers_exactly_like_the_in_memory_store() {
 async fn concurrent_requests_batched_together_admit_exactly_the_limit() {
     let dir = TempDir::new("redis-batched");
     let server = RedisServer::start(dir.path(), &[]);
-    let target = Target::parse(&server.url()).expect("a redis url");
-    let options = RedisOptions {
-        timeout: Duration::from_secs(5),
-        ..RedisOptions::new(target)
-    };
-    let store = Arc::new(RedisStore::new(options, Clock::system()).expect("a redis store"));
+    let store = Arc::new(store_on(&server));
     let rates = [
         Rate::fixed(50, Unit::Hour),
         Rate::new(Algorithm::Gcra, 1000, Unit::Hour, Some(80)),
@@ -729,12 +734,7 @@ fn keys_outlive_their_window_by_the_ttl_margin() {
 async fn a_script_call_that_fails_part_way_consumes_nothing() {
     let dir = TempDir::new("redis-partial");
     let server = RedisServer::start(dir.path(), &[]);
-    let target = Target::parse(&server.url()).expect("a redis url");
-    let options = RedisOptions {
-        timeout: Duration::from_secs(5),
-        ..RedisOptions::new(target)
-    };
-    let redis = RedisStore::new(options, Clock::system()).expect("a redis store");
+    let redis = store_on(&server);
     let rate = [Rate::fixed(5, Unit::Hour)];
     let broken = check("partial", "broken", &rate, 1);
     let first = check("partial", "first", &rate, 1);
