@@ -472,3 +472,41 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
         "an explanation never falls back"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_failing_at_a_full_owner_consumes_nothing_on_its_other_descriptors() {
+    const LIMIT: usize = 5;
+    let dir = TempDir::new("cluster-no-partial");
+    write_config(dir.path(), "edge.yaml", &limits(LIMIT as u32));
+    // Node 1 holds one key at most.
+    let first = start_member(dir.path(), "127.0.0.1:0", &[], PEER_ARGS);
+    let full_args = [PEER_ARGS, &["--shards", "1", "--max-keys", "1"]].concat();
+    let second = start_member(dir.path(), "127.0.0.1:0", &[first.peer_addr()], &full_args);
+    let nodes = [first, second];
+    wait_for_members(&nodes, 2);
+    let owned_by = |node: usize, prefix: &str| {
+        (0..400)
+            .map(|n| format!("{prefix}-{n}"))
+            .find(|value| owner(&nodes, value) == node)
+            .expect("a key owned by the node")
+    };
+    let (mine, theirs, new) = (owned_by(0, "m"), owned_by(1, "t"), owned_by(1, "n"));
+    let mut client = support::grpc_client(&nodes[0]).await;
+    assert!(admitted(&mut client, &theirs).await, "node 1's only key");
+    for _ in 0..3 {
+        let status = client
+            .should_rate_limit(request(&[&mine, &new]))
+            .await
+            .expect_err("node 1 cannot hold the new key");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    }
+    let mut total = 0;
+    for _ in 0..2 * LIMIT {
+        total += usize::from(admitted(&mut client, &mine).await);
+    }
+    assert_eq!(
+        total, LIMIT,
+        "the failed requests consumed nothing of node 0's descriptor"
+    );
+    assert_eq!(fallbacks(&nodes), 0.0);
+}

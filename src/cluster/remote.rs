@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tonic::transport::Channel;
 
@@ -84,7 +85,47 @@ impl From<PeerError> for ClusterError {
 }
 
 /// The owner's decisions, or why not, with the checks handed back for the fallback.
-pub type Answer = Result<Decisions, (PeerError, Checks)>;
+pub type Answer = Result<Answered, (PeerError, Checks)>;
+
+/// The owner's decisions for one request's checks, and what it counted for them.
+#[derive(Debug)]
+pub struct Answered {
+    /// One per counter, in order.
+    pub decisions: Decisions,
+    /// The checks, handed back (to give back what the owner counted for them).
+    pub checks: Checks,
+    /// Per decision, the window the owner counted an admitted check in (see
+    /// `Decision.counted_window` in the protocol).
+    pub windows: SmallVec<[u64; 4]>,
+}
+
+impl Answered {
+    /// What the owner (`lender`) counted for the admitted checks, as refunds: each counter
+    /// of each check it admitted, the check's cost, in the window it named.
+    pub fn counted(&self, lender: &Arc<str>) -> Vec<Refund> {
+        let mut refunds = Vec::new();
+        let mut offset = 0;
+        for check in &self.checks {
+            let len = check.counters.len();
+            let decisions = self.decisions.get(offset..offset + len).unwrap_or_default();
+            let windows = self.windows.get(offset..offset + len).unwrap_or_default();
+            offset += len;
+            let admitted = decisions.len() == len && decisions.iter().all(|d| d.allowed);
+            if check.cost == 0 || !admitted || windows.len() != len {
+                continue;
+            }
+            for (counter, &window) in check.counters.iter().zip(windows) {
+                refunds.push(Refund {
+                    lender: Arc::clone(lender),
+                    counter: *counter,
+                    units: check.cost,
+                    window,
+                });
+            }
+        }
+        refunds
+    }
+}
 
 struct Pending {
     checks: Checks,
@@ -256,8 +297,8 @@ impl Remote {
         Ok(reply.accepted)
     }
 
-    /// Gives unspent leased hits back to this peer (their counters' owner); answers how
-    /// many it took back.
+    /// Gives hits back to this peer (their counters' owner): unspent leased ones, and those
+    /// it counted for a request that failed elsewhere. Answers how many it took back.
     pub async fn refund(&self, refunds: &[Refund]) -> Result<u64, PeerError> {
         let batch = wire::RefundBatch {
             version: VERSION,
@@ -454,11 +495,19 @@ impl Remote {
                     let failed = !group.error.is_empty() || group.code != 0;
                     let answer = if !failed && group.decisions.len() == expected {
                         self.take_leases(&pending.checks, &group.decisions);
-                        Ok(group
-                            .decisions
-                            .iter()
-                            .map(convert::decision_from_wire)
-                            .collect())
+                        Ok(Answered {
+                            decisions: group
+                                .decisions
+                                .iter()
+                                .map(convert::decision_from_wire)
+                                .collect(),
+                            windows: group
+                                .decisions
+                                .iter()
+                                .map(|decision| decision.counted_window)
+                                .collect(),
+                            checks: pending.checks,
+                        })
                     } else {
                         let (kind, message) = if failed {
                             (convert::error_from_wire(group.code), group.error)
