@@ -527,10 +527,8 @@ impl Cluster {
         for (index, remote, rx) in waiting {
             match rx.await {
                 Ok(Ok(answered)) => {
-                    taken
-                        .forwarded
-                        .push((Arc::clone(&remote), answered.counted(remote.address())));
                     answers[index] = Some(answered.decisions);
+                    taken.forwarded.push((remote, answered.counted));
                 }
                 Ok(Err((error @ PeerError::Remote { .. }, _))) => {
                     failed.get_or_insert_with(|| ClusterError::from(error).into());
@@ -801,7 +799,7 @@ struct Taken {
     /// which of them consumed when.
     engine: Vec<(Checks, Consumed)>,
     /// What each owner counted for the checks forwarded to it.
-    forwarded: Vec<(Arc<Remote>, Vec<lease::Refund>)>,
+    forwarded: Vec<(Arc<Remote>, remote::Counted)>,
 }
 
 impl Taken {
@@ -818,13 +816,17 @@ impl Taken {
         for (checks, consumed) in &self.engine {
             node.engine.give_back(checks, consumed);
         }
-        let refunds = self
+        let refunds: Vec<(&Arc<Remote>, Vec<lease::Refund>)> = self
             .forwarded
+            .iter()
+            .map(|(remote, counted)| (remote, counted.refunds(remote.address())))
+            .collect();
+        let refunds = refunds
             .iter()
             .flat_map(|(remote, refunds)| {
                 refunds
                     .chunks(convert::MAX_HANDOFF / 10)
-                    .map(move |chunk| (remote, chunk))
+                    .map(move |chunk| (*remote, chunk))
             })
             .map(|(remote, chunk)| async move {
                 if let Err(error) = remote.refund(chunk).await {

@@ -92,38 +92,59 @@ pub type Answer = Result<Answered, (PeerError, Checks)>;
 pub struct Answered {
     /// One per counter, in order.
     pub decisions: Decisions,
-    /// The checks, handed back (to give back what the owner counted for them).
-    pub checks: Checks,
-    /// Per decision, the window the owner counted an admitted check in (see
-    /// `Decision.counted_window` in the protocol).
-    pub windows: SmallVec<[u64; 4]>,
+    pub counted: Counted,
 }
 
-impl Answered {
-    /// What the owner (`lender`) counted for the admitted checks, as refunds: each counter
-    /// of each check it admitted, the check's cost, in the window it named.
-    pub fn counted(&self, lender: &Arc<str>) -> Vec<Refund> {
-        let mut refunds = Vec::new();
+/// What an owner counted for one request's checks: enough to give it back if the request
+/// fails elsewhere (read only then, so the request path only moves what it already has).
+#[derive(Debug)]
+pub struct Counted {
+    /// The checks, handed back.
+    checks: Checks,
+    /// Per counter, the window the owner counted it in (`Decision.counted_window` in the
+    /// protocol) when its check was admitted and cost something; `None` otherwise.
+    windows: SmallVec<[Option<u64>; 4]>,
+}
+
+impl Counted {
+    /// `checks` as the owner answered them (`decisions`: one per counter, in order).
+    fn new(checks: Checks, decisions: &[wire::Decision]) -> Counted {
+        let mut windows = SmallVec::with_capacity(decisions.len());
         let mut offset = 0;
-        for check in &self.checks {
+        for check in &checks {
             let len = check.counters.len();
-            let decisions = self.decisions.get(offset..offset + len).unwrap_or_default();
-            let windows = self.windows.get(offset..offset + len).unwrap_or_default();
+            let answered = decisions.get(offset..offset + len).unwrap_or_default();
             offset += len;
-            let admitted = decisions.len() == len && decisions.iter().all(|d| d.allowed);
-            if check.cost == 0 || !admitted || windows.len() != len {
-                continue;
-            }
-            for (counter, &window) in check.counters.iter().zip(windows) {
-                refunds.push(Refund {
+            let admitted = check.cost > 0
+                && answered.len() == len
+                && answered.iter().all(|decision| decision.allowed);
+            windows.extend(
+                answered
+                    .iter()
+                    .map(|decision| admitted.then_some(decision.counted_window)),
+            );
+        }
+        Counted { checks, windows }
+    }
+
+    /// What the owner (`lender`) counted, as refunds: each counter of each check it
+    /// admitted, the check's cost, in the window the owner named.
+    pub fn refunds(&self, lender: &Arc<str>) -> Vec<Refund> {
+        let counters = self
+            .checks
+            .iter()
+            .flat_map(|check| check.counters.iter().map(|counter| (check.cost, counter)));
+        counters
+            .zip(&self.windows)
+            .filter_map(|((units, counter), window)| {
+                Some(Refund {
                     lender: Arc::clone(lender),
                     counter: *counter,
-                    units: check.cost,
-                    window,
-                });
-            }
-        }
-        refunds
+                    units,
+                    window: (*window)?,
+                })
+            })
+            .collect()
     }
 }
 
@@ -501,12 +522,7 @@ impl Remote {
                                 .iter()
                                 .map(convert::decision_from_wire)
                                 .collect(),
-                            windows: group
-                                .decisions
-                                .iter()
-                                .map(|decision| decision.counted_window)
-                                .collect(),
-                            checks: pending.checks,
+                            counted: Counted::new(pending.checks, &group.decisions),
                         })
                     } else {
                         let (kind, message) = if failed {
