@@ -16,8 +16,9 @@
 //! ([`Engine::give_back`]); an owner's admissions with a `Refund` naming the window the
 //! owner counted them in (its answer names it, `counted_window`: a window guessed by this
 //! node's clock could, with skew, take hits off a window that never counted them). Left
-//! over at most: a refund the owner never gets (it died, or the call failed) keeps that
-//! request's hits counted until the window ends, an under-admission, logged.
+//! over at most: a refund the owner never gets (it died, the call failed, or the keys moved
+//! to another owner meanwhile) keeps that request's hits counted until the window ends, an
+//! under-admission, logged.
 //!
 //! Membership: the `--peers` seeds, the addresses `--peer-dns` resolves to, and nodes that
 //! announced themselves with `Join`, minus nodes that said `Leave` and those the failure
@@ -806,9 +807,12 @@ impl Taken {
     /// Gives everything back: lease spends to their lease (or lender), this node's engine
     /// in the windows its checks were counted in, and each owner's admissions with a
     /// `Refund` naming the windows the owner counted them in (never this node's guess, so
-    /// clock skew cannot take hits off a window that did not count them). A refund the
-    /// owner does not receive (it went away meanwhile) stays counted until its window
-    /// ends: an under-admission of at most that request's cost, never an over-admission.
+    /// clock skew cannot take hits off a window that did not count them), while it still
+    /// owns their keys (after a ring change the counter went to the new owner with the
+    /// hits in it; another counter of the old owner's never had them). A refund the owner
+    /// does not get (it went away meanwhile, or the keys moved) stays counted until its
+    /// window ends: an under-admission of at most that request's cost, never an
+    /// over-admission.
     async fn give_back(self, node: &Node) {
         for (check, spent) in &self.leased {
             node.leases.unspend(check, spent);
@@ -816,10 +820,21 @@ impl Taken {
         for (checks, consumed) in &self.engine {
             node.engine.give_back(checks, consumed);
         }
+        let topology = node.topology.load_full();
+        let owns = |remote: &Remote, refund: &lease::Refund| {
+            topology
+                .ring
+                .owner(refund.counter.key.route)
+                .is_some_and(|owner| owner == remote.address())
+        };
         let refunds: Vec<(&Arc<Remote>, Vec<lease::Refund>)> = self
             .forwarded
             .iter()
-            .map(|(remote, counted)| (remote, counted.refunds(remote.address())))
+            .map(|(remote, counted)| {
+                let mut refunds = counted.refunds(remote.address());
+                refunds.retain(|refund| owns(remote, refund));
+                (remote, refunds)
+            })
             .collect();
         let refunds = refunds
             .iter()
