@@ -7,6 +7,19 @@
 //! circuit breaker). When an owner cannot answer, the [`Fallback`] policy decides: by default
 //! this node's own counter for the key (degraded, but bounded).
 //!
+//! No partial effects: a request that fails consumes nothing on any of its descriptors.
+//! Its checks are split (admitted from leases, decided here, forwarded to owners, decided
+//! by the fallback); when one part fails, the forwards still in flight are awaited (each is
+//! answered within its deadline) and every part that consumed gives it back before the
+//! error is answered (`Taken`): lease spends to their lease, or to its lender when the
+//! lease moved on; this engine's checks in the windows they were counted in
+//! ([`Engine::give_back`]); an owner's admissions with a `Refund` naming the window the
+//! owner counted them in (its answer names it, `counted_window`: a window guessed by this
+//! node's clock could, with skew, take hits off a window that never counted them). Left
+//! over at most: a refund the owner never gets (it died, the call failed, or the keys moved
+//! to another owner meanwhile) keeps that request's hits counted until the window ends, an
+//! under-admission, logged.
+//!
 //! Membership: the `--peers` seeds, the addresses `--peer-dns` resolves to, and nodes that
 //! announced themselves with `Join`, minus nodes that said `Leave` and those the failure
 //! detector finds down. Anti-entropy heals a membership broken by mistake (a spoofed or stale
@@ -42,7 +55,7 @@ use tokio::sync::{Notify, oneshot};
 
 use self::remote::{PeerError, Remote};
 use crate::check::{Check, Checks, Decision, Decisions, KeepRoute, Slot};
-use crate::engine::{Engine, Progress};
+use crate::engine::{Consumed, Engine, Progress};
 pub use crate::error::ClusterError;
 use crate::error::StoreError;
 use crate::key::KeyId;
@@ -418,8 +431,12 @@ impl Cluster {
     }
 
     /// [`Cluster::check`] when some checks belong to other nodes; an owner that cannot be
-    /// reached is a case for the fallback policy. `leased` holds, per check, its decision
+    /// reached is a case for the fallback policy. `leased` holds, per check, what it spent
     /// when it was admitted from a lease already ([`Node::spend_leases`]).
+    ///
+    /// A request that fails consumes nothing: when any part errs (this node's engine, an
+    /// owner's own error such as its key cap, a lost forward, the fallback), every other
+    /// part gives back what it consumed ([`Taken::give_back`]) before the error is answered.
     async fn check_distributed(
         &self,
         node: &Node,
@@ -439,14 +456,23 @@ impl Cluster {
             (Target::Local, Checks::new()),
             (Target::Leased, Checks::new()),
         ];
+        let mut taken = Taken::default();
         let mut leased = Decisions::new();
         let mut places = Vec::with_capacity(checks.len());
         let mut total = 0;
         for check in checks {
             let group = match (target(&check), spent.next().flatten()) {
-                (None, _) => 0,
-                (Some(_), Some(decision)) => {
-                    leased.push(decision);
+                (None, spent) => {
+                    // The ring changed since the lease was spent: this node owns the key
+                    // now, and decides it; the lease gets its hits back.
+                    if let Some(spent) = spent {
+                        node.leases.unspend(&check, &spent);
+                    }
+                    0
+                }
+                (Some(_), Some(spent)) => {
+                    leased.push(spent.decision);
+                    taken.leased.push((check.clone(), spent));
                     1
                 }
                 (Some(remote), None) => {
@@ -468,7 +494,7 @@ impl Cluster {
         // Queue the forwards first, so they travel while the local part is decided.
         let mut answers: Vec<Option<Decisions>> = (0..groups.len()).map(|_| None).collect();
         answers[1] = Some(leased);
-        let mut waiting: Vec<(usize, Arc<str>, oneshot::Receiver<remote::Answer>)> = Vec::new();
+        let mut waiting: Vec<(usize, Arc<Remote>, oneshot::Receiver<remote::Answer>)> = Vec::new();
         let mut fallbacks: Vec<(usize, Checks)> = Vec::new();
         let mut local = Checks::new();
         for (index, (target, group)) in groups.into_iter().enumerate() {
@@ -476,48 +502,70 @@ impl Cluster {
                 Target::Local => local = group,
                 Target::Leased => {}
                 Target::Remote(remote) => match remote.submit(group) {
-                    Ok(rx) => waiting.push((index, Arc::clone(remote.address()), rx)),
+                    Ok(rx) => waiting.push((index, remote, rx)),
                     Err((_, group)) => fallbacks.push((index, group)),
                 },
             }
         }
+        // The first error of any part; once there is one, the parts still in flight are
+        // awaited only to give back what they consumed.
+        let mut failed: Option<StoreError> = None;
         if !local.is_empty() {
-            answers[0] = Some(self.engine.check(local).await?);
+            let started = self.engine.begin(&local);
+            match started {
+                Ok(started) => match started.finish_consumed().await {
+                    Ok((decisions, consumed)) => {
+                        answers[0] = Some(decisions);
+                        taken.engine.push((local, consumed));
+                    }
+                    Err(error) => failed = Some(error),
+                },
+                // The engine gave back its own part already.
+                Err(error) => failed = Some(error),
+            }
         }
-        for (index, peer, rx) in waiting {
+        // Every forward is answered within its deadline (see `remote`).
+        for (index, remote, rx) in waiting {
             match rx.await {
-                Ok(Ok(decisions)) => answers[index] = Some(decisions),
+                Ok(Ok(answered)) => {
+                    answers[index] = Some(answered.decisions);
+                    taken.forwarded.push((remote, answered.counted));
+                }
                 Ok(Err((error @ PeerError::Remote { .. }, _))) => {
-                    return Err(ClusterError::from(error).into());
+                    failed.get_or_insert_with(|| ClusterError::from(error).into());
                 }
                 // Unreachable, or no longer a member: the fallback policy decides.
                 Ok(Err((_, group))) => fallbacks.push((index, group)),
                 Err(_) => {
+                    let peer = Arc::clone(remote.address());
                     let problem = "the forward was dropped".to_owned();
-                    return Err(ClusterError::Protocol { peer, problem }.into());
+                    failed.get_or_insert_with(|| ClusterError::Protocol { peer, problem }.into());
                 }
             }
         }
-        for (index, group) in fallbacks {
-            node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-            answers[index] = Some(node.fallback(group).await?);
-        }
-        let mut decisions = Decisions::with_capacity(total);
-        let mut iters: Vec<_> = answers
-            .into_iter()
-            .map(|answer| answer.unwrap_or_default().into_iter())
-            .collect();
-        // `places` is in request order and each group's checks were pushed in that order.
-        for (group, len) in places {
-            for _ in 0..len {
-                let decision = iters[group].next().ok_or_else(|| ClusterError::Protocol {
-                    peer: Arc::from("a peer"),
-                    problem: "answered too few decisions".to_owned(),
-                })?;
-                decisions.push(decision);
+        if failed.is_none() {
+            for (index, group) in fallbacks {
+                node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                match node.fallback(group).await {
+                    Ok((decisions, consumed)) => {
+                        answers[index] = Some(decisions);
+                        taken.engine.extend(consumed);
+                    }
+                    Err(error) => {
+                        failed = Some(error);
+                        break;
+                    }
+                }
             }
         }
-        Ok(decisions)
+        let decided = match failed {
+            Some(error) => Err(error),
+            None => assemble(answers, places, total),
+        };
+        if decided.is_err() {
+            taken.give_back(node).await;
+        }
+        decided
     }
 
     /// [`Store::peek`] when some checks belong to other nodes: each owner is asked once
@@ -628,7 +676,8 @@ impl Store for Cluster {
             // A hot key owned elsewhere is usually admitted from a lease, right here.
             let spent = node.spend_leases(&checks);
             if spent.iter().all(Option::is_some) {
-                return Checked::Ready(Ok(spent.into_iter().flatten().collect()));
+                let decisions = spent.into_iter().flatten().map(|spent| spent.decision);
+                return Checked::Ready(Ok(decisions.collect()));
             }
             let distributed = self.check_distributed(node, checks, spent);
             return Checked::Pending(Box::pin(distributed));
@@ -712,8 +761,96 @@ impl Store for Cluster {
     }
 }
 
-/// Per check of a request: its decision when it was admitted from a lease.
-type SpentLeases = SmallVec<[Option<Decision>; 4]>;
+/// Per check of a request: what it spent when it was admitted from a lease.
+type SpentLeases = SmallVec<[Option<lease::Spent>; 4]>;
+
+/// Puts each group's decisions back in request order: `places` holds, per check in request
+/// order, its group and its number of counters (each group's checks were pushed in order).
+fn assemble(
+    answers: Vec<Option<Decisions>>,
+    places: Vec<(usize, usize)>,
+    total: usize,
+) -> Result<Decisions, StoreError> {
+    let mut decisions = Decisions::with_capacity(total);
+    let mut iters: Vec<_> = answers
+        .into_iter()
+        .map(|answer| answer.unwrap_or_default().into_iter())
+        .collect();
+    for (group, len) in places {
+        for _ in 0..len {
+            let decision = iters
+                .get_mut(group)
+                .and_then(Iterator::next)
+                .ok_or_else(|| ClusterError::Protocol {
+                    peer: Arc::from("a peer"),
+                    problem: "answered too few decisions".to_owned(),
+                })?;
+            decisions.push(decision);
+        }
+    }
+    Ok(decisions)
+}
+
+/// What the parts of one request consumed so far, to give back if another part fails.
+#[derive(Default)]
+struct Taken {
+    /// Checks admitted from leases, and what each spent.
+    leased: Vec<(Check, lease::Spent)>,
+    /// Checks this node's engine decided (its own keys, and the local fallback's), and
+    /// which of them consumed when.
+    engine: Vec<(Checks, Consumed)>,
+    /// What each owner counted for the checks forwarded to it.
+    forwarded: Vec<(Arc<Remote>, remote::Counted)>,
+}
+
+impl Taken {
+    /// Gives everything back: lease spends to their lease (or lender), this node's engine
+    /// in the windows its checks were counted in, and each owner's admissions with a
+    /// `Refund` naming the windows the owner counted them in (never this node's guess, so
+    /// clock skew cannot take hits off a window that did not count them), while it still
+    /// owns their keys (after a ring change the counter went to the new owner with the
+    /// hits in it; another counter of the old owner's never had them). A refund the owner
+    /// does not get (it went away meanwhile, or the keys moved) stays counted until its
+    /// window ends: an under-admission of at most that request's cost, never an
+    /// over-admission.
+    async fn give_back(self, node: &Node) {
+        for (check, spent) in &self.leased {
+            node.leases.unspend(check, spent);
+        }
+        for (checks, consumed) in &self.engine {
+            node.engine.give_back(checks, consumed);
+        }
+        let topology = node.topology.load_full();
+        let owns = |remote: &Remote, refund: &lease::Refund| {
+            topology
+                .ring
+                .owner(refund.counter.key.route)
+                .is_some_and(|owner| owner == remote.address())
+        };
+        let refunds: Vec<(&Arc<Remote>, Vec<lease::Refund>)> = self
+            .forwarded
+            .iter()
+            .map(|(remote, counted)| {
+                let mut refunds = counted.refunds(remote.address());
+                refunds.retain(|refund| owns(remote, refund));
+                (remote, refunds)
+            })
+            .collect();
+        let refunds = refunds
+            .iter()
+            .flat_map(|(remote, refunds)| {
+                refunds
+                    .chunks(convert::MAX_HANDOFF / 10)
+                    .map(move |chunk| (*remote, chunk))
+            })
+            .map(|(remote, chunk)| async move {
+                if let Err(error) = remote.refund(chunk).await {
+                    tracing::warn!(%error, refunds = chunk.len(), "could not give back what an owner counted for a failed request");
+                }
+            });
+        futures_util::future::join_all(refunds).await;
+    }
+}
 
 impl Node {
     /// Admits from their leases the checks whose keys other nodes own and lent this node
@@ -836,7 +973,13 @@ impl Node {
         self.member_list()
     }
 
-    async fn fallback(&self, group: Checks) -> Result<Decisions, StoreError> {
+    /// Decides `group` (checks whose owner cannot answer) by the fallback policy; with
+    /// [`Fallback::Local`], also answers what this node's engine consumed for them (to give
+    /// back if the request fails).
+    async fn fallback(
+        &self,
+        group: Checks,
+    ) -> Result<(Decisions, Option<(Checks, Consumed)>), StoreError> {
         let synthetic = |allowed: bool| {
             group
                 .iter()
@@ -858,10 +1001,11 @@ impl Node {
                 for counter in group.iter_mut().flat_map(|check| check.counters.iter_mut()) {
                     counter.rate = counter.rate.share(members);
                 }
-                self.engine.check(group).await
+                let (decisions, consumed) = self.engine.begin(&group)?.finish_consumed().await?;
+                Ok((decisions, Some((group, consumed))))
             }
-            Fallback::Allow => Ok(synthetic(true)),
-            Fallback::Deny => Ok(synthetic(false)),
+            Fallback::Allow => Ok((synthetic(true), None)),
+            Fallback::Deny => Ok((synthetic(false), None)),
         }
     }
 

@@ -193,6 +193,13 @@ impl Engine {
     /// A request that fails (a shard at its key cap) has no effect: what its earlier checks
     /// consumed is given back ([`Shard::undo`]) before the error is answered.
     pub fn start(&self, checks: Checks) -> Result<Started, StoreError> {
+        self.begin(&checks)
+    }
+
+    /// [`Engine::start`] on borrowed checks: the caller keeps them, so it can give back
+    /// what they consumed ([`Engine::give_back`]) if its request fails elsewhere (cluster
+    /// mode: on another node, or on a lease).
+    pub fn begin(&self, checks: &[Check]) -> Result<Started, StoreError> {
         let cells = &self.inner.cells;
         let mut decisions = Decisions::new();
         let mut waits = Vec::new();
@@ -201,7 +208,7 @@ impl Engine {
             .map(|check| crate::key::shard_of(check.route(), cells.len()))
             .collect();
         // The checks that consumed, by position, and the shard's time when they did.
-        let mut consumed: SmallVec<[(usize, u64); 4]> = SmallVec::new();
+        let mut consumed = Consumed::new();
         let mut held: Option<(usize, MutexGuard<'_, Shard>, u64)> = None;
         for (position, (check, &index)) in checks.iter().zip(&shards).enumerate() {
             let (_, shard, now) = match held {
@@ -245,18 +252,22 @@ impl Engine {
                 }
                 Err(error) => {
                     drop(held);
-                    self.undo(&checks, consumed, waits);
+                    self.undo(checks, consumed, waits);
                     return Err(error);
                 }
             }
         }
-        Ok(Started { decisions, waits })
+        Ok(Started {
+            decisions,
+            waits,
+            consumed,
+        })
     }
 
     /// Gives back what the checks of a failed request consumed: those decided (`consumed`:
     /// position and time), and those that waited and were admitted before the failure
     /// (their replies are closed first, so none is admitted after).
-    fn undo(&self, checks: &Checks, mut consumed: SmallVec<[(usize, u64); 4]>, waits: Vec<Wait>) {
+    fn undo(&self, checks: &[Check], mut consumed: Consumed, waits: Vec<Wait>) {
         for mut wait in waits {
             wait.reply.close();
             if let Ok(settled) = wait.reply.try_recv()
@@ -265,8 +276,16 @@ impl Engine {
                 consumed.push((wait.position, settled.at));
             }
         }
+        self.give_back(checks, &consumed);
+    }
+
+    /// Gives back what `checks` consumed, as [`Started::finish_consumed`] answered it
+    /// (`consumed`: each admitted check's position and its shard's time then), because the
+    /// request they belong to failed elsewhere. Each counter ends as if the check had
+    /// never been admitted; a window only while it lasts ([`Shard::undo`]).
+    pub fn give_back(&self, checks: &[Check], consumed: &[(usize, u64)]) {
         let cells = &self.inner.cells;
-        for (position, at) in consumed {
+        for &(position, at) in consumed {
             let Some(check) = checks.get(position) else {
                 continue;
             };
@@ -360,6 +379,10 @@ impl Engine {
     }
 }
 
+/// The checks of a request that consumed: each one's position in the request, and its
+/// shard's time (Unix nanoseconds) when it did.
+pub type Consumed = SmallVec<[(usize, u64); 4]>;
+
 /// A check queued on its shard, and where its decisions go.
 struct Wait {
     /// The check's position in the request.
@@ -382,6 +405,8 @@ pub enum Progress {
 pub struct Started {
     decisions: Decisions,
     waits: Vec<Wait>,
+    /// The checks decided (not waiting) that consumed.
+    consumed: Consumed,
 }
 
 impl Started {
@@ -396,9 +421,16 @@ impl Started {
 
     /// Every decision, once the waiting checks are settled.
     pub async fn finish(self) -> Result<Decisions, StoreError> {
+        Ok(self.finish_consumed().await?.0)
+    }
+
+    /// [`Started::finish`], also answering which checks consumed and when (to give them
+    /// back with [`Engine::give_back`], or to name the windows they were counted in).
+    pub async fn finish_consumed(self) -> Result<(Decisions, Consumed), StoreError> {
         let Started {
             mut decisions,
             waits,
+            mut consumed,
         } = self;
         for wait in waits {
             // A dropped sender means the engine went away with the check still queued.
@@ -410,8 +442,11 @@ impl Started {
                 return Err(StoreError::Stopped);
             }
             slots.copy_from_slice(&settled.decisions);
+            if settled.decisions.iter().all(|d| d.allowed) {
+                consumed.push((wait.position, settled.at));
+            }
         }
-        Ok(decisions)
+        Ok((decisions, consumed))
     }
 }
 

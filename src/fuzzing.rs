@@ -493,8 +493,8 @@ impl PeerFixture {
             }
         }
         for check in &self.checks {
-            if let Some(decision) = self.leases.spend(check, now) {
-                assert!(decision.allowed);
+            if let Some(spent) = self.leases.spend(check, now) {
+                assert!(spent.decision.allowed);
             }
         }
         for refund in self.leases.collect(now, true) {

@@ -472,3 +472,83 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
         "an explanation never falls back"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_failing_at_a_full_owner_consumes_nothing_on_its_other_descriptors() {
+    const LIMIT: usize = 5;
+    let dir = TempDir::new("cluster-no-partial");
+    write_config(dir.path(), "edge.yaml", &limits(LIMIT as u32));
+    // Node 1 holds one key at most.
+    let first = start_member(dir.path(), "127.0.0.1:0", &[], PEER_ARGS);
+    let full_args = [PEER_ARGS, &["--shards", "1", "--max-keys", "1"]].concat();
+    let second = start_member(dir.path(), "127.0.0.1:0", &[first.peer_addr()], &full_args);
+    let nodes = [first, second];
+    wait_for_members(&nodes, 2);
+    let owned_by = |node: usize, prefix: &str| {
+        (0..400)
+            .map(|n| format!("{prefix}-{n}"))
+            .find(|value| owner(&nodes, value) == node)
+            .expect("a key owned by the node")
+    };
+    let (mine, theirs, new) = (owned_by(0, "m"), owned_by(1, "t"), owned_by(1, "n"));
+    let mut client = support::grpc_client(&nodes[0]).await;
+    assert!(admitted(&mut client, &theirs).await, "node 1's only key");
+    for _ in 0..3 {
+        let status = client
+            .should_rate_limit(request(&[&mine, &new]))
+            .await
+            .expect_err("node 1 cannot hold the new key");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    }
+    let mut total = 0;
+    for _ in 0..2 * LIMIT {
+        total += usize::from(admitted(&mut client, &mine).await);
+    }
+    assert_eq!(
+        total, LIMIT,
+        "the failed requests consumed nothing of node 0's descriptor"
+    );
+    assert_eq!(fallbacks(&nodes), 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_node_taken_off_the_rings_by_mistake_is_back_within_3s_and_the_limit_is_exact() {
+    const LIMIT: usize = 12;
+    let dir = TempDir::new("cluster-false-down");
+    write_config(dir.path(), "edge.yaml", &limits(LIMIT as u32));
+    // The failure detector's defaults: pings every 500 ms, down after 3 missed, up after 2.
+    let mut nodes = start_cluster(dir.path(), 3, PEER_ARGS);
+    // Node 2 stops answering (SIGSTOP) long enough to be found down, though it never
+    // left: a false failure detection, as a long GC pause or a partition would cause.
+    nodes[2].process().signal("-STOP");
+    wait_for_members(&nodes[..2], 2);
+    nodes[2].process().signal("-CONT");
+    let reachable = Instant::now();
+    let healed = eventually(WAIT, || {
+        nodes
+            .iter()
+            .all(|node| metric(node, "ratekeeper_cluster_members") == 3.0)
+    });
+    let took = reachable.elapsed();
+    assert!(
+        healed,
+        "{}",
+        support::cluster_diagnosis(&nodes, &["a", "b", "c"])
+    );
+    eprintln!("back on every ring {took:?} after it was reachable");
+    assert!(
+        took < Duration::from_secs(3),
+        "back on every member's ring within 3 s: {took:?}"
+    );
+    // The handoffs that follow the ring change land; then a fresh key holds its limit
+    // exactly across the three nodes.
+    let mut clients = support::grpc_clients(&nodes).await;
+    for value in ["fresh-0", "fresh-1", "fresh-2"] {
+        let mut total = 0;
+        for n in 0..3 * LIMIT {
+            total += usize::from(admitted(&mut clients[n % 3], value).await);
+        }
+        assert_eq!(total, LIMIT, "{value}: the limit is exact again");
+    }
+    assert_eq!(fallbacks(&nodes), 0.0);
+}

@@ -74,6 +74,15 @@ pub struct Grant {
     pub reset_after: Duration,
 }
 
+/// A check admitted from a lease: its decision, and the lease it spent (to give it back
+/// if the check's request fails: [`Leases::unspend`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spent {
+    pub decision: Decision,
+    pub lender: Arc<str>,
+    pub window: u64,
+}
+
 /// Unspent hits to give back to a counter's owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Refund {
@@ -135,7 +144,7 @@ impl Leases {
 
     /// Admits `check` from its key's lease when the lease covers its cost; `None` when it
     /// must be forwarded.
-    pub fn spend(&self, check: &Check, now: Instant) -> Option<Decision> {
+    pub fn spend(&self, check: &Check, now: Instant) -> Option<Spent> {
         let [counter] = check.counters.as_slice() else {
             return None;
         };
@@ -148,14 +157,46 @@ impl Leases {
         let left = u32::try_from(lease.units).unwrap_or(u32::MAX);
         let remaining = lease.remaining_with(left);
         let reset_after = lease.reset_at.saturating_duration_since(now);
+        let (lender, window) = (Arc::clone(&lease.lender), lease.window);
         drop(shard);
         self.stats.spent.fetch_add(1, Ordering::Relaxed);
-        Some(Decision {
-            allowed: true,
-            remaining,
-            reset_after: u64::try_from(reset_after.as_nanos()).unwrap_or(u64::MAX),
-            retry_after: Some(0),
+        Some(Spent {
+            decision: Decision {
+                allowed: true,
+                remaining,
+                reset_after: u64::try_from(reset_after.as_nanos()).unwrap_or(u64::MAX),
+                retry_after: Some(0),
+            },
+            lender,
+            window,
         })
+    }
+
+    /// Gives back what `check` spent (`spent`: [`Leases::spend`]'s answer), because its
+    /// request failed: to the lease it came from while that is still held (same lender,
+    /// rate and window), else straight to the lender as a refund (taken back only while
+    /// that window lasts). Either way the lender ends as if the check had never been
+    /// admitted; a refund beyond [`MAX_REFUNDS`] is dropped (an under-admission).
+    pub fn unspend(&self, check: &Check, spent: &Spent) {
+        let [counter] = check.counters.as_slice() else {
+            return;
+        };
+        let mut shard = self.shard(&counter.key);
+        if let Some(lease) = shard.get_mut(&counter.key)
+            && lease.lender == spent.lender
+            && lease.rate == counter.rate
+            && lease.window == spent.window
+        {
+            lease.units = lease.units.saturating_add(check.cost);
+            return;
+        }
+        drop(shard);
+        self.queue(Refund {
+            lender: Arc::clone(&spent.lender),
+            counter: *counter,
+            units: check.cost,
+            window: spent.window,
+        });
     }
 
     /// Takes a lease the owner granted for `counter`. A lease from another window (or
@@ -200,20 +241,25 @@ impl Leases {
     }
 
     fn give_back(&self, key: KeyId, lease: &Lease) {
-        if lease.units == 0 {
+        self.queue(Refund {
+            lender: Arc::clone(&lease.lender),
+            counter: Counter {
+                key,
+                rate: lease.rate,
+            },
+            units: lease.units,
+            window: lease.window,
+        });
+    }
+
+    /// Queues `refund` for the refund task, unless it is empty or [`MAX_REFUNDS`] wait.
+    fn queue(&self, refund: Refund) {
+        if refund.units == 0 {
             return;
         }
         let mut refunds = lock(&self.refunds);
         if refunds.len() < MAX_REFUNDS {
-            refunds.push(Refund {
-                lender: Arc::clone(&lease.lender),
-                counter: Counter {
-                    key,
-                    rate: lease.rate,
-                },
-                units: lease.units,
-                window: lease.window,
-            });
+            refunds.push(refund);
         }
     }
 

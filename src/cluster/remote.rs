@@ -26,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tonic::transport::Channel;
 
@@ -84,7 +85,68 @@ impl From<PeerError> for ClusterError {
 }
 
 /// The owner's decisions, or why not, with the checks handed back for the fallback.
-pub type Answer = Result<Decisions, (PeerError, Checks)>;
+pub type Answer = Result<Answered, (PeerError, Checks)>;
+
+/// The owner's decisions for one request's checks, and what it counted for them.
+#[derive(Debug)]
+pub struct Answered {
+    /// One per counter, in order.
+    pub decisions: Decisions,
+    pub counted: Counted,
+}
+
+/// What an owner counted for one request's checks: enough to give it back if the request
+/// fails elsewhere (read only then, so the request path only moves what it already has).
+#[derive(Debug)]
+pub struct Counted {
+    /// The checks, handed back.
+    checks: Checks,
+    /// Per counter, the window the owner counted it in (`Decision.counted_window` in the
+    /// protocol) when its check was admitted and cost something; `None` otherwise.
+    windows: SmallVec<[Option<u64>; 4]>,
+}
+
+impl Counted {
+    /// `checks` as the owner answered them (`decisions`: one per counter, in order).
+    fn new(checks: Checks, decisions: &[wire::Decision]) -> Counted {
+        let mut windows = SmallVec::with_capacity(decisions.len());
+        let mut offset = 0;
+        for check in &checks {
+            let len = check.counters.len();
+            let answered = decisions.get(offset..offset + len).unwrap_or_default();
+            offset += len;
+            let admitted = check.cost > 0
+                && answered.len() == len
+                && answered.iter().all(|decision| decision.allowed);
+            windows.extend(
+                answered
+                    .iter()
+                    .map(|decision| admitted.then_some(decision.counted_window)),
+            );
+        }
+        Counted { checks, windows }
+    }
+
+    /// What the owner (`lender`) counted, as refunds: each counter of each check it
+    /// admitted, the check's cost, in the window the owner named.
+    pub fn refunds(&self, lender: &Arc<str>) -> Vec<Refund> {
+        let counters = self
+            .checks
+            .iter()
+            .flat_map(|check| check.counters.iter().map(|counter| (check.cost, counter)));
+        counters
+            .zip(&self.windows)
+            .filter_map(|((units, counter), window)| {
+                Some(Refund {
+                    lender: Arc::clone(lender),
+                    counter: *counter,
+                    units,
+                    window: (*window)?,
+                })
+            })
+            .collect()
+    }
+}
 
 struct Pending {
     checks: Checks,
@@ -256,8 +318,8 @@ impl Remote {
         Ok(reply.accepted)
     }
 
-    /// Gives unspent leased hits back to this peer (their counters' owner); answers how
-    /// many it took back.
+    /// Gives hits back to this peer (their counters' owner): unspent leased ones, and those
+    /// it counted for a request that failed elsewhere. Answers how many it took back.
     pub async fn refund(&self, refunds: &[Refund]) -> Result<u64, PeerError> {
         let batch = wire::RefundBatch {
             version: VERSION,
@@ -447,11 +509,14 @@ impl Remote {
                     let failed = !group.error.is_empty() || group.code != 0;
                     let answer = if !failed && group.decisions.len() == expected {
                         self.take_leases(&pending.checks, &group.decisions);
-                        Ok(group
-                            .decisions
-                            .iter()
-                            .map(convert::decision_from_wire)
-                            .collect())
+                        Ok(Answered {
+                            decisions: group
+                                .decisions
+                                .iter()
+                                .map(convert::decision_from_wire)
+                                .collect(),
+                            counted: Counted::new(pending.checks, &group.decisions),
+                        })
                     } else {
                         let (kind, message) = if failed {
                             (convert::error_from_wire(group.code), group.error)

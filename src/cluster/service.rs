@@ -19,7 +19,8 @@ use super::identity;
 use super::lease;
 use super::names::{self, NameSource};
 use super::{Cluster, Node};
-use crate::check::{Checks, Counter};
+use crate::algorithm;
+use crate::check::{Check, Checks, Counter};
 use crate::key::KeyId;
 use crate::listener::ConnInfo;
 use crate::peer::v1 as wire;
@@ -140,6 +141,28 @@ fn authorize<T>(node: &Node, request: &Request<T>, concerns: &str) -> Result<(),
     })
 }
 
+/// Names in each admitted check's decisions the window its hits were counted in (by this
+/// node's clock, when its shard consumed them), so a sender whose request fails elsewhere
+/// can give them back exactly (`Decision.counted_window`).
+fn counted_windows(checks: &[Check], consumed: &[(usize, u64)], decisions: &mut [wire::Decision]) {
+    let mut offsets = Vec::with_capacity(checks.len());
+    let mut offset = 0;
+    for check in checks {
+        offsets.push(offset);
+        offset += check.counters.len();
+    }
+    for &(position, at) in consumed {
+        let (Some(check), Some(&offset)) = (checks.get(position), offsets.get(position)) else {
+            continue;
+        };
+        for (index, counter) in check.counters.iter().enumerate() {
+            if let Some(decision) = decisions.get_mut(offset + index) {
+                decision.counted_window = algorithm::window_at(&counter.rate, at);
+            }
+        }
+    }
+}
+
 /// INVALID_ARGUMENT naming `field` unless it holds `least` to `most` items.
 fn count_within(field: &str, len: usize, least: usize, most: usize) -> Result<(), Status> {
     if (least..=most).contains(&len) {
@@ -194,28 +217,29 @@ impl Peer for PeerService {
                 checks.push(check);
             }
             // Decided here and now; only checks that wait for capacity are left pending.
-            calls.push((engine.start(checks), wanted));
+            calls.push((engine.begin(&checks), checks, wanted));
         }
         // A key asked for twice or more in this batch is hot at the sender: each of its
         // admitted checks gets a loan (each a share of what is left then, so they shrink as
         // the limit nears).
         let mut asked: HashMap<KeyId, u32> = HashMap::new();
-        for (_, wanted) in &calls {
+        for (_, _, wanted) in &calls {
             for (_, counter) in wanted {
                 *asked.entry(counter.key).or_default() += 1;
             }
         }
         let members = self.cluster.member_count().max(1) as u64;
         let mut groups = Vec::with_capacity(calls.len());
-        for (call, wanted) in calls {
+        for (call, checks, wanted) in calls {
             let decided = match call {
-                Ok(started) => started.finish().await,
+                Ok(started) => started.finish_consumed().await,
                 Err(error) => Err(error),
             };
             let reply = match decided {
-                Ok(decisions) => {
+                Ok((decisions, consumed)) => {
                     let mut wire: Vec<wire::Decision> =
                         decisions.iter().map(convert::decision_to_wire).collect();
+                    counted_windows(&checks, &consumed, &mut wire);
                     for (index, counter) in wanted {
                         let hot = asked.get(&counter.key).is_some_and(|asked| *asked >= 2);
                         if hot

@@ -426,3 +426,132 @@ fn a_membership_answer_naming_too_many_or_malformed_members_is_refused() {
         Ok(vec!["a:1".to_owned()])
     );
 }
+
+/// An engine whose clock reads `unix_secs` now, holding at most `max_keys` keys.
+fn engine_at(unix_secs: u64, max_keys: usize) -> Engine {
+    Engine::spawn(
+        EngineConfig {
+            shards: 1,
+            max_keys,
+            max_waiters: 10,
+        },
+        Clock::starting_at(unix_secs * NANOS_PER_SEC),
+    )
+}
+
+/// Two members serving each other, and three unused values owned by each.
+struct Pair {
+    a: Cluster,
+    b: Cluster,
+    a_values: [String; 3],
+    b_values: [String; 3],
+    servers: [tokio::task::JoinHandle<()>; 2],
+}
+
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for server in &self.servers {
+            server.abort();
+        }
+    }
+}
+
+/// [`Pair`]: `a` on `a_engine`, `b` on `b_engine`, once each has both on its ring.
+async fn two_members(a_engine: Engine, b_engine: Engine) -> Pair {
+    let bind = || async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("bound").to_string();
+        (listener, address)
+    };
+    let ((a_listener, a_address), (b_listener, b_address)) = (bind().await, bind().await);
+    let options = |me: &str, peers: Vec<String>| {
+        let mut options = ClusterOptions::new(me);
+        options.peers = peers;
+        // Generous, so a busy machine never turns a forward into a fallback.
+        options.timeout = Duration::from_secs(5);
+        options
+    };
+    let a = Cluster::join(a_engine, options(&a_address, vec![b_address.clone()]));
+    let b = Cluster::join(b_engine, options(&b_address, vec![a_address.clone()]));
+    let servers = [serve_peer(&a, a_listener), serve_peer(&b, b_listener)];
+    assert!(
+        within_5s(|| a.members().len() == 2 && b.members().len() == 2).await,
+        "the two nodes meet"
+    );
+    let ring = Ring::new([a_address.as_str(), b_address.as_str()], DEFAULT_VNODES);
+    let owned_by = |address: &str| -> [String; 3] {
+        let mut values = (0..1000).map(|n| format!("v{n}")).filter(|value| {
+            let route = KeyBuilder::new("d").entry("k", value).route();
+            ring.owner(route).is_some_and(|owner| **owner == *address)
+        });
+        std::array::from_fn(|_| values.next().expect("enough values per owner"))
+    };
+    Pair {
+        a_values: owned_by(&a_address),
+        b_values: owned_by(&b_address),
+        a,
+        b,
+        servers,
+    }
+}
+
+/// How many of `tries` single checks of `value` `cluster` admits (limit: 2 an hour).
+async fn admitted(cluster: &Cluster, value: &str, tries: usize) -> usize {
+    let mut admitted = 0;
+    for _ in 0..tries {
+        let decisions = cluster
+            .check(smallvec::smallvec![check(value)])
+            .await
+            .expect("answers");
+        admitted += usize::from(decisions[0].allowed);
+    }
+    admitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_failing_at_an_owners_key_cap_consumes_nothing_here() {
+    // B holds one key at most.
+    let pair = two_members(engine(), engine_at(1_704_326_400, 1)).await;
+    let ([mine, ..], [theirs, new, _]) = (&pair.a_values, &pair.b_values);
+    assert_eq!(admitted(&pair.b, theirs, 1).await, 1, "B's only key");
+    // One descriptor this node owns, one B owns and cannot hold: the owner's key cap.
+    let failed = pair
+        .a
+        .check(smallvec::smallvec![check(mine), check(new)])
+        .await
+        .expect_err("B is full");
+    assert_eq!(failed.kind(), crate::error::ErrorKind::Full, "{failed}");
+    assert_eq!(
+        admitted(&pair.a, mine, 3).await,
+        2,
+        "the failed request consumed nothing of the limit of 2 here"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_failing_here_gives_back_what_its_owner_admitted_in_the_owners_window() {
+    // A holds one key at most. B's clock is a quarter hour ahead of A's, across the top of
+    // an hour: a window A named by its own clock would be the hour before B's.
+    let top_of_an_hour = 1_704_326_400;
+    let pair = two_members(
+        engine_at(top_of_an_hour - 600, 1),
+        engine_at(top_of_an_hour + 300, 100),
+    )
+    .await;
+    let ([mine, full, _], [theirs, ..]) = (&pair.a_values, &pair.b_values);
+    assert_eq!(admitted(&pair.a, full, 1).await, 1, "A's only key");
+    // B admits its descriptor; this node cannot hold the new key of the other one.
+    let failed = pair
+        .a
+        .check(smallvec::smallvec![check(theirs), check(mine)])
+        .await
+        .expect_err("A is full");
+    assert_eq!(failed.kind(), crate::error::ErrorKind::Full, "{failed}");
+    assert_eq!(
+        admitted(&pair.a, theirs, 3).await,
+        2,
+        "B took back what it admitted for the failed request"
+    );
+}

@@ -311,3 +311,50 @@ async fn a_request_failing_at_the_key_cap_consumes_nothing_on_any_descriptor() {
         assert!(!allowed(&engine, check(vec![counter("known", rate)], 1, None)).await);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn what_a_request_consumed_is_given_back_in_the_windows_it_was_counted_in() {
+    // 0.5 s into a second.
+    let engine = engine_at(MIDNIGHT + 500_000_000, 100);
+    let window = Rate::fixed(2, Unit::Second);
+    // A bucket of 1 refilling every 100 ms, emptied first: the request's second check waits.
+    let bucket = Rate::new(Algorithm::TokenBucket, 10, Unit::Second, Some(1));
+    assert!(allowed(&engine, check(vec![counter("b", bucket)], 1, None)).await);
+    let request = [
+        check(vec![counter("w", window)], 1, None),
+        check(vec![counter("b", bucket)], 1, waiting(250, 3)),
+    ];
+    let started = engine.begin(&request).expect("room for both keys");
+    let (decisions, consumed) = started.finish_consumed().await.expect("admitted");
+    assert!(decisions.iter().all(|decision| decision.allowed));
+    assert_eq!(
+        consumed
+            .iter()
+            .map(|(position, _)| *position)
+            .collect::<Vec<_>>(),
+        [0, 1],
+        "both consumed, the waiter when it was admitted"
+    );
+    // The request failed elsewhere: both counters are as if it had never been admitted.
+    engine.give_back(&request, &consumed);
+    assert!(allowed(&engine, check(vec![counter("b", bucket)], 1, None)).await);
+    assert!(allowed(&engine, check(vec![counter("w", window)], 2, None)).await);
+
+    // Given back after its window ended, a hit takes nothing off the next window's count.
+    tokio::time::advance(Duration::from_millis(200)).await;
+    let late = [check(vec![counter("late", window)], 2, None)];
+    let (_, consumed) = engine
+        .begin(&late)
+        .expect("room")
+        .finish_consumed()
+        .await
+        .expect("admitted");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(allowed(&engine, check(vec![counter("late", window)], 1, None)).await);
+    engine.give_back(&late, &consumed);
+    assert!(allowed(&engine, check(vec![counter("late", window)], 1, None)).await);
+    assert!(
+        !allowed(&engine, check(vec![counter("late", window)], 1, None)).await,
+        "the new window's limit of 2 holds"
+    );
+}

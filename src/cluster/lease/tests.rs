@@ -51,7 +51,7 @@ async fn a_lease_admits_its_units_then_sends_the_rest_back_when_it_expires() {
     let now = Instant::now();
     assert_eq!(leases.spend(&hot, now), None, "no lease yet: forward");
     leases.take(&hot.counters[0], grant(5, 7), now);
-    let first = leases.spend(&hot, now).expect("2 of 5");
+    let first = leases.spend(&hot, now).expect("2 of 5").decision;
     assert!(first.allowed);
     assert_eq!(first.remaining, 43, "the owner's 40 plus the 3 left here");
     assert_eq!(first.reset_after, 30_000_000_000);
@@ -124,5 +124,46 @@ async fn a_grant_beyond_the_limit_admits_no_more_than_the_limit() {
         leases.spend(&hot, now),
         None,
         "two grants of at most 3 each"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spend_given_back_returns_to_its_lease_or_else_to_its_lender() {
+    let leases = Leases::default();
+    let rate = Rate::fixed(100, Unit::Minute);
+    let hot = check("hot", rate, 2);
+    let now = Instant::now();
+    leases.take(&hot.counters[0], grant(4, 7), now);
+    let first = leases.spend(&hot, now).expect("2 of 4");
+    let second = leases.spend(&hot, now).expect("2 more");
+    assert_eq!(leases.spend(&hot, now), None, "spent");
+    // The request of the first failed: its 2 hits are the lease's again.
+    leases.unspend(&hot, &first);
+    assert!(leases.spend(&hot, now).is_some(), "spent again");
+    assert!(
+        leases.collect(now, false).is_empty(),
+        "nothing to send back yet"
+    );
+    // The lease moved on to another window: the second goes straight back to its lender,
+    // naming the window it was lent from.
+    leases.take(&hot.counters[0], grant(3, 8), now);
+    let replaced = leases.collect(now, false);
+    assert!(
+        replaced.is_empty(),
+        "window 7 was fully spent: {replaced:?}"
+    );
+    leases.unspend(&hot, &second);
+    assert_eq!(
+        leases.collect(now, false),
+        vec![Refund {
+            lender: Arc::from("b:1"),
+            counter: hot.counters[0],
+            units: 2,
+            window: 7
+        }]
+    );
+    assert!(
+        leases.spend(&hot, now).is_some(),
+        "window 8's lease is untouched"
     );
 }
