@@ -162,6 +162,23 @@ fn stays_at(nodes: &[Ratekeeper], n: usize, period: Duration) -> bool {
     true
 }
 
+/// No node has more than `n` members at any time during `period` (polled). A member may
+/// drop out for a moment on a loaded machine (a ping that timed out); what matters here is
+/// that no one else gets in.
+fn never_above(nodes: &[Ratekeeper], n: usize, period: Duration) -> bool {
+    let until = Instant::now() + period;
+    while Instant::now() < until {
+        if nodes
+            .iter()
+            .any(|node| cluster_members(node).is_some_and(|members| members > n as f64))
+        {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mtls_cluster_counts_exactly_and_refuses_a_peer_from_another_ca() {
     let dir = TempDir::new("cluster-mtls");
@@ -204,7 +221,7 @@ async fn an_mtls_cluster_counts_exactly_and_refuses_a_peer_from_another_ca() {
         &args,
     );
     assert!(
-        stays_at(&nodes, 3, Duration::from_secs(3)),
+        never_above(&nodes, 3, Duration::from_secs(3)),
         "a node with another CA's certificate got into a ring"
     );
     assert!(
