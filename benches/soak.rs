@@ -20,7 +20,7 @@
 //!    interval every node's limits file is rewritten (the minute limit alternating between
 //!    two values) and renamed over the old one, and RSS, descriptors and
 //!    `config_loads_total` are read.
-//! 4. Every `--restart-every-secs` (half an interval later, so the SIGTERM lands mid-interval)
+//! 4. Every `--restart-every-secs` (plus 3/10 of an interval, so the SIGTERM lands inside one)
 //!    a restart thread restarts the next node: before it, a key
 //!    the node owns gets half its limit (`exact-*`: 20 a day) admitted, asked round-robin
 //!    through all nodes, one request at a time (so no lease); SIGTERM (the node hands its
@@ -727,9 +727,9 @@ fn main() {
         thread::spawn(move || {
             let mut number = 0;
             loop {
-                // Mid-interval: the restarting node's load sees the SIGTERM, and the next
-                // interval's load finds it back.
-                let due = soak_start + every * (number as u32 + 1) + interval / 2;
+                // Within an interval (not at the readings, which are mid-interval): the
+                // restarting node's load sees the SIGTERM, the next interval's finds it back.
+                let due = soak_start + every * (number as u32 + 1) + interval * 3 / 10;
                 while Instant::now() < due {
                     if stop.load(Ordering::Acquire) {
                         return;
