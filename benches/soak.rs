@@ -65,6 +65,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use loadgen::client::{self, Report, Stop};
 use loadgen::workload::{DOMAIN, KEY, Workload};
 use ratekeeper::key::KeyBuilder;
+use ratekeeper::limits::Limits;
 use ratekeeper::ring::{DEFAULT_VNODES, Ring};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
@@ -645,6 +646,13 @@ fn main() {
         utc_now()
     ));
     loadgen::print_load("load before");
+    // Both limits files the reloads alternate between must load, or every reload would
+    // fail quietly (the old limits stay live).
+    for minute_limit in MINUTE_LIMITS {
+        if let Err(error) = Limits::parse_str("soak.yaml", &limits_yaml(minute_limit)) {
+            panic!("the soak's limits do not load: {error}");
+        }
+    }
 
     // Step 1: the cluster.
     let zero = SocketAddr::from(([127, 0, 0, 1], 0));
@@ -960,6 +968,13 @@ fn judge(
             let (Some(first), Some(last)) = (series.first(), series.last()) else {
                 continue;
             };
+            if series.len() < 2 {
+                worst = f64::INFINITY;
+                say(format!(
+                    "{what} node {name}: fewer than 2 readings to compare (a run too short)"
+                ));
+                continue;
+            }
             let growth = (last.1 as f64 / first.1 as f64 - 1.0) * 100.0;
             worst = worst.max(growth);
             say(format!(
