@@ -354,16 +354,18 @@ fn a_ping_answer_heals_a_mistaken_leave_and_a_missing_self() {
     );
 }
 
+/// A peer listener on a free loopback port, and its address.
+async fn bind_peer() -> (tokio::net::TcpListener, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("bound").to_string();
+    (listener, address)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_member_dropped_by_a_spoofed_leave_is_back_on_both_rings() {
-    let bind = || async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let address = listener.local_addr().expect("bound").to_string();
-        (listener, address)
-    };
-    let ((a_listener, a_address), (b_listener, b_address)) = (bind().await, bind().await);
+    let ((a_listener, a_address), (b_listener, b_address)) = (bind_peer().await, bind_peer().await);
     let fast = |me: &str, peers: Vec<String>| {
         let mut options = ClusterOptions::new(me);
         options.peers = peers;
@@ -458,14 +460,7 @@ impl Drop for Pair {
 
 /// [`Pair`]: `a` on `a_engine`, `b` on `b_engine`, once each has both on its ring.
 async fn two_members(a_engine: Engine, b_engine: Engine) -> Pair {
-    let bind = || async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("binds");
-        let address = listener.local_addr().expect("bound").to_string();
-        (listener, address)
-    };
-    let ((a_listener, a_address), (b_listener, b_address)) = (bind().await, bind().await);
+    let ((a_listener, a_address), (b_listener, b_address)) = (bind_peer().await, bind_peer().await);
     let options = |me: &str, peers: Vec<String>| {
         let mut options = ClusterOptions::new(me);
         options.peers = peers;
