@@ -427,6 +427,17 @@ struct Restart {
 }
 
 impl Restart {
+    /// `whole again after 0.5 s, clean exit true, carried Ok(10), fresh Ok(20)`.
+    fn outcome(&self) -> String {
+        let whole = self.whole_at.map_or("never".to_owned(), |at| {
+            format!("{:.1} s", at - self.sigterm_at)
+        });
+        format!(
+            "whole again after {whole}, clean exit {}, carried {:?}, fresh {:?}",
+            self.clean_exit, self.carried, self.fresh
+        )
+    }
+
     fn exact(&self) -> bool {
         self.carried == Ok(EXACT_LIMIT / 2) && self.fresh == Ok(EXACT_LIMIT)
     }
@@ -750,17 +761,10 @@ fn main() {
                 }
                 let restart = cluster.restart(number % 3, number, soak_start);
                 println!(
-                    "restart {number}: node {} at {:.0} s, whole after {}, clean exit {}, \
-                     carried {:?}, fresh {:?}",
+                    "restart {number}: node {} at {:.0} s, {}",
                     restart.node,
                     restart.sigterm_at,
-                    restart.whole_at.map_or("never".to_owned(), |at| format!(
-                        "{:.1} s",
-                        at - restart.sigterm_at
-                    )),
-                    restart.clean_exit,
-                    restart.carried,
-                    restart.fresh
+                    restart.outcome()
                 );
                 restarts
                     .lock()
@@ -1086,17 +1090,10 @@ fn judge(
     ));
     for restart in restarts {
         say(format!(
-            "  restart node {} at {:.0} s: whole again after {}, clean exit {}, carried {:?}, \
-             fresh {:?}",
+            "  restart node {} at {:.0} s: {}",
             restart.node,
             restart.sigterm_at,
-            restart.whole_at.map_or("never".to_owned(), |at| format!(
-                "{:.1} s",
-                at - restart.sigterm_at
-            )),
-            restart.clean_exit,
-            restart.carried,
-            restart.fresh
+            restart.outcome()
         ));
     }
     met
