@@ -67,12 +67,18 @@ fn alive(
 ) -> (bool, Option<Vec<String>>) {
     match outcome {
         Ok(Ok(members)) => (true, Some(members.into_inner().addresses)),
-        // The peer's gRPC server answered, with a status of its own.
+        // The peer's gRPC server answered, with a status of its own. A status tonic made
+        // from a transport error (it keeps the error as its source) is no answer, whatever
+        // its code: a TLS peer refusing this node's certificate surfaces as `Unknown`
+        // ("received fatal alert: UnknownCA") once the handshake looked done.
         Ok(Err(status)) => (
-            !matches!(
-                status.code(),
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
-            ),
+            std::error::Error::source(&status).is_none()
+                && !matches!(
+                    status.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Cancelled
+                ),
             None,
         ),
         Err(()) => (false, None),
@@ -174,5 +180,31 @@ impl Node {
             return true;
         }
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::alive;
+
+    #[test]
+    fn a_peer_status_is_an_answer_and_a_transport_failure_is_not() {
+        let refused = tonic::Status::permission_denied("not you");
+        assert!(alive(Ok(Err(refused))).0, "the peer's server answered");
+        let closed = tonic::Status::unavailable("connection refused");
+        assert!(!alive(Ok(Err(closed))).0);
+        // What a TLS 1.3 peer refusing our certificate looks like: the handshake seemed
+        // done, then the alert arrives while the request is sent.
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "received fatal alert: UnknownCA",
+        );
+        let refused_tls = tonic::Status::from_error(Box::new(alert));
+        assert_eq!(refused_tls.code(), tonic::Code::Unknown);
+        assert!(
+            !alive(Ok(Err(refused_tls))).0,
+            "a transport error is no answer"
+        );
+        assert!(!alive(Err(())).0, "no answer within the interval");
     }
 }
