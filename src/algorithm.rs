@@ -442,17 +442,18 @@ pub fn refund(rate: &Rate, state: &mut State, now: u64, units: u64, window: u64)
     }
 }
 
-/// The nanoseconds after which a key last touched at `now` may be forgotten: 3 windows idle,
-/// and never before its state could still matter (a bucket refilling to full).
-pub fn idle_expiry(rate: &Rate) -> u64 {
-    let unit = rate.unit.nanos();
-    let refill = match rate.algorithm {
-        Algorithm::TokenBucket | Algorithm::Gcra => rate
-            .emission_interval()
-            .saturating_mul(u64::from(rate.burst)),
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => 0,
-    };
-    unit.saturating_mul(3).max(refill)
+/// How long (nanoseconds) the state a decision left can still change an answer, given the
+/// decision's `reset_after` (or a loan's, [`Lent::reset_after`]): after it, a
+/// fresh state ([`init`]) answers every cost exactly as this one would, so the key may be
+/// forgotten. A fixed window's count matters until its window ends; a sliding window's
+/// until the end of the following one (where it weighs in as the previous count); a token
+/// bucket's and GCRA's until the bucket would be full again. The Redis script gives its
+/// keys the same lifetimes (plus its TTL margin).
+pub fn lifetime(rate: &Rate, reset_after: u64) -> u64 {
+    match rate.algorithm {
+        Algorithm::SlidingWindow => reset_after.saturating_add(rate.unit.nanos()),
+        Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::Gcra => reset_after,
+    }
 }
 
 /// Combines two states of one key that counted different hits (a counter handed over by

@@ -112,6 +112,9 @@ impl std::fmt::Debug for Engine {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShardFigures {
     pub live_keys: usize,
+    /// Keys the shard's table has room for before it grows (its memory follows this, not
+    /// `live_keys`).
+    pub key_slots: usize,
     pub waiters: usize,
 }
 
@@ -173,6 +176,7 @@ impl Engine {
                 let shard = cell.lock();
                 ShardFigures {
                     live_keys: shard.live_keys(),
+                    key_slots: shard.key_slots(),
                     waiters: shard.waiters(),
                 }
             })
@@ -457,11 +461,17 @@ async fn run_timers(cell: Arc<Cell>, clock: Clock) {
         if cell.closed.load(Ordering::Acquire) {
             return;
         }
-        let next = {
+        let (next, now) = {
             let mut shard = cell.lock();
             let now = clock.now();
-            shard.tick(now)
+            (shard.tick(now), now)
         };
+        if next <= now {
+            // More to do at once (a late sweep catching up): let the shard's requests in
+            // first.
+            tokio::task::yield_now().await;
+            continue;
+        }
         tokio::select! {
             () = tokio::time::sleep_until(clock.instant_at(next)) => {}
             () = cell.wake.notified() => {}

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod algorithm;
+pub mod allocator;
 pub mod breaker;
 pub mod check;
 pub mod cli;

@@ -12,6 +12,7 @@ use ratekeeper::telemetry;
 use tokio::signal::unix::Signal;
 
 fn main() -> ExitCode {
+    ratekeeper::allocator::configure();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

@@ -12,7 +12,11 @@
 //!   admits the cost and all consume it, or none consumes anything.
 //! - The number of live keys never exceeds `max_keys`; the number of waiting checks never
 //!   exceeds `max_waiters` (and each key's queue its own `max_queue`).
-//! - Keys idle for three of their windows (see [`algorithm::idle_expiry`]) are swept.
+//! - A key is kept while its state can still change an answer ([`algorithm::lifetime`]:
+//!   until its window ends, the following window for a sliding window, or its bucket is
+//!   full again), then forgotten within [`EXPIRY_SLACK`] plus a second: the sweep goes
+//!   through one part of the table per step (see [`table`]), so no step looks at the
+//!   whole table, and each part once per [`SWEEP_EVERY`].
 //! - A waiter whose caller has gone away is dropped without consuming.
 //! - Waiters on one key are served first in, first out; a new waiting check never overtakes
 //!   one already queued on the same key.
@@ -30,9 +34,18 @@ use crate::check::{self, Check, Counter, Decisions, Slot, States};
 use crate::error::StoreError;
 use crate::histogram::AtomicHistogram;
 use crate::key::{KeyHasher, KeyId};
+use table::Table;
 
-/// How often a shard sweeps out idle keys.
+/// How often a shard sweeps out idle keys: every part of its table once in this time, one
+/// part per step.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How much longer than its [`algorithm::lifetime`] a key is kept at least (on top of
+/// rounding up to whole seconds): covers clocks a little apart between nodes, whose
+/// counters a handoff carries.
+pub const EXPIRY_SLACK: Duration = Duration::from_secs(1);
+/// Parts swept in one step at most, when the timer task is late: a late sweep catches up
+/// in steps that release the lock in between, never the whole table at once.
+const SWEEP_CATCH_UP: u64 = 8;
 
 /// Sizes of one shard.
 #[derive(Clone, Copy, Debug)]
@@ -72,10 +85,10 @@ pub struct Settled {
 /// The counters a shard owns.
 struct Counters {
     shard: usize,
-    keys: HashMap<KeyId, Slot, KeyHasher>,
+    keys: Table<Slot>,
     /// Handed-over counters for keys this shard already had: merged on the key's next use,
     /// when its rate is known. Bounded by `max_keys`.
-    pending: HashMap<KeyId, Vec<Slot>, KeyHasher>,
+    pending: Table<Vec<Slot>>,
     max_keys: usize,
     stats: Arc<ShardStats>,
 }
@@ -101,6 +114,8 @@ pub struct Shard {
     /// When the timer task wakes next (Unix nanoseconds); an earlier timer must wake it.
     armed_at: u64,
     next_sweep: u64,
+    /// The table part the sweep looks at next.
+    sweep_part: usize,
 }
 
 /// The outcome of evaluating one check.
@@ -129,8 +144,8 @@ impl Shard {
         Shard {
             counters: Counters {
                 shard,
-                keys: HashMap::with_hasher(KeyHasher::default()),
-                pending: HashMap::with_hasher(KeyHasher::default()),
+                keys: Table::new(),
+                pending: Table::new(),
                 max_keys: config.max_keys,
                 stats,
             },
@@ -140,11 +155,17 @@ impl Shard {
             waiting: 0,
             armed_at: u64::MAX,
             next_sweep: 0,
+            sweep_part: 0,
         }
     }
 
     pub fn live_keys(&self) -> usize {
         self.counters.keys.len()
+    }
+
+    /// The key table's capacity (see [`ShardFigures`](crate::engine::ShardFigures)).
+    pub fn key_slots(&self) -> usize {
+        self.counters.keys.capacity()
     }
 
     pub fn waiters(&self) -> usize {
@@ -231,13 +252,22 @@ impl Shard {
         Ok(Stepped::Waiting { reply: rx, wake })
     }
 
-    /// The timer task's step: serves every queue whose timer is due, sweeps idle keys when
-    /// a sweep is due, and returns when it must run next (Unix nanoseconds).
+    /// The timer task's step: serves every queue whose timer is due, sweeps the next part
+    /// of the table when a sweep step is due, and returns when it must run next (Unix
+    /// nanoseconds; `now` or earlier: at once, after letting others take the lock).
     pub fn tick(&mut self, now: u64) -> u64 {
         self.fire_timers(now);
         if now >= self.next_sweep {
-            self.sweep(now);
-            self.next_sweep = now.saturating_add(duration_nanos(SWEEP_EVERY));
+            let cycle = duration_nanos(SWEEP_EVERY);
+            let step = (cycle / table::PARTS as u64).max(1);
+            // Behind by more than a cycle: one cycle of steps is all there is to catch up.
+            let behind = (now - self.next_sweep).min(cycle);
+            let due = 1 + behind / step;
+            let parts = due.min(SWEEP_CATCH_UP);
+            for _ in 0..parts {
+                self.sweep(now);
+            }
+            self.next_sweep = (now - behind).saturating_add(parts * step);
         }
         let next_timer = self.timers.peek().map_or(u64::MAX, |Reverse((at, _))| *at);
         self.armed_at = next_timer.min(self.next_sweep);
@@ -331,25 +361,25 @@ impl Shard {
         }
     }
 
+    /// Forgets the idle keys of the next part of the table (and shrinks it if it emptied
+    /// out: see [`table`]).
     fn sweep(&mut self, now: u64) {
         let now_secs = unix_secs(now);
-        let before = self.counters.keys.len();
-        self.counters.keys.retain(|_, slot| slot.expires > now_secs);
-        self.counters.pending.retain(|_, slots| {
+        let part = self.sweep_part;
+        self.sweep_part = (part + 1) % table::PARTS;
+        let expired = self
+            .counters
+            .keys
+            .retain_part(part, |_, slot| slot.expires > now_secs);
+        self.counters.pending.retain_part(part, |_, slots| {
             slots.retain(|slot| slot.expires > now_secs);
             !slots.is_empty()
         });
-        let expired = before - self.counters.keys.len();
         if expired > 0 {
             self.counters
                 .stats
                 .expired_keys
                 .fetch_add(expired as u64, Ordering::Relaxed);
-        }
-        // Give memory back after a burst of keys went idle.
-        let keys = &mut self.counters.keys;
-        if keys.capacity() > 1024 && keys.len() < keys.capacity() / 4 {
-            keys.shrink_to(keys.len() * 2);
         }
     }
 
@@ -379,6 +409,9 @@ impl Shard {
         };
         let lent = algorithm::lend(&counter.rate, &mut state, now, policy)?;
         (slot.a, slot.b) = (state.a, state.b);
+        // Lending consumed: the state matters longer.
+        let lifetime = algorithm::lifetime(&counter.rate, lent.reset_after);
+        slot.expires = slot.expires.max(expires(now, lifetime));
         Some(lent)
     }
 
@@ -463,11 +496,13 @@ impl Counters {
                 });
             }
             if check.cost > 0 {
-                let idle = algorithm::idle_expiry(&counter.rate);
                 *slot = Slot {
                     a: state.a,
                     b: state.b,
-                    expires: unix_secs(now.saturating_add(idle)),
+                    expires: expires(
+                        now,
+                        algorithm::lifetime(&counter.rate, decision.reset_after),
+                    ),
                 };
             }
             return Ok(Outcome::Admitted);
@@ -487,6 +522,7 @@ impl Counters {
                 }
             })
             .collect();
+        let first = out.len();
         if let Some((index, retry_after)) = check.decide(&mut states, now, out) {
             // `decide` answers the index of one of the check's counters.
             let key = check.counters[index].key;
@@ -502,8 +538,12 @@ impl Counters {
                 max_keys: self.max_keys,
             });
         }
-        for (counter, state) in check.counters.iter().zip(states) {
-            let expires = unix_secs(now.saturating_add(algorithm::idle_expiry(&counter.rate)));
+        // Admitted: `decide` pushed each counter's decision, in order.
+        for ((counter, state), decision) in check.counters.iter().zip(states).zip(&out[first..]) {
+            let expires = expires(
+                now,
+                algorithm::lifetime(&counter.rate, decision.reset_after),
+            );
             self.keys.insert(
                 counter.key,
                 Slot {
@@ -543,8 +583,8 @@ impl Counters {
     }
 
     fn export(&mut self, keep: &dyn Fn(u64) -> bool) -> Vec<(KeyId, Slot)> {
-        let mut out: Vec<(KeyId, Slot)> = self.keys.extract_if(|key, _| !keep(key.route)).collect();
-        for (key, handed) in self.pending.extract_if(|key, _| !keep(key.route)) {
+        let mut out = self.keys.extract(|key, _| !keep(key.route));
+        for (key, handed) in self.pending.extract(|key, _| !keep(key.route)) {
             out.extend(handed.into_iter().map(|slot| (key, slot)));
         }
         out
@@ -558,7 +598,7 @@ impl Counters {
             let room = if self.keys.contains_key(&key) {
                 let room = self.pending.len() < self.max_keys;
                 if room {
-                    self.pending.entry(key).or_default().push(slot);
+                    self.pending.get_or_insert_with(key, Vec::new).push(slot);
                 }
                 room
             } else if self.keys.len() < self.max_keys {
@@ -606,9 +646,20 @@ fn unix_secs(nanos: u64) -> u32 {
     u32::try_from(nanos / NANOS_PER_SEC).unwrap_or(u32::MAX)
 }
 
+/// When (Unix seconds) a key whose state matters for `lifetime` nanoseconds from `now` may
+/// be forgotten: rounded up, plus [`EXPIRY_SLACK`].
+fn expires(now: u64, lifetime: u64) -> u32 {
+    let end = now
+        .saturating_add(lifetime)
+        .saturating_add(duration_nanos(EXPIRY_SLACK));
+    unix_secs(end.saturating_add(NANOS_PER_SEC - 1))
+}
+
 fn duration_nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
+
+mod table;
 
 #[cfg(test)]
 mod tests;

@@ -350,12 +350,44 @@ fn retry_after_is_exactly_when_the_request_would_pass() {
     }
 }
 
+/// What `state` answers at `at` for a range of costs (consuming nothing from the caller's
+/// state).
+fn answers(rate: &Rate, state: State, at: u64) -> Vec<Decision> {
+    let capacity = rate.capacity();
+    [0, 1, 2, capacity / 2, capacity, capacity + 1]
+        .into_iter()
+        .map(|cost| decide(rate, &mut state.clone(), at, cost))
+        .collect()
+}
+
 #[test]
-fn idle_expiry_covers_three_windows_and_a_full_refill() {
-    assert_eq!(idle_expiry(&Rate::fixed(10, Unit::Minute)), 180 * S);
-    // A bucket refilling slower than three units must not be forgotten while still draining.
-    let slow = rate(Algorithm::TokenBucket, 1, Unit::Second, Some(100));
-    assert_eq!(idle_expiry(&slow), 100 * S);
+fn a_state_matters_for_exactly_its_lifetime_and_not_a_nanosecond_more() {
+    for algorithm in Algorithm::ALL {
+        for (limit, unit, burst) in [(10, Unit::Second, None), (5, Unit::Hour, Some(8))] {
+            let rate = rate(algorithm, limit, unit, burst);
+            // Hits at several points of a window, then hits some time later.
+            for (first, later) in [(0, 1), (unit.nanos() / 3, 2), (unit.nanos() - 1, 3)] {
+                let start = THURSDAY + first;
+                let mut state = init(&rate, start);
+                decide(&rate, &mut state, start, 2);
+                let now = start + unit.nanos() / 7 * later / 3;
+                let decision = decide(&rate, &mut state, now, 1);
+                assert!(decision.allowed, "{algorithm:?} {limit}/{unit}");
+                let end = now + lifetime(&rate, decision.reset_after);
+                let context = format!("{algorithm:?} {limit}/{unit}, hits at {first} and {now}");
+                assert_eq!(
+                    answers(&rate, state, end),
+                    answers(&rate, init(&rate, end), end),
+                    "{context}: at the end of its lifetime a state answers as a fresh one"
+                );
+                assert_ne!(
+                    answers(&rate, state, end - 1),
+                    answers(&rate, init(&rate, end - 1), end - 1),
+                    "{context}: a nanosecond before, it still matters"
+                );
+            }
+        }
+    }
 }
 
 #[test]

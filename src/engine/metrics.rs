@@ -20,10 +20,15 @@ impl Collector for EngineCollector {
         let shard_label = |index: usize| [("shard", index.to_string())];
         let figures = self.engine.figures();
         type Figure = fn(&super::ShardFigures) -> usize;
-        let gauges: [(&str, &str, Figure); 2] = [
+        let gauges: [(&str, &str, Figure); 3] = [
             ("shard_live_keys", "Keys with live state, per shard", |f| {
                 f.live_keys
             }),
+            (
+                "shard_key_slots",
+                "Keys the shard's table holds before it grows (its memory), per shard",
+                |f| f.key_slots,
+            ),
             (
                 "shard_waiters",
                 "Checks waiting in FIFO queues (max_wait), per shard",
@@ -41,7 +46,7 @@ impl Collector for EngineCollector {
         let counters: [(&str, &str, Read); 5] = [
             (
                 "shard_expired_keys",
-                "Keys swept after 3 idle windows, per shard",
+                "Keys forgotten once their state could no longer change an answer, per shard",
                 |s| s.expired_keys.load(Ordering::Relaxed),
             ),
             (

@@ -212,7 +212,7 @@ async fn a_waiter_whose_caller_left_consumes_nothing() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn live_keys_are_capped_and_idle_keys_expire_after_three_windows() {
+async fn live_keys_are_capped_and_a_key_goes_once_its_window_is_over() {
     let engine = engine_at(MIDNIGHT, 3);
     let rate = Rate::fixed(10, Unit::Second);
     for user in ["a", "b", "c"] {
@@ -232,17 +232,46 @@ async fn live_keys_are_capped_and_idle_keys_expire_after_three_windows() {
     assert!(allowed(&engine, check(vec![counter("a", rate)], 1, None)).await);
     let stats = shard_stats(&engine);
     assert_eq!(stats.key_capacity_hits.load(Ordering::Relaxed), 1);
-    tokio::time::advance(Duration::from_secs(2)).await;
-    assert_eq!(
-        engine.figures()[0].live_keys,
-        3,
-        "not idle for 3 windows yet"
-    );
-    tokio::time::advance(Duration::from_secs(3)).await;
-    tokio::task::yield_now().await;
+    // The window ends at 1 s; the keys are kept for the slack after it.
+    tokio::time::sleep(Duration::from_millis(1990)).await;
+    assert_eq!(engine.figures()[0].live_keys, 3, "kept for the slack");
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(engine.figures()[0].live_keys, 0);
     assert_eq!(stats.expired_keys.load(Ordering::Relaxed), 3);
     assert!(allowed(&engine, check(vec![counter("d", rate)], 1, None)).await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_algorithms_key_is_kept_while_its_state_matters_and_forgotten_soon_after() {
+    // 2 a minute, both taken 10 s into the minute: the state matters until the window ends
+    // (60 s), the following window ends (120 s), or the bucket is full again (70 s).
+    for (algorithm, matters_until) in [
+        (Algorithm::FixedWindow, 60),
+        (Algorithm::SlidingWindow, 120),
+        (Algorithm::TokenBucket, 70),
+        (Algorithm::Gcra, 70),
+    ] {
+        let engine = engine_at(MIDNIGHT + 10 * S, 100);
+        let rate = Rate::new(algorithm, 2, Unit::Minute, Some(2));
+        assert!(
+            allowed(&engine, check(vec![counter("a", rate)], 2, None)).await,
+            "{algorithm:?}: the first 2"
+        );
+        let live = |engine: &Engine| engine.figures()[0].live_keys;
+        tokio::time::sleep(Duration::from_millis((matters_until - 10) * 1000 - 1)).await;
+        assert_eq!(
+            live(&engine),
+            1,
+            "{algorithm:?}: kept while its state matters"
+        );
+        assert!(
+            !allowed(&engine, check(vec![counter("a", rate)], 2, None)).await,
+            "{algorithm:?}: and it still limits then"
+        );
+        // Forgotten within the slack (1 s) and one sweep of the table (1 s).
+        tokio::time::sleep(Duration::from_millis(2001)).await;
+        assert_eq!(live(&engine), 0, "{algorithm:?}: forgotten soon after");
+    }
 }
 
 #[test]

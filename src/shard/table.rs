@@ -1,0 +1,258 @@
+//! A shard's key table, cut into [`PARTS`] parts by key hash, so that no single step has
+//! to go through (or rehash) the whole table while it holds the shard's lock.
+//!
+//! A table of a million keys is one allocation of tens of megabytes: growing it rehashes
+//! every key at once, and sweeping it looks at every key at once, both under the shard's
+//! lock (every request of the shard waits). Cut into parts, a part grows alone (1/64 of the
+//! pause), the sweep goes through one part per step ([`Table::retain_part`]), and a part
+//! whose keys went is shrunk alone, giving its memory back.
+//!
+//! A hash map's room doubles when it fills, so one map's memory is anywhere from 1.1 to 2.3
+//! times what its keys need, and jumps. The parts are therefore unequal on purpose: part
+//! `i` takes a share of the keys proportional to `64 + i`, so the parts fill (and double)
+//! at different table sizes, and the table's room follows its keys smoothly (about 1.6
+//! times them) instead of doubling all at once: memory then goes up and down with the live
+//! keys, not with the most the table ever held.
+//!
+//! Invariant: `len` is the sum of the parts' lengths.
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+
+use crate::key::{KeyHasher, KeyId};
+
+/// Parts per table: a power of two.
+pub const PARTS: usize = 64;
+
+/// When a part is swept it is shrunk to fit its keys plus this share of them, if that
+/// frees at least half of its room (a map's room only halves or doubles): 1/8 more keys
+/// fit before it grows again, and its next sweep (a second later) is the earliest it can
+/// shrink again, so a part does not rehash back and forth at the key rate.
+const SHRINK_HEADROOM: usize = 8;
+/// Parts with room for no more than this are left as they are.
+const SHRINK_ABOVE: usize = 256;
+
+/// Which part each of 1024 equal hash ranges goes to: part `i` gets a number of ranges
+/// proportional to `64 + i` (see the module docs).
+static PART_OF: [u8; 1024] = part_ranges();
+
+const fn part_ranges() -> [u8; 1024] {
+    let total_weight = (64 + 127) * 64 / 2;
+    let mut ranges = [0u8; 1024];
+    let (mut part, mut filled, mut weight_so_far) = (0, 0, 0);
+    while part < PARTS {
+        weight_so_far += 64 + part;
+        // The ranges up to this part's end, rounded: every part gets 10 or more.
+        let end = (weight_so_far * 1024 + total_weight / 2) / total_weight;
+        while filled < end {
+            ranges[filled] = part as u8;
+            filled += 1;
+        }
+        part += 1;
+    }
+    ranges
+}
+
+pub struct Table<V> {
+    parts: Box<[HashMap<KeyId, V, KeyHasher>]>,
+    len: usize,
+}
+
+impl<V> Table<V> {
+    pub fn new() -> Table<V> {
+        Table {
+            parts: (0..PARTS)
+                .map(|_| HashMap::with_hasher(KeyHasher::default()))
+                .collect(),
+            len: 0,
+        }
+    }
+
+    /// The part of `key`, from bits of the map's own hash that neither the bucket index (the
+    /// low bits) nor the control byte (the top 7) use, so a part's keys still spread over
+    /// its buckets.
+    fn part(key: &KeyId) -> usize {
+        let range = (KeyHasher::default().hash_one(key) >> 40) as usize & (PART_OF.len() - 1);
+        usize::from(PART_OF[range])
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Keys the parts have room for before one of them grows.
+    pub fn capacity(&self) -> usize {
+        self.parts.iter().map(HashMap::capacity).sum()
+    }
+
+    pub fn get(&self, key: &KeyId) -> Option<&V> {
+        self.parts[Self::part(key)].get(key)
+    }
+
+    pub fn get_mut(&mut self, key: &KeyId) -> Option<&mut V> {
+        self.parts[Self::part(key)].get_mut(key)
+    }
+
+    pub fn contains_key(&self, key: &KeyId) -> bool {
+        self.parts[Self::part(key)].contains_key(key)
+    }
+
+    pub fn insert(&mut self, key: KeyId, value: V) -> Option<V> {
+        let old = self.parts[Self::part(&key)].insert(key, value);
+        if old.is_none() {
+            self.len += 1;
+        }
+        old
+    }
+
+    pub fn remove(&mut self, key: &KeyId) -> Option<V> {
+        let old = self.parts[Self::part(key)].remove(key);
+        if old.is_some() {
+            self.len -= 1;
+        }
+        old
+    }
+
+    /// The value of `key`, inserted with `make` if there is none.
+    pub fn get_or_insert_with(&mut self, key: KeyId, make: impl FnOnce() -> V) -> &mut V {
+        let part = &mut self.parts[Self::part(&key)];
+        if !part.contains_key(&key) {
+            self.len += 1;
+        }
+        part.entry(key).or_insert_with(make)
+    }
+
+    /// Keeps the entries of part `index` (mod [`PARTS`]) that `keep` accepts, then shrinks
+    /// the part if half of its room is not needed; returns how many were removed.
+    pub fn retain_part(
+        &mut self,
+        index: usize,
+        mut keep: impl FnMut(&KeyId, &mut V) -> bool,
+    ) -> usize {
+        let part = &mut self.parts[index & (PARTS - 1)];
+        let before = part.len();
+        part.retain(|key, value| keep(key, value));
+        let removed = before - part.len();
+        self.len -= removed;
+        if part.capacity() > SHRINK_ABOVE {
+            // A no-op unless a map half the size holds the keys and the headroom.
+            part.shrink_to(part.len() + part.len() / SHRINK_HEADROOM);
+        }
+        removed
+    }
+
+    /// Removes and returns every entry `take` accepts.
+    pub fn extract(&mut self, mut take: impl FnMut(&KeyId, &mut V) -> bool) -> Vec<(KeyId, V)> {
+        let mut out = Vec::new();
+        for part in self.parts.iter_mut() {
+            out.extend(part.extract_if(|key, value| take(key, value)));
+        }
+        self.len -= out.len();
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PARTS, Table};
+    use crate::key::KeyId;
+
+    fn key(n: u64) -> KeyId {
+        KeyId {
+            route: n,
+            id: [n.wrapping_mul(0x9e37_79b9_7f4a_7c15), n],
+        }
+    }
+
+    #[test]
+    fn keys_spread_over_every_part_and_len_follows_every_change() {
+        let mut table = Table::new();
+        for n in 0..6400 {
+            assert_eq!(table.insert(key(n), n), None);
+        }
+        assert_eq!(table.insert(key(7), 70), Some(7), "a known key is replaced");
+        assert_eq!(table.len(), 6400);
+        let sizes: Vec<usize> = table.parts.iter().map(|part| part.len()).collect();
+        assert!(
+            sizes.iter().all(|&size| (35..=170).contains(&size)),
+            "67 to 133 keys in each of the {PARTS} parts: {sizes:?}"
+        );
+        assert!(
+            sizes[..8].iter().sum::<usize>() * 3 < sizes[56..].iter().sum::<usize>() * 2,
+            "the last parts take about twice the first's share: {sizes:?}"
+        );
+        assert_eq!(table.remove(&key(1)), Some(1));
+        assert_eq!(table.remove(&key(1)), None);
+        *table.get_or_insert_with(key(1), || 0) += 5;
+        *table.get_or_insert_with(key(1), || 0) += 5;
+        assert_eq!(table.get(&key(1)), Some(&10));
+        let odd = table.extract(|key, _| key.route % 2 == 1);
+        assert_eq!(odd.len(), 3200);
+        assert_eq!(table.len(), 3200);
+        assert!(!table.contains_key(&key(1)) && table.contains_key(&key(2)));
+    }
+
+    #[test]
+    fn the_room_follows_the_keys_smoothly_where_one_map_doubles() {
+        let mut table = Table::new();
+        let mut one_map = std::collections::HashMap::new();
+        let (mut table_ratios, mut map_ratios) = (Vec::new(), Vec::new());
+        for n in 0..400_000u64 {
+            table.insert(key(n), ());
+            one_map.insert(key(n), ());
+            if n >= 50_000 && n % 5_000 == 0 {
+                table_ratios.push(table.capacity() as f64 / table.len() as f64);
+                map_ratios.push(one_map.capacity() as f64 / one_map.len() as f64);
+            }
+        }
+        let spread = |ratios: &[f64]| {
+            let most = ratios.iter().copied().fold(f64::MIN, f64::max);
+            let least = ratios.iter().copied().fold(f64::MAX, f64::min);
+            most / least
+        };
+        assert!(
+            spread(&map_ratios) > 1.7,
+            "one map's room jumps: {map_ratios:?}"
+        );
+        assert!(
+            spread(&table_ratios) < 1.2,
+            "the table's room follows its keys: {table_ratios:?}"
+        );
+    }
+
+    #[test]
+    fn a_sweep_step_looks_at_one_part_and_an_emptied_part_gives_its_room_back() {
+        let mut table = Table::new();
+        for n in 0..64_000 {
+            table.insert(key(n), n);
+        }
+        let room = table.capacity();
+        let removed = table.retain_part(3, |_, _| false);
+        assert_eq!(table.len(), 64_000 - removed);
+        assert!(
+            (500..=1500).contains(&removed),
+            "one part of {PARTS}: {removed}"
+        );
+        // Everything but 1 key in 10 goes: each part shrinks as it is swept.
+        let mut removed = removed;
+        for part in 0..PARTS {
+            removed += table.retain_part(part, |key, _| key.route % 10 == 0);
+        }
+        assert_eq!(table.len(), 64_000 - removed);
+        assert!(
+            table.capacity() * 4 < room,
+            "the room shrank with the keys: {} of {room}",
+            table.capacity()
+        );
+        // Sweeping again finds nothing more and does not shrink what is left further.
+        let kept = table.capacity();
+        for part in 0..PARTS {
+            assert_eq!(table.retain_part(part, |key, _| key.route % 10 == 0), 0);
+        }
+        assert_eq!(table.capacity(), kept);
+    }
+}
