@@ -167,13 +167,75 @@ pub type Checks = SmallVec<[Check; 4]>;
 /// One decision per counter of a request, in order.
 pub type Decisions = SmallVec<[Decision; 4]>;
 
-/// A key's state plus when it may be forgotten (Unix seconds). 16 bytes. Its meaning
+/// A key's state plus when it may be forgotten (an [`expiry`] tick). 16 bytes. Its meaning
 /// depends on the algorithm; only [`algorithm`](crate::algorithm) reads `a` and `b`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
     pub a: u64,
     pub b: u32,
     pub expires: u32,
+}
+
+/// [`Slot::expires`]: quarter seconds since 2020-01-01 UTC, in a `u32` (enough until 2054),
+/// so a key's expiry costs 4 bytes and is still close to the moment its state stops
+/// mattering. The cluster wire carries Unix seconds (rounded up: a key is kept longer,
+/// never shorter).
+pub mod expiry {
+    use crate::algorithm::NANOS_PER_SEC;
+
+    const EPOCH_SECS: u64 = 1_577_836_800;
+    pub const TICKS_PER_SEC: u64 = 4;
+    const NANOS_PER_TICK: u64 = NANOS_PER_SEC / TICKS_PER_SEC;
+
+    /// The tick `unix_nanos` falls in.
+    pub fn tick(unix_nanos: u64) -> u32 {
+        let since = unix_nanos.saturating_sub(EPOCH_SECS * NANOS_PER_SEC);
+        u32::try_from(since / NANOS_PER_TICK).unwrap_or(u32::MAX)
+    }
+
+    /// The first tick at or after `unix_nanos`.
+    pub fn tick_at_or_after(unix_nanos: u64) -> u32 {
+        tick(unix_nanos.saturating_add(NANOS_PER_TICK - 1))
+    }
+
+    /// A tick as Unix seconds, rounded up (for the wire).
+    pub fn to_unix_secs(tick: u32) -> u32 {
+        let secs = (u64::from(tick)).div_ceil(TICKS_PER_SEC) + EPOCH_SECS;
+        u32::try_from(secs).unwrap_or(u32::MAX)
+    }
+
+    /// Unix seconds (from the wire) as a tick.
+    pub fn from_unix_secs(secs: u32) -> u32 {
+        let since = u64::from(secs).saturating_sub(EPOCH_SECS);
+        u32::try_from(since * TICKS_PER_SEC).unwrap_or(u32::MAX)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn ticks_are_quarter_seconds_and_the_wire_rounds_up() {
+            let midnight = 1_704_326_400 * NANOS_PER_SEC;
+            let at = tick(midnight);
+            assert_eq!(tick(midnight + NANOS_PER_TICK - 1), at);
+            assert_eq!(tick(midnight + NANOS_PER_TICK), at + 1);
+            assert_eq!(tick_at_or_after(midnight), at);
+            assert_eq!(tick_at_or_after(midnight + 1), at + 1);
+            assert_eq!(to_unix_secs(at), 1_704_326_400);
+            assert_eq!(
+                to_unix_secs(at + 1),
+                1_704_326_401,
+                "kept longer, never shorter"
+            );
+            assert_eq!(from_unix_secs(to_unix_secs(at)), at);
+            // Before the epoch, and past what fits.
+            assert_eq!(tick(0), 0);
+            assert_eq!(tick(u64::MAX), u32::MAX);
+            assert_eq!(from_unix_secs(0), 0);
+            assert_eq!(to_unix_secs(u32::MAX), 1_577_836_800 + (1 << 30));
+        }
+    }
 }
 
 /// Which routes a store keeps when exporting (cluster handoff).

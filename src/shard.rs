@@ -14,9 +14,9 @@
 //!   exceeds `max_waiters` (and each key's queue its own `max_queue`).
 //! - A key is kept while its state can still change an answer ([`algorithm::lifetime`]:
 //!   until its window ends, the following window for a sliding window, or its bucket is
-//!   full again), then forgotten within [`EXPIRY_SLACK`] plus a second: the sweep goes
-//!   through one part of the table per step (see [`table`]), so no step looks at the
-//!   whole table, and each part once per [`SWEEP_EVERY`].
+//!   full again), rounded up to an [`expiry`] tick (a quarter second), then forgotten
+//!   within [`SWEEP_EVERY`]: the sweep goes through one part of the table per step (see
+//!   [`table`]), so no step looks at the whole table.
 //! - A waiter whose caller has gone away is dropped without consuming.
 //! - Waiters on one key are served first in, first out; a new waiting check never overtakes
 //!   one already queued on the same key.
@@ -29,20 +29,18 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::algorithm::{self, NANOS_PER_SEC, State};
-use crate::check::{self, Check, Counter, Decisions, Slot, States};
+use crate::algorithm::{self, State};
+use crate::check::{self, Check, Counter, Decisions, Slot, States, expiry};
 use crate::error::StoreError;
 use crate::histogram::AtomicHistogram;
 use crate::key::{KeyHasher, KeyId};
 use table::Table;
 
-/// How often a shard sweeps out idle keys: every part of its table once in this time, one
-/// part per step.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// How much longer than its [`algorithm::lifetime`] a key is kept at least (on top of
-/// rounding up to whole seconds): covers clocks a little apart between nodes, whose
-/// counters a handoff carries.
-pub const EXPIRY_SLACK: Duration = Duration::from_secs(1);
+/// How often a shard sweeps out keys whose state no longer matters: every part of its table
+/// once in this time, one part per step. A key is forgotten on average half of this after
+/// its expiry (and the quarter second of rounding), so memory holds about
+/// `(lifetime + 0.4 s) / lifetime` times what the windows need: 1.007x for a minute window.
+pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
 /// Parts swept in one step at most, when the timer task is late: a late sweep catches up
 /// in steps that release the lock in between, never the whole table at once.
 const SWEEP_CATCH_UP: u64 = 8;
@@ -364,15 +362,15 @@ impl Shard {
     /// Forgets the idle keys of the next part of the table (and shrinks it if it emptied
     /// out: see [`table`]).
     fn sweep(&mut self, now: u64) {
-        let now_secs = unix_secs(now);
+        let now_tick = expiry::tick(now);
         let part = self.sweep_part;
         self.sweep_part = (part + 1) % table::PARTS;
         let expired = self
             .counters
             .keys
-            .retain_part(part, |_, slot| slot.expires > now_secs);
+            .retain_part(part, |_, slot| slot.expires > now_tick);
         self.counters.pending.retain_part(part, |_, slots| {
-            slots.retain(|slot| slot.expires > now_secs);
+            slots.retain(|slot| slot.expires > now_tick);
             !slots.is_empty()
         });
         if expired > 0 {
@@ -642,17 +640,13 @@ impl Counters {
     }
 }
 
-fn unix_secs(nanos: u64) -> u32 {
-    u32::try_from(nanos / NANOS_PER_SEC).unwrap_or(u32::MAX)
-}
-
-/// When (Unix seconds) a key whose state matters for `lifetime` nanoseconds from `now` may
-/// be forgotten: rounded up, plus [`EXPIRY_SLACK`].
+/// The [`expiry`] tick from which a key whose state matters for `lifetime` nanoseconds from
+/// `now` may be forgotten. No slack is added: each node forgets by its own clock, which is
+/// also the clock its decisions use (a counter handed over from a node whose clock is a
+/// little behind is forgotten a little early here, when by this node's clock its window is
+/// over or its bucket full anyway).
 fn expires(now: u64, lifetime: u64) -> u32 {
-    let end = now
-        .saturating_add(lifetime)
-        .saturating_add(duration_nanos(EXPIRY_SLACK));
-    unix_secs(end.saturating_add(NANOS_PER_SEC - 1))
+    expiry::tick_at_or_after(now.saturating_add(lifetime))
 }
 
 fn duration_nanos(duration: Duration) -> u64 {

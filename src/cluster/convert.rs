@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Rate, Unit};
-use crate::check::{Check, Counter, Counters, Decision, MAX_COST, Slot, WaitPolicy};
+use crate::check::{Check, Counter, Counters, Decision, MAX_COST, Slot, WaitPolicy, expiry};
 use crate::error::ErrorKind;
 use crate::key::KeyId;
 use crate::peer::v1 as wire;
@@ -182,7 +182,7 @@ pub fn state_to_wire(key: &KeyId, slot: &Slot) -> wire::CounterState {
         key: Some(key_to_wire(key)),
         a: slot.a,
         b: slot.b,
-        expires: slot.expires,
+        expires: expiry::to_unix_secs(slot.expires),
     }
 }
 
@@ -192,7 +192,7 @@ pub fn state_from_wire(state: &wire::CounterState) -> Result<(KeyId, Slot), Stri
         Slot {
             a: state.a,
             b: state.b,
-            expires: state.expires,
+            expires: expiry::from_unix_secs(state.expires),
         },
     ))
 }

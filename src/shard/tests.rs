@@ -4,7 +4,7 @@ use std::time::Duration;
 use smallvec::smallvec;
 
 use super::*;
-use crate::algorithm::{Algorithm, Rate, Unit};
+use crate::algorithm::{Algorithm, NANOS_PER_SEC, Rate, Unit};
 use crate::check::WaitPolicy;
 use crate::clock::Clock;
 use crate::engine::{Engine, EngineConfig};
@@ -232,10 +232,14 @@ async fn live_keys_are_capped_and_a_key_goes_once_its_window_is_over() {
     assert!(allowed(&engine, check(vec![counter("a", rate)], 1, None)).await);
     let stats = shard_stats(&engine);
     assert_eq!(stats.key_capacity_hits.load(Ordering::Relaxed), 1);
-    // The window ends at 1 s; the keys are kept for the slack after it.
-    tokio::time::sleep(Duration::from_millis(1990)).await;
-    assert_eq!(engine.figures()[0].live_keys, 3, "kept for the slack");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // The window ends at 1 s: kept until then, forgotten within a sweep (0.5 s) after.
+    tokio::time::sleep(Duration::from_millis(999)).await;
+    assert_eq!(
+        engine.figures()[0].live_keys,
+        3,
+        "kept while the window lasts"
+    );
+    tokio::time::sleep(Duration::from_millis(502)).await;
     assert_eq!(engine.figures()[0].live_keys, 0);
     assert_eq!(stats.expired_keys.load(Ordering::Relaxed), 3);
     assert!(allowed(&engine, check(vec![counter("d", rate)], 1, None)).await);
@@ -268,8 +272,8 @@ async fn each_algorithms_key_is_kept_while_its_state_matters_and_forgotten_soon_
             !allowed(&engine, check(vec![counter("a", rate)], 2, None)).await,
             "{algorithm:?}: and it still limits then"
         );
-        // Forgotten within the slack (1 s) and one sweep of the table (1 s).
-        tokio::time::sleep(Duration::from_millis(2001)).await;
+        // Forgotten within one sweep of the table (0.5 s).
+        tokio::time::sleep(Duration::from_millis(502)).await;
         assert_eq!(live(&engine), 0, "{algorithm:?}: forgotten soon after");
     }
 }
