@@ -36,7 +36,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{any, get, post};
 
 use arc_swap::ArcSwap;
@@ -157,7 +157,9 @@ const ADMIN_PATHS: [&str; 5] = [
 /// listener at `admin_addr`.
 pub fn router(admin: &Admin, admin_addr: SocketAddr) -> Router {
     let limiter = &admin.limiter;
+    let index = Html(index_page(admin_addr));
     let mut router = Router::new()
+        .route("/", get(move || async move { index }))
         .route("/healthcheck", get(healthcheck))
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
@@ -222,6 +224,31 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
         )),
         None => router,
     }
+}
+
+/// `GET /` on the HTTP listener: what a newcomer pointing a browser at the port finds, the
+/// endpoints this listener serves and those of the admin listener.
+fn index_page(admin_addr: SocketAddr) -> String {
+    format!(
+        r#"<!doctype html>
+<html><head><meta charset="utf-8"><title>ratekeeper</title></head>
+<body>
+<h1>ratekeeper</h1>
+<p>An Envoy rate limit service: gRPC <code>ShouldRateLimit</code> on its gRPC listener.
+This HTTP listener serves:</p>
+<ul>
+<li><a href="/healthcheck">/healthcheck</a>: 200 once limits are loaded and while serving</li>
+<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
+<li><a href="/rlconfig">/rlconfig</a>: the limits in force</li>
+<li><code>POST /json</code>, <code>POST /rate/{{domain}}/{{name}}[/{{value}}]</code>,
+<code>/nginx/{{domain}}</code>: checks over HTTP</li>
+</ul>
+<p>On the admin listener (<code>--admin-addr</code>, {admin_addr}):
+<code>/ui</code> (the dashboard), <code>/counters/{{domain}}</code>,
+<code>POST /debug/explain</code>.</p>
+</body></html>
+"#
+    )
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {

@@ -47,7 +47,11 @@ impl Drop for Telemetry {
 /// Installs the logger (`filter` in `RUST_LOG` syntax, text or JSON lines on stderr) and,
 /// with `otlp`, the span exporter. Must run inside a tokio runtime when `otlp` is given.
 pub fn init(filter: &str, json: bool, otlp: Option<&OtlpOptions>) -> Result<Telemetry, String> {
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    use std::io::IsTerminal;
+    let no_color = std::env::var_os("NO_COLOR");
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour(std::io::stderr().is_terminal(), no_color.as_deref()));
     let logs = if json {
         logs.json().with_filter(EnvFilter::new(filter)).boxed()
     } else {
@@ -119,5 +123,30 @@ impl Extractor for Metadata<'_> {
                 tonic::metadata::KeyRef::Binary(_) => None,
             })
             .collect()
+    }
+}
+
+/// Whether text logs carry ANSI colour codes: only on a terminal, and not when `NO_COLOR`
+/// is set to anything but the empty string (<https://no-color.org>). A file, a pipe or a
+/// container runtime's log collector gets plain text.
+fn colour(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(std::ffi::OsStr::is_empty)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::colour;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(colour(true, None));
+        assert!(
+            colour(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR does not count"
+        );
+        assert!(!colour(true, Some(OsStr::new("1"))));
+        assert!(!colour(false, None), "a file or a pipe");
     }
 }

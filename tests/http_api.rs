@@ -8,7 +8,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{HttpResponse, Ratekeeper, TempDir, http_post, http_request, metric, serve_limits};
+use support::{
+    HttpResponse, Ratekeeper, TempDir, http_get, http_post, http_request, metric, serve_limits,
+};
 
 /// Token buckets, so no window boundary can reset a count mid-test. `paced` and friends
 /// gain one token every 3 s, with a bucket of one.
@@ -295,4 +297,32 @@ fn calls_are_counted_in_the_request_and_limit_metrics() {
     assert_eq!(metric(http, over), before.1 + 1.0);
     assert_eq!(metric(http, &hits), before.2 + 4.0);
     assert_eq!(metric(http, &rejected), 1.0);
+}
+
+#[test]
+fn the_root_lists_the_endpoints_and_logs_to_a_pipe_carry_no_colour_codes() {
+    let (_dir, server) = start();
+    let index = http_get(server.http_addr(), "/", &[]).expect("ratekeeper answers");
+    assert_eq!(index.status, 200, "{}", index.body);
+    assert!(
+        index
+            .header("content-type")
+            .is_some_and(|kind| kind.starts_with("text/html")),
+        "{:?}",
+        index.headers
+    );
+    for path in [
+        "/healthcheck",
+        "/metrics",
+        "/rlconfig",
+        "/json",
+        "/ui",
+        "/debug/explain",
+    ] {
+        assert!(index.body.contains(path), "{path} in {}", index.body);
+    }
+    // The test reads stderr through a pipe: plain text, as a log collector wants it.
+    let logs = server.stderr();
+    assert!(logs.contains("serving"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "no ANSI escape codes: {logs:?}");
 }
