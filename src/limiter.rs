@@ -117,9 +117,15 @@ enum Plan<'a> {
         /// The configured entries matched, one per request entry (`None`: a
         /// request-supplied limit).
         walk: Option<Walk<'a>>,
+        /// Shadow mode, the rule's own or global (`--shadow-mode`): never waits, counted as
+        /// shadow hits.
         shadow: bool,
-        /// Quota mode: over the limit, the request still passes unless every quota-mode
-        /// descriptor is over.
+        /// The rule itself is in shadow mode: its violations are reported `OK`. Under the
+        /// global shadow mode only, they are reported `OVER_LIMIT` and only the overall
+        /// answer passes (the reference service's rule).
+        rule_shadow: bool,
+        /// Quota mode: over the limit, the descriptor is reported `OVER_LIMIT` but the
+        /// request still passes unless every quota group is over (see [`respond`]).
         quota: bool,
         first: usize,
         /// The descriptor's route hash (its counters' shard and owner).
@@ -237,7 +243,13 @@ impl Limiter {
         if let Some(names) = &self.names {
             self.note_names(names, query, &plans, &decisions);
         }
-        Ok(respond(&plans, &decisions, &nodes))
+        Ok(respond(
+            query,
+            &plans,
+            &decisions,
+            &nodes,
+            self.options.shadow_mode,
+        ))
     }
 
     /// Matches every descriptor of `query` in `domain` and builds the checks of the limits
@@ -269,11 +281,11 @@ impl Limiter {
         let mut counters_so_far = 0;
         for ((descriptor, overridden), walk) in query.descriptors.iter().zip(overrides).zip(walks) {
             let node = walk.as_ref().map(Walk::node);
-            let (limits, shadow, quota): (SmallVec<[&Limit; 2]>, bool, bool) =
+            let (limits, rule_shadow, quota): (SmallVec<[&Limit; 2]>, bool, bool) =
                 match (overridden, node) {
                     (Some(limit), _) => (
                         SmallVec::from_elem(limit, 1),
-                        self.options.shadow_mode,
+                        false,
                         self.options.quota_mode,
                     ),
                     (None, Some(node)) => (
@@ -281,11 +293,12 @@ impl Limiter {
                             .iter()
                             .filter(|limit| !is_replaced(limit, &replaced))
                             .collect(),
-                        node.shadow_mode || self.options.shadow_mode,
+                        node.shadow_mode,
                         node.quota_mode || self.options.quota_mode,
                     ),
                     (None, None) => (SmallVec::new(), false, false),
                 };
+            let shadow = rule_shadow || self.options.shadow_mode;
             if limits.is_empty() {
                 plans.push(Plan::NoLimit);
                 continue;
@@ -316,6 +329,7 @@ impl Limiter {
                 node,
                 walk,
                 shadow,
+                rule_shadow,
                 quota,
                 first,
                 route: key.route(),
@@ -412,43 +426,65 @@ impl Limiter {
     }
 }
 
-fn respond(plans: &[Plan<'_>], decisions: &[Decision], nodes: &[Option<&Node>]) -> Verdict {
+/// The answer to `query` from its plans and the store's decisions, by the reference
+/// service's rules:
+/// - a descriptor over one of its limits is reported `OVER_LIMIT` (with 0 remaining),
+///   unless its rule is in shadow mode (reported `OK`);
+/// - the request is denied when a descriptor not in quota mode is reported over, or when
+///   every quota group is: quota-mode descriptors are grouped by their `backend_name` and
+///   `model_name_override` entries when they have either (one model behind an AI gateway:
+///   the group is over when any of its descriptors is), each on its own otherwise;
+/// - under the global shadow mode (`global_shadow`) the request is never denied, though
+///   its descriptors are reported as they are.
+fn respond(
+    query: &Query<'_>,
+    plans: &[Plan<'_>],
+    decisions: &[Decision],
+    nodes: &[Option<&Node>],
+    global_shadow: bool,
+) -> Verdict {
     let decisions_of =
         |first: usize, count: usize| decisions.get(first..first + count).unwrap_or(&[]);
-    // Which descriptors exceeded a limit; quota mode needs them all before any status.
-    let exceeded: SmallVec<[bool; 4]> = plans
+    // Which descriptors are reported over a limit.
+    let reported: SmallVec<[bool; 4]> = plans
         .iter()
         .map(|plan| match plan {
-            Plan::Checked { limits, first, .. } => decisions_of(*first, limits.len())
-                .iter()
-                .any(|decision| !decision.allowed),
+            Plan::Checked {
+                limits,
+                first,
+                rule_shadow,
+                ..
+            } => {
+                !rule_shadow
+                    && decisions_of(*first, limits.len())
+                        .iter()
+                        .any(|decision| !decision.allowed)
+            }
             Plan::NoLimit | Plan::Unlimited => false,
         })
         .collect();
     let quota = |plan: &Plan<'_>| matches!(plan, Plan::Checked { quota: true, .. });
     let quota_violations: SmallVec<[usize; 2]> = plans
         .iter()
-        .zip(&exceeded)
+        .zip(&reported)
         .enumerate()
-        .filter(|(_, (plan, exceeded))| quota(plan) && **exceeded)
+        .filter(|(_, (plan, reported))| quota(plan) && **reported)
         .map(|(index, _)| index)
         .collect();
-    let quota_count = plans.iter().filter(|plan| quota(plan)).count();
-    // The reference service's rule: quota-mode descriptors reject only all together.
-    let every_quota_over = quota_count > 0 && quota_violations.len() == quota_count;
+    let groups = quota_groups(query, plans, &reported);
+    let quota_over = !groups.is_empty() && groups.iter().all(|group| group.over);
+    let rate_over = plans
+        .iter()
+        .zip(&reported)
+        .any(|(plan, reported)| *reported && !quota(plan));
+    let denied = (rate_over || quota_over) && !global_shadow;
     let statuses = plans
         .iter()
-        .zip(&exceeded)
-        .map(|(plan, exceeded)| match plan {
+        .zip(&reported)
+        .map(|(plan, reported)| match plan {
             Plan::NoLimit => Status::NoLimit,
             Plan::Unlimited => Status::Unlimited,
-            Plan::Checked {
-                limits,
-                shadow,
-                quota,
-                first,
-                ..
-            } => {
+            Plan::Checked { limits, first, .. } => {
                 let ours = decisions_of(*first, limits.len());
                 let Some((limit, decision)) = closest_to_exhaustion(limits, ours) else {
                     return Status::NoLimit;
@@ -456,9 +492,8 @@ fn respond(plans: &[Plan<'_>], decisions: &[Decision], nodes: &[Option<&Node>]) 
                 let Some(rate) = limit.rate else {
                     return Status::NoLimit;
                 };
-                let over = !decision.allowed && !shadow && (!quota || every_quota_over);
                 // Every denying limit must have room again: the longest wait, if any can.
-                let retry_after = if over {
+                let retry_after = if *reported {
                     ours.iter()
                         .filter(|decision| !decision.allowed)
                         .map(|decision| decision.retry_after)
@@ -468,34 +503,111 @@ fn respond(plans: &[Plan<'_>], decisions: &[Decision], nodes: &[Option<&Node>]) 
                 } else {
                     None
                 };
-                let spent = over || (*quota && *exceeded);
                 Status::Limited(Limited {
                     name: limit.name.clone(),
                     requests_per_unit: rate.requests_per_unit,
                     unit: rate.unit,
-                    remaining: if spent { 0 } else { decision.remaining },
+                    remaining: if *reported { 0 } else { decision.remaining },
                     reset_after: Duration::from_nanos(decision.reset_after),
-                    over,
-                    shadow: *shadow,
+                    over: *reported,
+                    shadow: matches!(plan, Plan::Checked { shadow: true, .. }),
                     retry_after,
                 })
             }
         })
         .collect();
+    // The metadata of the descriptors that still have room: passed, and not in a quota
+    // group that is over (it must not be offered as a place to route to).
+    let available = |index: usize| {
+        !reported[index]
+            && groups
+                .iter()
+                .all(|group| !(group.over && group.members.contains(&index)))
+    };
     let metadata = nodes
         .iter()
-        .zip(&exceeded)
-        .map(|(node, exceeded)| match node {
-            Some(node) if !exceeded => node.metadata.clone(),
+        .enumerate()
+        .map(|(index, node)| match node {
+            Some(node) if available(index) => node.metadata.clone(),
             _ => None,
         })
         .collect();
+    let passed_backends = groups
+        .iter()
+        .filter(|group| !group.over)
+        .filter_map(|group| group.backend.clone())
+        .collect();
     Verdict {
         statuses,
-        quota_mode: quota_count > 0,
+        denied,
+        quota_mode: !groups.is_empty(),
         quota_violations,
         metadata,
+        passed_backends,
     }
+}
+
+/// The entries that name a quota group (one model behind an AI gateway).
+const QUOTA_GROUP_KEYS: [&str; 2] = ["backend_name", "model_name_override"];
+
+/// One quota group of a request: its descriptors (by index), whether any is reported over,
+/// and its `(backend_name, model_name_override)` when the group is named by them.
+struct QuotaGroup<'q> {
+    name: SmallVec<[(&'q str, &'q str); 4]>,
+    members: SmallVec<[usize; 2]>,
+    over: bool,
+    backend: Option<(String, String)>,
+}
+
+/// The quota groups of `query`'s quota-mode descriptors, in the order they first appear;
+/// `reported[i]`: descriptor `i` is reported over.
+fn quota_groups<'q>(
+    query: &Query<'q>,
+    plans: &[Plan<'_>],
+    reported: &[bool],
+) -> SmallVec<[QuotaGroup<'q>; 2]> {
+    let mut groups: SmallVec<[QuotaGroup<'q>; 2]> = SmallVec::new();
+    for (index, (plan, descriptor)) in plans.iter().zip(&query.descriptors).enumerate() {
+        if !matches!(plan, Plan::Checked { quota: true, .. }) {
+            continue;
+        }
+        let value_of = |key: &str| {
+            descriptor
+                .entries
+                .iter()
+                .find(|(name, _)| *name == key)
+                .map(|(_, value)| *value)
+        };
+        let (backend, model) = (value_of(QUOTA_GROUP_KEYS[0]), value_of(QUOTA_GROUP_KEYS[1]));
+        let named = backend.is_some_and(|b| !b.is_empty()) || model.is_some_and(|m| !m.is_empty());
+        let name: SmallVec<[(&str, &str); 4]> = if named {
+            SmallVec::from_iter([("", backend.unwrap_or("")), ("", model.unwrap_or(""))])
+        } else {
+            descriptor.entries.iter().copied().collect()
+        };
+        let position = groups.iter().position(|group| group.name == name);
+        let group = match position {
+            Some(position) => &mut groups[position],
+            None => {
+                groups.push(QuotaGroup {
+                    backend: named.then(|| {
+                        (
+                            backend.unwrap_or("").to_owned(),
+                            model.unwrap_or("").to_owned(),
+                        )
+                    }),
+                    name,
+                    members: SmallVec::new(),
+                    over: false,
+                });
+                let last = groups.len() - 1;
+                &mut groups[last]
+            }
+        };
+        group.members.push(index);
+        group.over |= reported.get(index).copied().unwrap_or(false);
+    }
+    groups
 }
 
 /// The counter key of one descriptor: the domain and the request's entries, where an entry

@@ -57,16 +57,22 @@ pub async fn should_rate_limit(
 ///   the request set them, plus what was decided: `code` (`OK` or `OVER_LIMIT`) and
 ///   `limitName` (the deciding limit's name, when it has one); `hitsAddend` when the request
 ///   set it;
-/// - with quota mode: `quotaModeEnabled: true` and `quotaModeViolations` (the indices of the
-///   descriptors over their quota-mode limits);
-/// - the fields of every matched entry's `metadata` whose limits were not exceeded (later
-///   descriptors win a name clash; the fields above win over any of them).
+/// - `metadata`: the configured `metadata` of the descriptors that still have room (not
+///   over, and not in a quota group that is over), merged first value wins
+///   ([`Verdict::passed_metadata`]); Envoy reads it as
+///   `%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:NAME)%`;
+/// - with quota mode: `quotaModeEnabled: true`, `quotaModeViolations` (the indices of the
+///   descriptors over their quota-mode limits) and, when quota groups are named by
+///   `backend_name` / `model_name_override` entries, `passedBackends`: those of the groups
+///   that still have room (`{backend_name, model_name_override}`, where to route).
 pub fn dynamic_metadata(request: &RateLimitRequest, verdict: &Verdict) -> Struct {
     let mut fields: HashMap<String, Value> = HashMap::new();
-    for metadata in verdict.metadata.iter().flatten() {
-        for (name, value) in metadata.iter() {
-            fields.insert(name.clone(), json_value(value));
-        }
+    let passed = verdict.passed_metadata();
+    if !passed.is_empty() {
+        fields.insert(
+            "metadata".to_owned(),
+            json_value(&serde_json::Value::Object(passed)),
+        );
     }
     fields.insert("domain".to_owned(), string(&request.domain));
     let descriptors = request
@@ -126,6 +132,19 @@ pub fn dynamic_metadata(request: &RateLimitRequest, verdict: &Verdict) -> Struct
             .map(|&index| number(index as f64))
             .collect();
         fields.insert("quotaModeViolations".to_owned(), list(violations));
+        if !verdict.passed_backends.is_empty() {
+            let backends = verdict
+                .passed_backends
+                .iter()
+                .map(|(backend, model)| {
+                    structure(HashMap::from([
+                        ("backend_name".to_owned(), string(backend)),
+                        ("model_name_override".to_owned(), string(model)),
+                    ]))
+                })
+                .collect();
+            fields.insert("passedBackends".to_owned(), list(backends));
+        }
     }
     Struct { fields }
 }

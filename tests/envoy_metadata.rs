@@ -4,8 +4,9 @@
 //!
 //! The case it exists for is quota-based routing: two models, each a quota-mode descriptor
 //! with a `metadata` naming its backend. While one model still has quota, requests pass and
-//! the metadata says which quota was exceeded and which backend has quota left; once both
-//! are out, Envoy answers 429.
+//! the metadata says which quota was exceeded and which backend has quota left (the passed
+//! descriptors' `metadata`, read as `...ratelimit:metadata:backend`, as with the reference
+//! service); once both are out, Envoy answers 429.
 
 mod support;
 
@@ -60,7 +61,7 @@ static_resources:
                         - match: {{ prefix: "/" }}
                           response_headers_to_add:
                             - header: {{ key: x-quota-violations, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:quotaModeViolations)%" }}
-                            - header: {{ key: x-backend, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:backend)%" }}
+                            - header: {{ key: x-backend, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:backend)%" }}
                             - header: {{ key: x-rl-domain, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:domain)%" }}
                           route:
                             cluster: app
@@ -176,10 +177,11 @@ fn envoy_sees_quota_violations_and_the_backend_with_quota_left() {
     let first = stack.get();
     assert_eq!(first.status, 200, "{first:#?}");
     assert_eq!(first.body, UPSTREAM_BODY);
-    // Both have quota; of the two entries' metadata the later descriptor's wins.
+    // Both have quota; of the two entries' metadata (under `metadata`, as the reference
+    // puts it) the first descriptor's wins.
     assert_eq!(
         metadata_headers(&first),
-        [Some("[]"), Some("b"), Some("edge")],
+        [Some("[]"), Some("a"), Some("edge")],
         "{first:#?}"
     );
 

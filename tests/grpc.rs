@@ -361,7 +361,19 @@ async fn shared_wildcards_and_quota_mode_over_grpc_with_dynamic_metadata() {
     assert_eq!(second.overall_code, ok);
     let metadata = second.dynamic_metadata.as_ref().expect("dynamic metadata");
     assert_eq!(text_field(metadata, "domain"), Some("grpc"));
-    assert_eq!(text_field(metadata, "backend"), Some("b"));
+    // The passed descriptors' `metadata`, under `metadata` as the reference puts it.
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let Some(Kind::StructValue(passed)) = metadata
+        .fields
+        .get("metadata")
+        .and_then(|value| value.kind.as_ref())
+    else {
+        panic!("no metadata struct in {metadata:?}");
+    };
+    assert_eq!(text_field(passed, "backend"), Some("b"));
+    assert_eq!(text_field(metadata, "backend"), None);
+    // gpt-a is reported over while the request passes.
+    assert_eq!(second.statuses[0].code, over);
     assert_eq!(numbers_field(metadata, "quotaModeViolations"), [0.0]);
     running.shutdown().await;
 }

@@ -391,7 +391,8 @@ descriptors:
         serde_json::json!([]),
         "{first}"
     );
-    assert_eq!(metadata["backend"], "primary", "{first}");
+    assert_eq!(metadata["metadata"]["backend"], "primary", "{first}");
+    assert_eq!(metadata["backend"], serde_json::Value::Null, "{first}");
     // q1 again, with a fresh q3: q1 is over its quota, q3 is not, so the request passes.
     let body = r#"{"domain": "edge", "descriptors": [
         {"entries": [{"key": "quota", "value": "q1"}]},
@@ -402,6 +403,13 @@ descriptors:
     assert_eq!(
         second["dynamicMetadata"]["quotaModeViolations"],
         serde_json::json!([0]),
+        "{second}"
+    );
+    // As the reference reports it: q1 OVER_LIMIT, the request OK.
+    assert_eq!(second["overallCode"], "OK", "{second}");
+    assert_eq!(second["statuses"][0]["code"], "OVER_LIMIT", "{second}");
+    assert_eq!(
+        second["dynamicMetadata"]["descriptors"][0]["code"], "OVER_LIMIT",
         "{second}"
     );
 }

@@ -75,12 +75,9 @@ impl ParsedRequest {
     pub fn dynamic_metadata(&self, verdict: &Verdict) -> Value {
         let request = &self.request;
         let mut out = serde_json::Map::new();
-        for metadata in verdict.metadata.iter().flatten() {
-            out.extend(
-                metadata
-                    .iter()
-                    .map(|(name, value)| (name.clone(), value.clone())),
-            );
+        let passed = verdict.passed_metadata();
+        if !passed.is_empty() {
+            out.insert("metadata".to_owned(), Value::Object(passed));
         }
         out.insert("domain".to_owned(), json!(request.domain));
         let descriptors = request
@@ -123,6 +120,16 @@ impl ParsedRequest {
                 "quotaModeViolations".to_owned(),
                 json!(verdict.quota_violations.as_slice()),
             );
+            if !verdict.passed_backends.is_empty() {
+                let backends: Vec<Value> = verdict
+                    .passed_backends
+                    .iter()
+                    .map(|(backend, model)| {
+                        json!({"backend_name": backend, "model_name_override": model})
+                    })
+                    .collect();
+                out.insert("passedBackends".to_owned(), Value::Array(backends));
+            }
         }
         Value::Object(out)
     }

@@ -112,15 +112,17 @@ async fn quota_mode_passes_until_every_quota_descriptor_is_over() {
     assert!(first.quota_mode);
     assert!(first.quota_violations.is_empty());
 
-    // gpt-a is used up: the request still passes, and says so.
+    // gpt-a is used up: the request still passes, and gpt-a is reported over.
     let second = decide(&limiter, MODELS).await;
     assert!(!second.is_over(), "{second:?}");
+    assert_eq!(second.retry_after(), None, "it passes");
     assert_eq!(second.quota_violations.as_slice(), [0]);
     let a = second.statuses[0].limited().expect("a limit applies");
-    assert_eq!((a.over, a.remaining), (false, 0));
+    assert_eq!((a.over, a.remaining), (true, 0));
 
     // Both used up: now the request is over, on both descriptors.
     let third = decide(&limiter, MODELS).await;
+    assert!(third.is_over());
     assert_eq!(overs(&third), [true, true]);
     assert_eq!(third.quota_violations.as_slice(), [0, 1]);
     assert!(third.retry_after().is_some());
@@ -150,10 +152,12 @@ async fn global_quota_mode_makes_every_limit_a_quota_limit() {
     let alone = decide(&limiter, &[&[("user", "p")]]).await;
     assert!(alone.quota_mode && !alone.is_over());
     let with_room = decide(&limiter, &[&[("user", "p")], &[("user", "q")]]).await;
-    assert_eq!(overs(&with_room), [false, false]);
+    assert!(!with_room.is_over(), "q still has room");
+    assert_eq!(overs(&with_room), [true, false]);
     assert_eq!(with_room.quota_violations.as_slice(), [0]);
     // The only quota descriptor is over: nothing is left to fall back on.
     let alone_again = decide(&limiter, &[&[("user", "p")]]).await;
+    assert!(alone_again.is_over());
     assert_eq!(overs(&alone_again), [true]);
 }
 

@@ -21,7 +21,9 @@ pub struct Limited {
     pub remaining: u32,
     /// Until the limit has fully recovered (the window ends, the bucket is full).
     pub reset_after: Duration,
-    /// Over the limit (and not in shadow mode): the request must not pass.
+    /// Reported over the limit (`OVER_LIMIT`): one of its limits is exceeded and its rule is
+    /// not in shadow mode. Whether the request passes is [`Verdict::is_over`] (quota mode
+    /// and the global shadow mode let some over descriptors pass).
     pub over: bool,
     /// The limit is in shadow mode: counted and reported, never enforced.
     pub shadow: bool,
@@ -41,6 +43,7 @@ pub enum Status {
 }
 
 impl Status {
+    /// Reported `OVER_LIMIT` (see [`Limited::over`]).
     pub fn is_over(&self) -> bool {
         matches!(self, Status::Limited(limited) if limited.over)
     }
@@ -57,30 +60,64 @@ impl Status {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Verdict {
     pub statuses: SmallVec<[Status; 4]>,
+    /// The request must not pass (see `limiter::respond` for the rules).
+    pub denied: bool,
     /// Whether any limit checked for this query was in quota mode.
     pub quota_mode: bool,
     /// The descriptors (by index) whose quota-mode limits were exceeded. They pass (their
     /// status is not over) unless every quota-mode descriptor of the query was exceeded.
     pub quota_violations: SmallVec<[usize; 2]>,
-    /// Per descriptor, the `metadata` of the configured entry it matched, when its limits
-    /// were not exceeded (for front ends that hand it back, like Envoy's dynamic metadata).
+    /// Per descriptor, the `metadata` of the configured entry it matched, when it still has
+    /// room: not over, and not in a quota group that is over (for front ends that hand it
+    /// back, like Envoy's dynamic metadata).
     pub metadata: SmallVec<[Option<Arc<Metadata>>; 4]>,
+    /// The `(backend_name, model_name_override)` of the quota groups that still have room,
+    /// in request order: where an AI gateway may route the request.
+    pub passed_backends: SmallVec<[(String, String); 2]>,
 }
 
 impl Verdict {
-    /// Whether any descriptor is over its limit: the request must not pass.
+    /// The request must not pass (overall `OVER_LIMIT`).
     pub fn is_over(&self) -> bool {
-        self.statuses.iter().any(Status::is_over)
+        self.denied
     }
 
     /// How long until the whole request would pass: the longest wait of its descriptors
-    /// that are over and can pass at all (`None` when none is over, or none can pass).
+    /// that are over and can pass at all (`None` when it passes, or none can pass).
     pub fn retry_after(&self) -> Option<Duration> {
+        if !self.denied {
+            return None;
+        }
         self.statuses
             .iter()
             .filter_map(Status::limited)
             .filter(|limited| limited.over)
             .filter_map(|limited| limited.retry_after)
             .max()
+    }
+
+    /// The `metadata` of the descriptors that still have room, merged in request order as
+    /// the reference service merges it: the first value of a name wins, except that two
+    /// maps under one name are merged the same way, name by name.
+    pub fn passed_metadata(&self) -> Metadata {
+        let mut merged = Metadata::new();
+        for metadata in self.metadata.iter().flatten() {
+            merge_first_wins(&mut merged, metadata);
+        }
+        merged
+    }
+}
+
+fn merge_first_wins(into: &mut Metadata, from: &Metadata) {
+    for (name, value) in from {
+        match (into.get_mut(name), value) {
+            (None, _) => {
+                into.insert(name.clone(), value.clone());
+            }
+            (Some(serde_json::Value::Object(ours)), serde_json::Value::Object(theirs)) => {
+                merge_first_wins(ours, theirs);
+            }
+            (Some(_), _) => {}
+        }
     }
 }

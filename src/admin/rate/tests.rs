@@ -299,6 +299,7 @@ fn limited(
 
 fn verdict(statuses: Vec<Status>) -> Verdict {
     Verdict {
+        denied: statuses.iter().any(Status::is_over),
         statuses: statuses.into(),
         ..Verdict::default()
     }

@@ -112,23 +112,29 @@ async fn quota_violations_and_the_metadata_of_entries_with_quota_left() {
     let first = json(&first);
     assert_eq!(first["quotaModeEnabled"], true);
     assert_eq!(first["quotaModeViolations"], serde_json::json!([]));
-    // Both entries had quota: both maps merged, the later one winning a clash; a rule's
-    // metadata never replaces the reference's own fields.
-    assert_eq!(first["backend"], "b");
-    assert_eq!(first["weight"], 2.0);
-    assert_eq!(first["tags"], serde_json::json!(["x"]));
-    assert_eq!(first["extra"], serde_json::json!({"on": true}));
+    // Both entries had quota: both maps merged under `metadata`, the first one winning a
+    // clash (the reference's TestOverlappingMetadataReturnsTheFirstValue); nothing of
+    // them at the top level, where the reference's own fields are.
+    assert_eq!(
+        first["metadata"],
+        serde_json::json!({
+            "backend": "a", "domain": "spoofed", "weight": 2.0, "tags": ["x"],
+            "extra": {"on": true}
+        })
+    );
     assert_eq!(first["domain"], "edge");
+    assert_eq!(first["backend"], serde_json::Value::Null);
 
-    // gpt-a is out of quota: the request passes, and the metadata says why and which
-    // backend still has quota.
+    // gpt-a is out of quota: the request passes, gpt-a is reported OVER_LIMIT, and the
+    // metadata is gpt-b's only (TestMetadataReturnedForPassedDescriptors).
     let second = ask(&limiter, &models).await;
     assert_eq!(second.overall_code, Code::Ok as i32);
-    assert_eq!(codes(&second), [Code::Ok, Code::Ok]);
+    assert_eq!(codes(&second), [Code::OverLimit, Code::Ok]);
     assert_eq!(second.statuses[0].limit_remaining, 0);
     let second = json(&second);
     assert_eq!(second["quotaModeViolations"], serde_json::json!([0.0]));
-    assert_eq!(second["backend"], "b");
+    assert_eq!(second["metadata"]["backend"], "b");
+    assert_eq!(second["descriptors"][0]["code"], "OVER_LIMIT");
     assert_eq!(second["descriptors"][0]["limitName"], "model_a");
 
     // Only gpt-a asked for: its only quota descriptor is over, so the request is.
@@ -137,9 +143,78 @@ async fn quota_violations_and_the_metadata_of_entries_with_quota_left() {
     let alone = json(&alone);
     assert_eq!(alone["quotaModeViolations"], serde_json::json!([0.0]));
     assert_eq!(
-        alone["backend"],
+        alone["metadata"],
         serde_json::Value::Null,
         "no quota left anywhere"
     );
     assert_eq!(alone["descriptors"][0]["code"], "OVER_LIMIT");
+}
+
+const GATEWAY: &str = r#"
+domain: edge
+descriptors:
+  - key: backend_name
+    descriptors:
+      - key: model_name_override
+        descriptors:
+          - key: tenant
+            quota_mode: true
+            rate_limit: {unit: hour, requests_per_unit: 1}
+          - key: bucket
+            value: default
+            quota_mode: true
+            rate_limit: {unit: hour, requests_per_unit: 3}
+"#;
+
+fn model(backend: &str, model: &str, last: (&'static str, &'static str)) -> RateLimitDescriptor {
+    let mut descriptor = descriptor(&[("backend_name", "x"), ("model_name_override", "y"), last]);
+    descriptor.entries[0].value = backend.to_owned();
+    descriptor.entries[1].value = model.to_owned();
+    descriptor
+}
+
+/// The reference's quota groups (TestServiceQuotaModeSameGroup*, *MultiModel*): one model
+/// (`backend_name` + `model_name_override`) is over when any of its buckets is; the request
+/// is over only when every model is; `passedBackends` lists the models with room.
+#[tokio::test(start_paused = true)]
+async fn quota_groups_are_models_and_the_request_fails_over_between_them() {
+    let limiter = Limiter::at_test_start(
+        GATEWAY,
+        LimiterOptions {
+            response_dynamic_metadata: true,
+            ..LimiterOptions::default()
+        },
+    );
+    let both_models = request(vec![
+        model("ns/be", "gpt-4o-mini", ("tenant", "t1")),
+        model("ns/be", "gpt-4o-mini", ("bucket", "default")),
+        model("ns/be", "gpt-5-mini", ("bucket", "default")),
+    ]);
+    let first = ask(&limiter, &both_models).await;
+    assert_eq!(first.overall_code, Code::Ok as i32);
+    assert_eq!(
+        json(&first)["passedBackends"],
+        serde_json::json!([
+            {"backend_name": "ns/be", "model_name_override": "gpt-4o-mini"},
+            {"backend_name": "ns/be", "model_name_override": "gpt-5-mini"}
+        ])
+    );
+    // The tenant's bucket of gpt-4o-mini is used up: that model is over although its
+    // default bucket has room, and gpt-5-mini still takes the request.
+    let second = ask(&limiter, &both_models).await;
+    assert_eq!(second.overall_code, Code::Ok as i32);
+    assert_eq!(codes(&second), [Code::OverLimit, Code::Ok, Code::Ok]);
+    assert_eq!(
+        json(&second)["passedBackends"],
+        serde_json::json!([{"backend_name": "ns/be", "model_name_override": "gpt-5-mini"}])
+    );
+    // gpt-4o-mini alone: its group is over, so the request is, though one bucket has room.
+    let one_model = request(vec![
+        model("ns/be", "gpt-4o-mini", ("tenant", "t1")),
+        model("ns/be", "gpt-4o-mini", ("bucket", "default")),
+    ]);
+    let alone = ask(&limiter, &one_model).await;
+    assert_eq!(alone.overall_code, Code::OverLimit as i32);
+    assert_eq!(codes(&alone), [Code::OverLimit, Code::Ok]);
+    assert_eq!(json(&alone)["passedBackends"], serde_json::Value::Null);
 }
