@@ -41,12 +41,12 @@ use axum::routing::{any, get, post};
 
 use arc_swap::ArcSwap;
 
-use crate::cluster::Cluster;
+use crate::envoy::rls::MAX_MESSAGE_BYTES;
 use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::limits::Limits;
 use crate::reload::ReloadStats;
-use crate::rls::MAX_MESSAGE_BYTES;
+use crate::store::cluster::Cluster;
 
 pub mod auth;
 mod counters;

@@ -628,7 +628,7 @@ impl Limiter {
     /// registry and no reloader (embedding, tests, benchmarks).
     pub fn standalone(
         limits: Limits,
-        engine: crate::engine::Engine,
+        engine: crate::store::memory::engine::Engine,
         options: LimiterOptions,
         metrics: crate::metrics::MetricsOptions,
     ) -> Limiter {
@@ -638,12 +638,12 @@ impl Limiter {
     /// [`Limiter::standalone`], with the reload figures of `reload` in the registry.
     fn on_engine(
         limits: Limits,
-        engine: crate::engine::Engine,
+        engine: crate::store::memory::engine::Engine,
         options: LimiterOptions,
         metrics: crate::metrics::MetricsOptions,
         reload: Option<Arc<crate::reload::ReloadStats>>,
     ) -> Limiter {
-        let cluster = crate::cluster::Cluster::single(engine);
+        let cluster = crate::store::cluster::Cluster::single(engine);
         let mut registry = Metrics::registry();
         cluster.engine().register_metrics(&mut registry);
         if let Some(reload) = reload {
@@ -671,8 +671,8 @@ impl Limiter {
         metrics: crate::metrics::MetricsOptions,
     ) -> Limiter {
         let limits = Limits::parse_str("test.yaml", yaml).expect("valid test limits");
-        let engine = crate::engine::Engine::spawn(
-            crate::engine::EngineConfig {
+        let engine = crate::store::memory::engine::Engine::spawn(
+            crate::store::memory::engine::EngineConfig {
                 shards: 2,
                 max_keys: 1000,
                 max_waiters: 10,

@@ -1,6 +1,6 @@
 //! Wires the parts into a running process: the engine, the limits (and their reloader), the
 //! metrics, the gRPC listener (Envoy's `RateLimitService` plus `grpc.health.v1`, on TCP or a
-//! Unix socket, optionally with TLS: see [`crate::listener`] and [`crate::tls`]), the HTTP
+//! Unix socket, optionally with TLS: see [`crate::transport::listener`] and [`crate::transport::tls`]), the HTTP
 //! listener and the admin listener (see [`crate::admin`]).
 //!
 //! [`Server::bind`] loads the TLS files and the admin token (when asked) and binds the
@@ -24,24 +24,24 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::listener::{GrpcEndpoint, GrpcListener, ListenError};
-use crate::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
+use crate::transport::listener::{GrpcEndpoint, GrpcListener, ListenError};
+use crate::transport::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
-use crate::cluster::names::{NameSource, Named, NamesPage};
-use crate::cluster::service::PeerService;
-use crate::cluster::{Cluster, ClusterOptions};
-use crate::engine::{Engine, EngineConfig};
+use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
+use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
-use crate::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::store::Store;
+use crate::store::cluster::names::{NameSource, Named, NamesPage};
+use crate::store::cluster::service::PeerService;
+use crate::store::cluster::{Cluster, ClusterOptions};
+use crate::store::memory::engine::{Engine, EngineConfig};
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::xds::{XdsClient, XdsOptions, XdsStats};
 
 /// The gRPC health service names answered besides the RLS service's full name: the whole
 /// server (`""`) and the reference service's `ratelimit`.
@@ -527,7 +527,7 @@ impl Server {
         let routes = tonic::service::Routes::new(health_service)
             .add_service(rls)
             .prepare();
-        let grpc = crate::grpc::serve(
+        let grpc = crate::envoy::grpc::serve(
             incoming,
             Arc::clone(&self.limiter),
             routes,

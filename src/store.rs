@@ -2,7 +2,7 @@
 //!
 //! A store decides every check of a request and answers one [`Decision`](crate::check::Decision)
 //! per counter, in order ([`crate::check`] has the vocabulary). Today there is one store, the
-//! in-memory engine, alone or in cluster mode ([`Cluster`](crate::cluster::Cluster)
+//! in-memory engine, alone or in cluster mode ([`Cluster`](crate::store::cluster::Cluster)
 //! implements [`Store`]); another store (Redis, say) is one module implementing this trait,
 //! chosen in `server`.
 //!
@@ -103,4 +103,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     }
 }
 
+pub mod cluster;
+pub mod memory;
 pub mod redis;

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
-use ratekeeper::cluster::Cluster;
-use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
+use ratekeeper::store::cluster::Cluster;
+use ratekeeper::store::memory::engine::{Engine, EngineConfig};
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
 use support::{
     Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_post, metric, metric_sample,

@@ -47,8 +47,8 @@
 
 use std::sync::Arc;
 
-use crate::cluster::Cluster;
 use crate::limiter::{ListedCounter, NamesFigures, Query, ResetOutcome};
+use crate::store::cluster::Cluster;
 use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;

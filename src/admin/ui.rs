@@ -41,10 +41,10 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 use self::history::History;
-use crate::cluster::Cluster;
 use crate::limiter::Limiter;
 use crate::limits::{Domain, Limits, Node};
 use crate::reload::ReloadStats;
+use crate::store::cluster::Cluster;
 
 /// The page: `ui/dashboard.html`, compiled in.
 const PAGE: &str = include_str!("ui/dashboard.html");

@@ -7,7 +7,7 @@ use crate::algorithm::{Algorithm, Rate, Unit};
 use crate::check::{Check, Counter, Counters, Decision, MAX_COST, Slot, WaitPolicy};
 use crate::error::ErrorKind;
 use crate::key::KeyId;
-use crate::peer::v1 as wire;
+use crate::store::cluster::proto::v1 as wire;
 
 use super::names::{self, Named, NamesPage};
 

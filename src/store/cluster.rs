@@ -41,7 +41,9 @@ pub mod identity;
 pub mod lease;
 mod metrics;
 pub mod names;
+pub mod proto;
 pub mod remote;
+pub mod ring;
 pub mod service;
 
 use std::collections::{BTreeSet, HashMap};
@@ -55,14 +57,14 @@ use tokio::sync::{Notify, oneshot};
 
 use self::remote::{PeerError, Remote};
 use crate::check::{Check, Checks, Decision, Decisions, KeepRoute, Slot};
-use crate::engine::{Consumed, Engine, Progress};
 pub use crate::error::ClusterError;
 use crate::error::StoreError;
 use crate::key::KeyId;
 use crate::key::shard_of;
-use crate::ring::{DEFAULT_VNODES, Ring};
+use crate::store::cluster::ring::{DEFAULT_VNODES, Ring};
+use crate::store::memory::engine::{Consumed, Engine, Progress};
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
-use crate::tls::{Tls, TlsOptions};
+use crate::transport::tls::{Tls, TlsOptions};
 
 /// What a node does with a check whose owner cannot answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -29,7 +29,7 @@ use crate::check::{Check, Checks, Counter, Decisions, KeepRoute, Slot};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
-use crate::shard::{Shard, ShardConfig, ShardStats, Stepped, WaitReply};
+use crate::store::memory::shard::{Shard, ShardConfig, ShardStats, Stepped, WaitReply};
 
 /// Sizes of the engine.
 #[derive(Clone, Copy, Debug)]

@@ -22,9 +22,9 @@ use super::{Cluster, Node};
 use crate::algorithm;
 use crate::check::{Check, Checks, Counter};
 use crate::key::KeyId;
-use crate::listener::ConnInfo;
-use crate::peer::v1 as wire;
-use crate::peer::v1::peer_server::{Peer, PeerServer};
+use crate::store::cluster::proto::v1 as wire;
+use crate::store::cluster::proto::v1::peer_server::{Peer, PeerServer};
+use crate::transport::listener::ConnInfo;
 
 /// The `ratekeeper.peer.v1.Peer` service of one node.
 #[derive(Clone)]

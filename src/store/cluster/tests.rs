@@ -2,8 +2,8 @@ use super::*;
 use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
 use crate::check::Counter;
 use crate::clock::Clock;
-use crate::engine::EngineConfig;
 use crate::key::KeyBuilder;
+use crate::store::memory::engine::EngineConfig;
 
 fn set(members: &[&str]) -> BTreeSet<String> {
     members.iter().map(|member| (*member).to_owned()).collect()

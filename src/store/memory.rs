@@ -1,0 +1,79 @@
+//! The in-memory store: one node's counters, in this process.
+//!
+//! [`MemoryStore`] is the [`Store`] of a single node: [`engine`] routes each check to the
+//! shard owning its key and steps that shard on the caller's task; [`shard`] holds one
+//! shard's counters and decides with the pure algorithms. Cluster mode
+//! ([`crate::store::cluster`]) wraps this store across peers: the checks a node owns are
+//! decided here, the others on their owners.
+//!
+//! Invariants: a check this node decides without waiting is answered at once
+//! ([`Checked::Ready`]: no allocation, no task hop); only the shards mutate counters.
+
+pub mod engine;
+pub mod shard;
+
+use prometheus_client::registry::Registry;
+
+pub use self::engine::{Engine, EngineConfig};
+use crate::check::Checks;
+use crate::key::{KeyId, shard_of};
+use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
+
+/// One node's counters: its engine's shards. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    engine: Engine,
+}
+
+impl MemoryStore {
+    pub fn new(engine: Engine) -> MemoryStore {
+        MemoryStore { engine }
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Registers the shards' metrics (read at scrape time) in `registry`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        self.engine.register_metrics(registry);
+    }
+
+    /// This node's shard holding the counters of `route`, and its shard count.
+    pub fn shard_of(&self, route: u64) -> (usize, usize) {
+        let shards = self.engine.shard_count();
+        (shard_of(route, shards), shards)
+    }
+}
+
+impl Store for MemoryStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::MEMORY
+    }
+
+    fn check(&self, checks: Checks) -> Checked<'_> {
+        match self.engine.start(checks) {
+            Ok(started) => match started.progress() {
+                engine::Progress::Decided(decisions) => Checked::Ready(Ok(decisions)),
+                engine::Progress::Waiting(waiting) => Checked::Pending(Box::pin(waiting.finish())),
+            },
+            Err(error) => Checked::Ready(Err(error)),
+        }
+    }
+
+    fn placement(&self, route: u64) -> Placement {
+        Placement {
+            shard: Some(self.shard_of(route)),
+            owner: None,
+            local: true,
+        }
+    }
+
+    fn peek(&self, checks: Checks) -> Checked<'_> {
+        Checked::Ready(Ok(self.engine.peek(&checks)))
+    }
+
+    fn reset(&self, keys: Vec<KeyId>) -> ResetFuture<'_> {
+        Box::pin(std::future::ready(Ok(self.engine.reset(&keys))))
+    }
+}
