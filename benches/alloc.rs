@@ -25,7 +25,7 @@ use ratekeeper::clock::Clock;
 use ratekeeper::limiter::{Limiter, LimiterOptions, Query};
 use ratekeeper::limits::Limits;
 use ratekeeper::metrics::MetricsOptions;
-use ratekeeper::store::memory::engine::{Engine, EngineConfig};
+use ratekeeper::store::memory::{Engine, EngineConfig};
 use tokio::runtime::Runtime;
 
 #[global_allocator]

@@ -54,7 +54,7 @@ use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
 use ratekeeper::store::cluster::ClusterOptions;
 use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
-use ratekeeper::store::memory::engine::EngineConfig;
+use ratekeeper::store::memory::EngineConfig;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 

@@ -21,7 +21,7 @@ use ratekeeper::algorithm::{self, Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
 use ratekeeper::key::{KeyBuilder, KeyId};
-use ratekeeper::store::memory::engine::{Engine, EngineConfig};
+use ratekeeper::store::memory::{Engine, EngineConfig};
 use tokio::runtime::Runtime;
 
 /// Concurrent caller tasks, like concurrent gRPC calls in flight.

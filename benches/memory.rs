@@ -19,7 +19,7 @@ use ratekeeper::algorithm::{Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
 use ratekeeper::key::KeyBuilder;
-use ratekeeper::store::memory::engine::{Engine, EngineConfig};
+use ratekeeper::store::memory::{Engine, EngineConfig};
 
 #[global_allocator]
 static ALLOC: Counting = Counting::new();

@@ -79,8 +79,8 @@ impl Default for AdminOptions {
 pub struct Admin {
     pub health: Arc<Health>,
     pub limiter: Arc<Limiter>,
-    /// The in-memory store and its ring (a single node outside cluster mode).
-    pub cluster: Cluster,
+    /// The in-memory store across peers, in cluster mode (its ring, its members' names).
+    pub cluster: Option<Cluster>,
     pub reload: Arc<ReloadStats>,
     pub options: AdminOptions,
 }

@@ -18,7 +18,7 @@ use crate::reload::{self as reloader, ReloadOptions};
 use crate::server::ServerOptions;
 use crate::store::Capabilities;
 use crate::store::cluster::{ClusterOptions, Fallback};
-use crate::store::memory::engine::EngineConfig;
+use crate::store::memory::EngineConfig;
 use crate::store::redis::{self, FailurePolicy, RedisOptions, Target};
 use crate::transport::tls::TlsOptions;
 

@@ -36,7 +36,7 @@ use crate::store::cluster::proto::v1 as wire;
 use crate::store::cluster::proto::v1::peer_server::Peer;
 use crate::store::cluster::service::PeerService;
 use crate::store::cluster::{Cluster, ClusterOptions};
-use crate::store::memory::engine::{Engine, EngineConfig};
+use crate::store::memory::{Engine, EngineConfig, MemoryStore};
 
 /// The limits every fixture decides with: each algorithm, a nested descriptor, a wildcard,
 /// an unlimited entry, shadow and quota mode, named limits and a `replaces`.
@@ -119,14 +119,14 @@ impl Fixture {
         let engine = engine(&runtime);
         let limiter = Arc::new(Limiter::standalone(
             limits,
-            engine.clone(),
+            engine,
             options,
             crate::metrics::MetricsOptions::default(),
         ));
         let state = Admin {
             health: Arc::new(Health::new()),
             limiter: Arc::clone(&limiter),
-            cluster: Cluster::single(engine),
+            cluster: None,
             reload: Arc::new(crate::reload::ReloadStats::with_version(1)),
             options: AdminOptions {
                 counters: true,
@@ -452,9 +452,10 @@ impl PeerFixture {
         FIXTURE.get_or_init(|| {
             let runtime = runtime();
             let engine = engine(&runtime);
-            let cluster =
-                runtime.block_on(async { Cluster::join(engine, ClusterOptions::new(Self::ME)) });
-            let service = PeerService::unwrapped(&cluster).expect("a cluster member");
+            let cluster = runtime.block_on(async {
+                Cluster::join(MemoryStore::new(engine), ClusterOptions::new(Self::ME))
+            });
+            let service = PeerService::unwrapped(&cluster);
             let check = |route: u64| Check {
                 counters: smallvec::smallvec![Counter {
                     key: KeyId {

@@ -22,7 +22,7 @@ use ratekeeper::envoy::rls::should_rate_limit;
 use ratekeeper::limiter::{Limiter, LimiterOptions};
 use ratekeeper::limits::Limits;
 use ratekeeper::metrics::MetricsOptions;
-use ratekeeper::store::memory::engine::{Engine, EngineConfig};
+use ratekeeper::store::memory::{Engine, EngineConfig};
 use support::{repo_path, run_ratekeeper, run_to_end};
 use tokio::time::{Instant, advance};
 

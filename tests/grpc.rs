@@ -13,7 +13,7 @@ use ratekeeper::envoy::grpc::SHOULD_RATE_LIMIT;
 use ratekeeper::limiter::LimiterOptions;
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{ServeError, Server, ServerOptions};
-use ratekeeper::store::memory::engine::EngineConfig;
+use ratekeeper::store::memory::EngineConfig;
 use support::spawn_server;
 use tonic::transport::Channel;
 

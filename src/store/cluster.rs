@@ -32,7 +32,7 @@
 //! owners, which merge them into their own. A node leaving gracefully tells the others, drains,
 //! then hands over everything it holds.
 //!
-//! Without cluster options, [`Cluster`] is a thin pass-through to the engine.
+//! A single node is not a cluster: it is the [`MemoryStore`] alone, which this store wraps.
 
 pub(crate) mod convert;
 mod detector;
@@ -60,9 +60,9 @@ use crate::check::{Check, Checks, Decision, Decisions, KeepRoute, Slot};
 pub use crate::error::ClusterError;
 use crate::error::StoreError;
 use crate::key::KeyId;
-use crate::key::shard_of;
 use crate::store::cluster::ring::{DEFAULT_VNODES, Ring};
-use crate::store::memory::engine::{Consumed, Engine, Progress};
+use crate::store::memory::MemoryStore;
+use crate::store::memory::engine::{Consumed, Engine};
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
 use crate::transport::tls::{Tls, TlsOptions};
 
@@ -275,7 +275,8 @@ struct Node {
     options: ClusterOptions,
     /// Mutual TLS with the other nodes (both ways), when configured.
     tls: Option<Tls>,
-    engine: Engine,
+    /// This node's own counters: the keys it owns, and those a local fallback decided.
+    memory: MemoryStore,
     topology: ArcSwap<Topology>,
     membership: Mutex<Membership>,
     /// Wakes the rebalance task (ring changed, or a peer came back).
@@ -285,21 +286,19 @@ struct Node {
     leases: Arc<lease::Leases>,
 }
 
-/// Decides checks here or on their owners. Cheap to clone.
+/// The in-memory store across peers: decides the checks this node owns on its own
+/// [`MemoryStore`] and the others on their owners. Cheap to clone.
 #[derive(Clone)]
 pub struct Cluster {
-    engine: Engine,
-    node: Option<Arc<Node>>,
+    node: Arc<Node>,
 }
 
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mut debug = f.debug_struct("Cluster");
-        if let Some(node) = &self.node {
-            debug.field("me", &node.me);
-            debug.field("members", &node.topology.load().ring.members());
-        }
-        debug.finish()
+        f.debug_struct("Cluster")
+            .field("me", &self.node.me)
+            .field("members", &self.node.topology.load().ring.members())
+            .finish()
     }
 }
 
@@ -312,21 +311,16 @@ enum Target {
 }
 
 impl Cluster {
-    /// A single node: every check is decided by `engine`.
-    pub fn single(engine: Engine) -> Cluster {
-        Cluster { engine, node: None }
-    }
-
     /// A cluster member talking plain HTTP/2 to its peers: [`Cluster::join_with`].
-    pub fn join(engine: Engine, options: ClusterOptions) -> Cluster {
-        Cluster::join_with(engine, options, None)
+    pub fn join(memory: MemoryStore, options: ClusterOptions) -> Cluster {
+        Cluster::join_with(memory, options, None)
     }
 
     /// A cluster member, dialling its peers over mutual TLS with `tls` (the config the peer
     /// listener serves with). Spawns the rebalance and (with `peer_dns`) discovery tasks,
     /// and announces this node to its seeds. Call from inside the tokio runtime, once the
     /// peer listener is bound (so peers can reach us as soon as they hear of us).
-    pub fn join_with(engine: Engine, options: ClusterOptions, tls: Option<Tls>) -> Cluster {
+    pub fn join_with(memory: MemoryStore, options: ClusterOptions, tls: Option<Tls>) -> Cluster {
         let me: Arc<str> = Arc::from(options.advertise.as_str());
         let membership = Membership {
             seeds: options
@@ -340,7 +334,7 @@ impl Cluster {
         let node = Arc::new(Node {
             me,
             tls,
-            engine: engine.clone(),
+            memory,
             topology: ArcSwap::from_pointee(Topology {
                 ring: Ring::new([&*options.advertise], options.vnodes),
                 remotes: vec![None],
@@ -359,42 +353,33 @@ impl Cluster {
         if node.options.peer_dns.is_some() {
             tokio::spawn(Arc::clone(&node).discover_loop());
         }
-        Cluster {
-            engine,
-            node: Some(node),
-        }
+        Cluster { node }
     }
 
-    pub fn engine(&self) -> &Engine {
-        &self.engine
+    /// This node's own counters.
+    pub fn memory(&self) -> &MemoryStore {
+        &self.node.memory
     }
 
-    /// This node's peer address, in cluster mode.
-    pub fn me(&self) -> Option<&str> {
-        self.node.as_ref().map(|node| &*node.me)
+    /// This node's peer address.
+    pub fn me(&self) -> &str {
+        &self.node.me
     }
 
-    /// The current members (just this node, or none, outside cluster mode).
+    /// The current members, this node included unless it is leaving.
     pub fn members(&self) -> Vec<Arc<str>> {
-        self.node
-            .as_ref()
-            .map(|node| node.topology.load().ring.members().to_vec())
-            .unwrap_or_default()
+        self.node.topology.load().ring.members().to_vec()
     }
 
-    /// How many members the ring has (this node included; 0 outside cluster mode).
+    /// How many members the ring has (this node included unless it is leaving).
     pub fn member_count(&self) -> usize {
-        self.node
-            .as_ref()
-            .map_or(0, |node| node.topology.load().ring.len())
+        self.node.topology.load().ring.len()
     }
 
     /// Every other node this node knows of, and whether the failure detector finds it
-    /// reachable (cluster mode; empty otherwise).
+    /// reachable.
     pub fn peer_health(&self) -> Vec<(String, bool)> {
-        let Some(node) = &self.node else {
-            return Vec::new();
-        };
+        let node = &self.node;
         let membership = node.lock();
         membership
             .candidates(&node.me)
@@ -406,25 +391,22 @@ impl Cluster {
             .collect()
     }
 
-    /// The leases this node holds and its lease figures (cluster mode).
-    pub fn leases(&self) -> Option<&lease::Leases> {
-        self.node.as_ref().map(|node| &*node.leases)
+    /// The leases this node holds and its lease figures.
+    pub fn leases(&self) -> &lease::Leases {
+        &self.node.leases
     }
 
     /// Per-peer and cluster figures, for metrics.
-    pub fn stats(&self) -> Option<(&ClusterStats, Vec<Arc<Remote>>)> {
-        self.node
-            .as_ref()
-            .map(|node| (&node.stats, node.topology.load().peers()))
+    pub fn stats(&self) -> (&ClusterStats, Vec<Arc<Remote>>) {
+        (&self.node.stats, self.node.topology.load().peers())
     }
 
-    /// Registers the cluster's metrics (read at scrape time) in `registry`, in cluster mode.
+    /// Registers the cluster's metrics (read at scrape time) in `registry`; this node's
+    /// shards register theirs through [`MemoryStore::register_metrics`].
     pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        if self.node.is_some() {
-            registry.register_collector(Box::new(metrics::ClusterCollector {
-                cluster: self.clone(),
-            }));
-        }
+        registry.register_collector(Box::new(metrics::ClusterCollector {
+            cluster: self.clone(),
+        }));
     }
 
     /// Decides `checks`; one decision per counter, in order.
@@ -513,7 +495,7 @@ impl Cluster {
         // awaited only to give back what they consumed.
         let mut failed: Option<StoreError> = None;
         if !local.is_empty() {
-            let started = self.engine.begin(&local);
+            let started = node.engine().begin(&local);
             match started {
                 Ok(started) => match started.finish_consumed().await {
                     Ok((decisions, consumed)) => {
@@ -617,7 +599,7 @@ impl Cluster {
             }
             Ok(decisions)
         });
-        let here = self.engine.peek(&local);
+        let here = node.engine().peek(&local);
         let answers = futures_util::future::try_join_all(asked).await?;
         let mut here = here.into_iter();
         let mut theirs: Vec<_> = answers.into_iter().map(IntoIterator::into_iter).collect();
@@ -634,7 +616,7 @@ impl Cluster {
 
     /// Stops routing to this node and tells the others it is leaving (before the drain).
     pub async fn leave(&self) {
-        let Some(node) = &self.node else { return };
+        let node = &self.node;
         let remotes: Vec<Arc<Remote>> = {
             let mut membership = node.lock();
             membership.leaving = true;
@@ -657,24 +639,21 @@ impl Cluster {
     /// Hands every counter this node holds to its owner, and gives every lease back (after
     /// the drain, before exit).
     pub async fn hand_over_all(&self) {
-        if let Some(node) = &self.node {
-            node.refund_now(true).await;
-            node.rebalance_once().await;
-        }
+        self.node.refund_now(true).await;
+        self.node.rebalance_once().await;
     }
 }
 
-/// The in-memory store: this node's engine, and in cluster mode the engines of the keys'
-/// owners.
+/// The in-memory store across peers: this node's memory store for the keys it owns, the
+/// owners' for the others.
 impl Store for Cluster {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::MEMORY
+        self.node.memory.capabilities()
     }
 
     fn check(&self, checks: Checks) -> Checked<'_> {
-        if let Some(node) = &self.node
-            && !node.owns_all(&checks)
-        {
+        let node = &*self.node;
+        if !node.owns_all(&checks) {
             // A hot key owned elsewhere is usually admitted from a lease, right here.
             let spent = node.spend_leases(&checks);
             if spent.iter().all(Option::is_some) {
@@ -684,29 +663,11 @@ impl Store for Cluster {
             let distributed = self.check_distributed(node, checks, spent);
             return Checked::Pending(Box::pin(distributed));
         }
-        match self.engine.start(checks) {
-            Ok(started) => match started.progress() {
-                Progress::Decided(decisions) => Checked::Ready(Ok(decisions)),
-                Progress::Waiting(waiting) => Checked::Pending(Box::pin(waiting.finish())),
-            },
-            Err(error) => Checked::Ready(Err(error)),
-        }
+        node.memory.check(checks)
     }
 
     fn placement(&self, route: u64) -> Placement {
-        let here = || {
-            Some((
-                shard_of(route, self.engine.shard_count()),
-                self.engine.shard_count(),
-            ))
-        };
-        let Some(node) = &self.node else {
-            return Placement {
-                shard: here(),
-                owner: None,
-                local: true,
-            };
-        };
+        let node = &*self.node;
         let topology = node.topology.load();
         let owner = topology.ring.owner(route).cloned();
         // Like `owns_all`: a member without a client (this node) decides here.
@@ -715,7 +676,7 @@ impl Store for Cluster {
             .owner_index(route)
             .is_none_or(|owner| topology.remotes.get(owner).is_none_or(Option::is_none));
         Placement {
-            shard: if local { here() } else { None },
+            shard: local.then(|| node.memory.shard_of(route)),
             owner,
             local,
         }
@@ -724,22 +685,19 @@ impl Store for Cluster {
     /// This node's own checks read on its engine; the others asked of their owners
     /// (`Peek`), never a fallback: an owner that cannot answer is an error.
     fn peek(&self, checks: Checks) -> Checked<'_> {
-        if let Some(node) = &self.node
-            && !node.owns_all(&checks)
-        {
+        let node = &*self.node;
+        if !node.owns_all(&checks) {
             return Checked::Pending(Box::pin(self.peek_distributed(node, checks)));
         }
-        Checked::Ready(Ok(self.engine.peek(&checks)))
+        node.memory.peek(checks)
     }
 
     /// Forgets the counters here (where a fallback may have counted them) and on their
     /// owner; an owner that cannot be reached is an error.
     fn reset(&self, keys: Vec<KeyId>) -> ResetFuture<'_> {
         Box::pin(async move {
-            let here = self.engine.reset(&keys);
-            let Some(node) = &self.node else {
-                return Ok(here);
-            };
+            let node = &*self.node;
+            let here = node.engine().reset(&keys);
             node.leases.forget(&keys);
             let remote = {
                 let topology = node.topology.load();
@@ -820,7 +778,7 @@ impl Taken {
             node.leases.unspend(check, spent);
         }
         for (checks, consumed) in &self.engine {
-            node.engine.give_back(checks, consumed);
+            node.engine().give_back(checks, consumed);
         }
         let topology = node.topology.load_full();
         let owns = |remote: &Remote, refund: &lease::Refund| {
@@ -855,6 +813,11 @@ impl Taken {
 }
 
 impl Node {
+    /// This node's engine (of its [`MemoryStore`]).
+    fn engine(&self) -> &Engine {
+        self.memory.engine()
+    }
+
     /// Admits from their leases the checks whose keys other nodes own and lent this node
     /// hits for; `None` for the others (this node's own keys, and keys without a lease).
     fn spend_leases(&self, checks: &[Check]) -> SpentLeases {
@@ -1003,7 +966,7 @@ impl Node {
                 for counter in group.iter_mut().flat_map(|check| check.counters.iter_mut()) {
                     counter.rate = counter.rate.share(members);
                 }
-                let (decisions, consumed) = self.engine.begin(&group)?.finish_consumed().await?;
+                let (decisions, consumed) = self.engine().begin(&group)?.finish_consumed().await?;
                 Ok((decisions, Some((group, consumed))))
             }
             Fallback::Allow => Ok((synthetic(true), None)),
@@ -1124,7 +1087,7 @@ impl Node {
         let ring = topology.ring.clone();
         let keep: KeepRoute =
             Arc::new(move |route| ring.owner(route).is_none_or(|owner| **owner == *me));
-        let exported = self.engine.export(keep);
+        let exported = self.engine().export(keep);
         if exported.is_empty() {
             return;
         }
@@ -1136,7 +1099,7 @@ impl Node {
         }
         for (owner, counters) in by_owner {
             let Some(Some(remote)) = topology.remotes.get(owner) else {
-                self.engine.import(counters);
+                self.engine().import(counters);
                 continue;
             };
             for chunk in counters.chunks(convert::MAX_HANDOFF / 10) {
@@ -1151,7 +1114,7 @@ impl Node {
                             .handoff_failed
                             .fetch_add(chunk.len() as u64, Ordering::Relaxed);
                         tracing::warn!(%error, counters = chunk.len(), "handoff failed: keeping the counters here");
-                        self.engine.import(chunk.to_vec());
+                        self.engine().import(chunk.to_vec());
                     }
                 }
             }

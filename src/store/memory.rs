@@ -77,3 +77,50 @@ impl Store for MemoryStore {
         Box::pin(std::future::ready(Ok(self.engine.reset(&keys))))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
+    use crate::check::{Check, Counter};
+    use crate::clock::Clock;
+    use crate::key::KeyBuilder;
+
+    fn check(value: &str) -> Check {
+        let rate = Rate::fixed(2, Unit::Hour);
+        Check {
+            counters: smallvec::smallvec![Counter {
+                key: KeyBuilder::new("d").entry("k", value).key(&rate),
+                rate,
+            }],
+            cost: 1,
+            wait: None,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_single_node_decides_everything_on_its_engine_at_once() {
+        let config = EngineConfig {
+            shards: 2,
+            max_keys: 100,
+            max_waiters: 10,
+        };
+        let memory = MemoryStore::new(Engine::spawn(
+            config,
+            Clock::starting_at(1_704_326_400 * NANOS_PER_SEC),
+        ));
+        let checks = smallvec::smallvec![check("a"), check("b"), check("a")];
+        let Checked::Ready(decisions) = memory.check(checks) else {
+            panic!("checks that do not wait are decided without a future");
+        };
+        let remaining: Vec<u32> = decisions
+            .expect("answers")
+            .iter()
+            .map(|decision| decision.remaining)
+            .collect();
+        assert_eq!(remaining, [1, 1, 0]);
+        let placement = memory.placement(KeyBuilder::new("d").entry("k", "a").route());
+        assert!(placement.local && placement.owner.is_none());
+        assert_eq!(placement.shard.map(|(_, shards)| shards), Some(2));
+    }
+}

@@ -82,17 +82,14 @@ pub fn fits(domain: &str, entries: &[(Box<str>, Box<str>)]) -> bool {
 impl Cluster {
     /// Asks every other ring member for its names of `domain` with routes above `after`
     /// (at most `limit`, itself at most [`MAX_NAMES`]), all at once, each within
-    /// [`DEADLINE`]: one answer per member, in ring order. Empty outside cluster mode.
+    /// [`DEADLINE`]: one answer per member, in ring order.
     pub async fn member_names(
         &self,
         domain: &str,
         after: Option<u64>,
         limit: usize,
     ) -> Vec<(Arc<str>, Result<NamesPage, NamesMissing>)> {
-        let Some(node) = &self.node else {
-            return Vec::new();
-        };
-        let peers = node.topology.load().peers();
+        let peers = self.node.topology.load().peers();
         let limit = limit.clamp(1, MAX_NAMES);
         let asked = peers.iter().map(|peer| async move {
             let answer = match peer.names(domain, after, limit, DEADLINE).await {

@@ -2,8 +2,8 @@ use super::*;
 use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
 use crate::check::Counter;
 use crate::clock::Clock;
-use crate::key::KeyBuilder;
-use crate::store::memory::engine::EngineConfig;
+use crate::key::{KeyBuilder, shard_of};
+use crate::store::memory::EngineConfig;
 
 fn set(members: &[&str]) -> BTreeSet<String> {
     members.iter().map(|member| (*member).to_owned()).collect()
@@ -57,24 +57,12 @@ fn check(value: &str) -> Check {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_single_node_decides_everything_on_its_engine() {
-    let cluster = Cluster::single(engine());
-    assert_eq!(cluster.me(), None);
-    let decisions = cluster
-        .check(smallvec::smallvec![check("a"), check("b"), check("a")])
-        .await
-        .expect("answers");
-    let remaining: Vec<u32> = decisions
-        .iter()
-        .map(|decision| decision.remaining)
-        .collect();
-    assert_eq!(remaining, [1, 1, 0]);
-}
-
 #[tokio::test]
 async fn a_lone_member_owns_every_key_and_keeps_its_counters() {
-    let cluster = Cluster::join(engine(), ClusterOptions::new("127.0.0.1:1"));
+    let cluster = Cluster::join(
+        MemoryStore::new(engine()),
+        ClusterOptions::new("127.0.0.1:1"),
+    );
     assert_eq!(cluster.members(), [Arc::<str>::from("127.0.0.1:1")]);
     let decisions = cluster
         .check(smallvec::smallvec![check("x"), check("x"), check("x")])
@@ -103,7 +91,7 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
         options.peers = vec!["127.0.0.1:9".to_owned()];
         options.fallback = fallback;
         options.timeout = Duration::from_millis(200);
-        let cluster = Cluster::join(engine(), options);
+        let cluster = Cluster::join(MemoryStore::new(engine()), options);
         assert_eq!(cluster.members().len(), 2);
         // Keys owned by the dead peer get the policy's answer; there are plenty of those.
         let values: Vec<String> = (0..40).map(|n| format!("v{n}")).collect();
@@ -113,7 +101,7 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
             .await
             .expect("answers without the owner");
         assert_eq!(decisions.len(), 40);
-        let (stats, _) = cluster.stats().expect("cluster mode");
+        let (stats, _) = cluster.stats();
         assert!(stats.fallbacks.load(Ordering::Relaxed) >= 1, "{fallback:?}");
         let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
         for (value, decision) in values.iter().zip(&decisions) {
@@ -137,7 +125,7 @@ async fn a_peek_reports_the_owner_and_never_falls_back_for_it() {
     options.peers = vec!["127.0.0.1:9".to_owned()];
     options.fallback = Fallback::Allow;
     options.timeout = Duration::from_millis(200);
-    let cluster = Cluster::join(engine(), options);
+    let cluster = Cluster::join(MemoryStore::new(engine()), options);
     assert_eq!(cluster.members().len(), 2);
     let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
     let owned_by = |owner: &str| {
@@ -208,7 +196,7 @@ async fn the_local_fallback_decides_on_this_nodes_share_of_the_limit() {
     options.peers = vec!["127.0.0.1:9".to_owned()];
     // Keep the dead peer on the ring for this test.
     options.down_after = u32::MAX;
-    let cluster = Cluster::join(engine(), options);
+    let cluster = Cluster::join(MemoryStore::new(engine()), options);
     let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
     let theirs = (0..100)
         .map(|n| format!("v{n}"))
@@ -240,7 +228,7 @@ async fn the_local_fallback_decides_on_this_nodes_share_of_the_limit() {
 
 /// Serves `cluster`'s peer service on `listener` until the task is aborted.
 fn serve_peer(cluster: &Cluster, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
-    let service = service::PeerService::new(cluster).expect("cluster mode");
+    let service = service::PeerService::new(cluster);
     tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         let _ = tonic::transport::Server::builder()
@@ -276,7 +264,10 @@ async fn the_detector_takes_a_silent_member_off_the_ring_and_back_when_it_answer
         options
     };
     // A knows B, which does not answer yet (its listener accepts, nobody serves).
-    let a = Cluster::join(engine(), fast("127.0.0.1:1", vec![b_address.clone()]));
+    let a = Cluster::join(
+        MemoryStore::new(engine()),
+        fast("127.0.0.1:1", vec![b_address.clone()]),
+    );
     assert_eq!(
         a.members().len(),
         2,
@@ -288,7 +279,7 @@ async fn the_detector_takes_a_silent_member_off_the_ring_and_back_when_it_answer
     );
     assert_eq!(a.peer_health(), vec![(b_address.clone(), false)]);
     // B starts serving: it answers A's pings and is back on A's ring.
-    let b = Cluster::join(engine(), fast(&b_address, Vec::new()));
+    let b = Cluster::join(MemoryStore::new(engine()), fast(&b_address, Vec::new()));
     let server = serve_peer(&b, listener);
     assert!(
         within_5s(|| a.members().len() == 2).await,
@@ -372,16 +363,16 @@ async fn a_live_member_dropped_by_a_spoofed_leave_is_back_on_both_rings() {
         options.ping_interval = Duration::from_millis(20);
         options
     };
-    let a = Cluster::join(engine(), fast(&a_address, vec![b_address.clone()]));
-    let b = Cluster::join(engine(), fast(&b_address, Vec::new()));
+    let a = Cluster::join(
+        MemoryStore::new(engine()),
+        fast(&a_address, vec![b_address.clone()]),
+    );
+    let b = Cluster::join(MemoryStore::new(engine()), fast(&b_address, Vec::new()));
     let servers = [serve_peer(&a, a_listener), serve_peer(&b, b_listener)];
     let both = |a: &Cluster, b: &Cluster| a.members().len() == 2 && b.members().len() == 2;
     assert!(within_5s(|| both(&a, &b)).await, "the two nodes meet");
     // Someone tells B that A left, and A that B left; both are alive.
-    let (a_node, b_node) = (
-        a.node.as_ref().expect("member"),
-        b.node.as_ref().expect("member"),
-    );
+    let (a_node, b_node) = (&a.node, &b.node);
     assert_eq!(b_node.left(&a_address), vec![b_address.clone()]);
     assert_eq!(a_node.left(&b_address), vec![a_address.clone()]);
     assert!(
@@ -400,8 +391,8 @@ async fn a_live_member_dropped_by_a_spoofed_leave_is_back_on_both_rings() {
 async fn a_leave_for_an_unknown_address_is_not_remembered_nor_probed() {
     let mut options = ClusterOptions::new("127.0.0.1:1");
     options.peers = vec!["127.0.0.1:2".to_owned()];
-    let cluster = Cluster::join(engine(), options);
-    let node = cluster.node.as_ref().expect("a member");
+    let cluster = Cluster::join(MemoryStore::new(engine()), options);
+    let node = &cluster.node;
     for n in 0..1000 {
         node.left(&format!("10.9.{}.{}:8091", n / 250, n % 250));
     }
@@ -468,8 +459,14 @@ async fn two_members(a_engine: Engine, b_engine: Engine) -> Pair {
         options.timeout = Duration::from_secs(5);
         options
     };
-    let a = Cluster::join(a_engine, options(&a_address, vec![b_address.clone()]));
-    let b = Cluster::join(b_engine, options(&b_address, vec![a_address.clone()]));
+    let a = Cluster::join(
+        MemoryStore::new(a_engine),
+        options(&a_address, vec![b_address.clone()]),
+    );
+    let b = Cluster::join(
+        MemoryStore::new(b_engine),
+        options(&b_address, vec![a_address.clone()]),
+    );
     let servers = [serve_peer(&a, a_listener), serve_peer(&b, b_listener)];
     assert!(
         within_5s(|| a.members().len() == 2 && b.members().len() == 2).await,
