@@ -24,8 +24,8 @@ use tonic::transport::Channel;
 
 use super::Node;
 use super::convert::VERSION;
-use crate::store::cluster::proto::v1 as wire;
-use crate::store::cluster::proto::v1::peer_client::PeerClient;
+use super::proto::v1 as wire;
+use super::proto::v1::peer_client::PeerClient;
 use crate::transport::tls::Tls;
 
 /// One member as the detector sees it.

@@ -32,13 +32,13 @@ use tonic::transport::Channel;
 
 use super::convert::{self, VERSION};
 use super::lease::{Grant, Leases, Refund};
+use super::proto::v1 as wire;
+use super::proto::v1::peer_client::PeerClient;
 use super::{ClusterOptions, PeerStats};
 use crate::breaker::Breaker;
 use crate::check::{Checks, Decisions, Slot};
 use crate::error::{ClusterError, ErrorKind};
 use crate::key::KeyId;
-use crate::store::cluster::proto::v1 as wire;
-use crate::store::cluster::proto::v1::peer_client::PeerClient;
 use crate::transport::tls::Tls;
 
 /// A forward batch slower than this is counted as slow (`ratekeeper_peer_slow_total`): past

@@ -18,12 +18,12 @@ use super::convert::{self, VERSION};
 use super::identity;
 use super::lease;
 use super::names::{self, NameSource};
+use super::proto::v1 as wire;
+use super::proto::v1::peer_server::{Peer, PeerServer};
 use super::{Cluster, Node};
 use crate::algorithm;
 use crate::check::{Check, Checks, Counter};
 use crate::key::KeyId;
-use crate::store::cluster::proto::v1 as wire;
-use crate::store::cluster::proto::v1::peer_server::{Peer, PeerServer};
 use crate::transport::listener::ConnInfo;
 
 /// The `ratekeeper.peer.v1.Peer` service of one node.

@@ -1,5 +1,10 @@
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+use super::membership::Heard;
 use super::*;
 use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
+use crate::check::Check;
 use crate::check::Counter;
 use crate::clock::Clock;
 use crate::key::{KeyBuilder, shard_of};

@@ -24,12 +24,12 @@ use prometheus_client::registry::Registry;
 use smallvec::SmallVec;
 use tokio::sync::Notify;
 
+use super::shard::{Shard, ShardConfig, ShardStats, Stepped, WaitReply};
 use crate::algorithm::{LendPolicy, Lent};
 use crate::check::{Check, Checks, Counter, Decisions, KeepRoute, Slot};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
-use crate::store::memory::shard::{Shard, ShardConfig, ShardStats, Stepped, WaitReply};
 
 /// Sizes of the engine.
 #[derive(Clone, Copy, Debug)]
