@@ -78,15 +78,27 @@ impl Store for MemoryStore {
     }
 }
 
+/// Helpers shared with the tests of the stores built on this one (`cluster`).
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
     use crate::check::{Check, Counter};
     use crate::clock::Clock;
     use crate::key::KeyBuilder;
 
-    fn check(value: &str) -> Check {
+    /// A small two-shard engine whose clock reads 2024-01-04T00:00:00Z.
+    pub(crate) fn engine() -> Engine {
+        let config = EngineConfig {
+            shards: 2,
+            max_keys: 100,
+            max_waiters: 10,
+        };
+        Engine::spawn(config, Clock::starting_at(1_704_326_400 * NANOS_PER_SEC))
+    }
+
+    /// A check of one hit on `value`'s counter, limited to 2 an hour.
+    pub(crate) fn check(value: &str) -> Check {
         let rate = Rate::fixed(2, Unit::Hour);
         Check {
             counters: smallvec::smallvec![Counter {
@@ -100,15 +112,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_single_node_decides_everything_on_its_engine_at_once() {
-        let config = EngineConfig {
-            shards: 2,
-            max_keys: 100,
-            max_waiters: 10,
-        };
-        let memory = MemoryStore::new(Engine::spawn(
-            config,
-            Clock::starting_at(1_704_326_400 * NANOS_PER_SEC),
-        ));
+        let memory = MemoryStore::new(engine());
         let checks = smallvec::smallvec![check("a"), check("b"), check("a")];
         let Checked::Ready(decisions) = memory.check(checks) else {
             panic!("checks that do not wait are decided without a future");

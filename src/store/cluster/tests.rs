@@ -9,6 +9,7 @@ use crate::check::Counter;
 use crate::clock::Clock;
 use crate::key::{KeyBuilder, shard_of};
 use crate::store::memory::EngineConfig;
+use crate::store::memory::tests::{check, engine};
 
 fn set(members: &[&str]) -> BTreeSet<String> {
     members.iter().map(|member| (*member).to_owned()).collect()
@@ -37,29 +38,6 @@ fn members_are_seeds_discovered_and_joined_minus_those_that_left() {
         set(&["a:1", "c:1", "d:1"]),
         "a leaving node routes nothing to itself"
     );
-}
-
-fn engine() -> Engine {
-    Engine::spawn(
-        EngineConfig {
-            shards: 2,
-            max_keys: 100,
-            max_waiters: 10,
-        },
-        Clock::starting_at(1_704_326_400 * NANOS_PER_SEC),
-    )
-}
-
-fn check(value: &str) -> Check {
-    let rate = Rate::fixed(2, Unit::Hour);
-    Check {
-        counters: smallvec::smallvec![Counter {
-            key: KeyBuilder::new("d").entry("k", value).key(&rate),
-            rate,
-        }],
-        cost: 1,
-        wait: None,
-    }
 }
 
 #[tokio::test]

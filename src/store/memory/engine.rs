@@ -315,7 +315,7 @@ impl Engine {
     }
 
     /// Lends hits of `counter` (a key this node owns) to another node: see
-    /// [`algorithm::lend`].
+    /// [`algorithm::lend`](crate::algorithm::lend).
     pub fn lend(&self, counter: &Counter, policy: LendPolicy) -> Option<Lent> {
         let cell = &self.inner.cells[counter.key.shard(self.inner.cells.len())];
         let mut shard = cell.lock();
