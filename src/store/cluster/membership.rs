@@ -233,3 +233,6 @@ impl Cluster {
         tracing::info!(me = %node.me, "left the cluster ring");
     }
 }
+
+#[cfg(test)]
+pub(super) mod tests;
