@@ -269,8 +269,8 @@ pub fn limits(data: &[u8]) {
 
 /// The gRPC fast path's framing ([`crate::envoy::grpc`]): the first byte is the length of a
 /// `grpc-timeout` value that follows, the rest is the request body. A body is one message
-/// of exactly its declared length (then decided as [`rls`] does), or refused with tonic's
-/// codes; a timeout is bounded.
+/// of exactly its declared length (then decided as [`crate::envoy::rls`] does), or refused
+/// with tonic's codes; a timeout is bounded.
 pub fn grpc(data: &[u8]) {
     let mut input = Input(data);
     let len = usize::from(input.byte() % 16);
