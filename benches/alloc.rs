@@ -22,10 +22,10 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratekeeper::clock::Clock;
-use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::limiter::{Limiter, LimiterOptions, Query};
 use ratekeeper::limits::Limits;
 use ratekeeper::metrics::MetricsOptions;
+use ratekeeper::store::memory::{Engine, EngineConfig};
 use tokio::runtime::Runtime;
 
 #[global_allocator]
@@ -160,7 +160,7 @@ fn main() {
         let requests: Vec<RateLimitRequest> =
             (0..2 * REQUESTS).map(|n| workload.request(n)).collect();
         let adapter = per_call(&runtime, async |n| {
-            ratekeeper::rls::should_rate_limit(&limiter, &requests[n])
+            ratekeeper::envoy::rls::should_rate_limit(&limiter, &requests[n])
                 .await
                 .expect("answers");
         });

@@ -20,8 +20,8 @@ use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_
 use ratekeeper::algorithm::{self, Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
-use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::key::{KeyBuilder, KeyId};
+use ratekeeper::store::memory::{Engine, EngineConfig};
 use tokio::runtime::Runtime;
 
 /// Concurrent caller tasks, like concurrent gRPC calls in flight.

@@ -18,8 +18,8 @@ use counting_alloc::Counting;
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
-use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::key::KeyBuilder;
+use ratekeeper::store::memory::{Engine, EngineConfig};
 
 #[global_allocator]
 static ALLOC: Counting = Counting::new();

@@ -66,7 +66,7 @@ use loadgen::client::{self, Report, Stop};
 use loadgen::workload::{DOMAIN, KEY, Workload};
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::limits::Limits;
-use ratekeeper::ring::{DEFAULT_VNODES, Ring};
+use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 /// The `exact-*` keys' limit (a day window: no window ends during a check).

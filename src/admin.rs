@@ -41,12 +41,12 @@ use axum::routing::{any, get, post};
 
 use arc_swap::ArcSwap;
 
-use crate::cluster::Cluster;
+use crate::envoy::rls::MAX_MESSAGE_BYTES;
 use crate::error::Error;
 use crate::limiter::Limiter;
 use crate::limits::Limits;
 use crate::reload::ReloadStats;
-use crate::rls::MAX_MESSAGE_BYTES;
+use crate::store::cluster::Cluster;
 
 pub mod auth;
 mod counters;
@@ -79,8 +79,8 @@ impl Default for AdminOptions {
 pub struct Admin {
     pub health: Arc<Health>,
     pub limiter: Arc<Limiter>,
-    /// The in-memory store and its ring (a single node outside cluster mode).
-    pub cluster: Cluster,
+    /// The in-memory store across peers, in cluster mode (its ring, its members' names).
+    pub cluster: Option<Cluster>,
     pub reload: Arc<ReloadStats>,
     pub options: AdminOptions,
 }

@@ -168,7 +168,7 @@ pub type Checks = SmallVec<[Check; 4]>;
 pub type Decisions = SmallVec<[Decision; 4]>;
 
 /// A key's state plus when it may be forgotten (an [`expiry`] tick). 16 bytes. Its meaning
-/// depends on the algorithm; only [`algorithm`](crate::algorithm) reads `a` and `b`.
+/// depends on the algorithm; only [`algorithm`] reads `a` and `b`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Slot {
     pub a: u64,

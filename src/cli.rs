@@ -10,17 +10,17 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::admin::AdminOptions;
 use crate::admin::explain::client::ExplainRequest;
-use crate::cluster::{ClusterOptions, Fallback};
-use crate::engine::EngineConfig;
+use crate::envoy::xds::XdsOptions;
 use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::{ConfigErrors, Limits, LoadOptions, parse_duration};
 use crate::metrics::MetricsOptions;
 use crate::reload::{self as reloader, ReloadOptions};
 use crate::server::ServerOptions;
 use crate::store::Capabilities;
+use crate::store::cluster::{ClusterOptions, Fallback};
+use crate::store::memory::EngineConfig;
 use crate::store::redis::{self, FailurePolicy, RedisOptions, Target};
-use crate::tls::TlsOptions;
-use crate::xds::XdsOptions;
+use crate::transport::tls::TlsOptions;
 
 /// Envoy rate limit service sidecar.
 #[derive(Parser)]

@@ -26,17 +26,17 @@ use crate::admin::{Admin, AdminOptions, Health};
 use crate::algorithm::{Algorithm, Rate, Unit};
 use crate::check::{Check, Checks, Counter};
 use crate::clock::Clock;
-use crate::cluster::convert;
-use crate::cluster::lease::Leases;
-use crate::cluster::service::PeerService;
-use crate::cluster::{Cluster, ClusterOptions};
-use crate::engine::{Engine, EngineConfig};
 use crate::error::ErrorKind;
 use crate::key::KeyId;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LoadOptions, Source};
-use crate::peer::v1 as wire;
-use crate::peer::v1::peer_server::Peer;
+use crate::store::cluster::convert;
+use crate::store::cluster::lease::Leases;
+use crate::store::cluster::proto::v1 as wire;
+use crate::store::cluster::proto::v1::peer_server::Peer;
+use crate::store::cluster::service::PeerService;
+use crate::store::cluster::{Cluster, ClusterOptions};
+use crate::store::memory::{Engine, EngineConfig, MemoryStore};
 
 /// The limits every fixture decides with: each algorithm, a nested descriptor, a wildcard,
 /// an unlimited entry, shadow and quota mode, named limits and a `replaces`.
@@ -119,14 +119,14 @@ impl Fixture {
         let engine = engine(&runtime);
         let limiter = Arc::new(Limiter::standalone(
             limits,
-            engine.clone(),
+            engine,
             options,
             crate::metrics::MetricsOptions::default(),
         ));
         let state = Admin {
             health: Arc::new(Health::new()),
             limiter: Arc::clone(&limiter),
-            cluster: Cluster::single(engine),
+            cluster: None,
             reload: Arc::new(crate::reload::ReloadStats::with_version(1)),
             options: AdminOptions {
                 counters: true,
@@ -202,8 +202,8 @@ impl<'a> Input<'a> {
     }
 }
 
-/// `ShouldRateLimit`: request bytes -> prost -> [`crate::rls::query`] -> the limiter ->
-/// [`crate::rls::response`] -> bytes. A request that decodes is answered or refused as
+/// `ShouldRateLimit`: request bytes -> prost -> [`crate::envoy::rls::query`] -> the limiter ->
+/// [`crate::envoy::rls::response`] -> bytes. A request that decodes is answered or refused as
 /// `INVALID_ARGUMENT`; the answer has one status per descriptor and decodes back to itself.
 pub fn rls(data: &[u8]) {
     let Ok(request) = RateLimitRequest::decode(data) else {
@@ -212,7 +212,10 @@ pub fn rls(data: &[u8]) {
     let fixture = Fixture::get();
     let answer = fixture
         .runtime
-        .block_on(crate::rls::should_rate_limit(&fixture.limiter, &request));
+        .block_on(crate::envoy::rls::should_rate_limit(
+            &fixture.limiter,
+            &request,
+        ));
     match answer {
         Ok(response) => {
             assert_eq!(response.statuses.len(), request.descriptors.len());
@@ -264,10 +267,10 @@ pub fn limits(data: &[u8]) {
     }
 }
 
-/// The gRPC fast path's framing ([`crate::grpc`]): the first byte is the length of a
+/// The gRPC fast path's framing ([`crate::envoy::grpc`]): the first byte is the length of a
 /// `grpc-timeout` value that follows, the rest is the request body. A body is one message
-/// of exactly its declared length (then decided as [`rls`] does), or refused with tonic's
-/// codes; a timeout is bounded.
+/// of exactly its declared length (then decided as [`crate::envoy::rls`] does), or refused
+/// with tonic's codes; a timeout is bounded.
 pub fn grpc(data: &[u8]) {
     let mut input = Input(data);
     let len = usize::from(input.byte() % 16);
@@ -275,18 +278,18 @@ pub fn grpc(data: &[u8]) {
     if let Ok(value) = http::HeaderValue::from_bytes(timeout) {
         let mut headers = http::HeaderMap::new();
         headers.insert("grpc-timeout", value);
-        if let Some(timeout) = crate::grpc::grpc_timeout(&headers) {
+        if let Some(timeout) = crate::envoy::grpc::grpc_timeout(&headers) {
             assert!(timeout <= std::time::Duration::from_secs(99_999_999 * 3600));
         }
     }
     let body = input.rest();
-    match crate::grpc::unframe(Bytes::copy_from_slice(body)) {
+    match crate::envoy::grpc::unframe(Bytes::copy_from_slice(body)) {
         Ok(message) => {
             assert_eq!(body[0], 0, "a compressed message was read");
             let declared = u32::from_be_bytes([body[1], body[2], body[3], body[4]]);
             assert_eq!(message.len(), declared as usize);
             assert_eq!(body.len(), 5 + message.len());
-            assert!(message.len() <= crate::rls::MAX_MESSAGE_BYTES);
+            assert!(message.len() <= crate::envoy::rls::MAX_MESSAGE_BYTES);
             rls(&message);
         }
         Err(status) => assert!(
@@ -449,9 +452,10 @@ impl PeerFixture {
         FIXTURE.get_or_init(|| {
             let runtime = runtime();
             let engine = engine(&runtime);
-            let cluster =
-                runtime.block_on(async { Cluster::join(engine, ClusterOptions::new(Self::ME)) });
-            let service = PeerService::unwrapped(&cluster).expect("a cluster member");
+            let cluster = runtime.block_on(async {
+                Cluster::join(MemoryStore::new(engine), ClusterOptions::new(Self::ME))
+            });
+            let service = PeerService::unwrapped(&cluster);
             let check = |route: u64| Check {
                 counters: smallvec::smallvec![Counter {
                     key: KeyId {
@@ -487,7 +491,7 @@ impl PeerFixture {
             let counters = self.checks.iter().flat_map(|check| check.counters.iter());
             for (counter, decision) in counters.zip(&group.decisions) {
                 convert::decision_from_wire(decision);
-                if let Some(grant) = crate::cluster::remote::grant(&lender, decision) {
+                if let Some(grant) = crate::store::cluster::remote::grant(&lender, decision) {
                     self.leases.take(counter, grant, now);
                 }
             }

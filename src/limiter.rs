@@ -5,7 +5,7 @@
 //! [`Limits`] snapshot (exact > wildcard > default, `replaces`, `unlimited`, shadow mode,
 //! request-supplied limits), turns the matched limits into [`Check`]s, hands them to the
 //! [`Store`], counts every limit's hits in the metrics, and reports one [`Status`] per
-//! descriptor. Front ends (`rls` for Envoy, `admin::nginx`, `admin::rate`, `admin::json`)
+//! descriptor. Front ends (`envoy::rls` for Envoy, `admin::nginx`, `admin::rate`, `admin::json`)
 //! build the query from their own input and render the verdict in their own format; none
 //! of them sees another's types.
 //!
@@ -736,11 +736,11 @@ fn closest_to_exhaustion<'a>(
 }
 
 impl Limiter {
-    /// A limiter over `limits` on one node's in-memory `engine`, with its own metrics
-    /// registry and no reloader (embedding, tests, benchmarks).
+    /// A limiter over `limits` on one node's in-memory store (over `engine`), with its own
+    /// metrics registry and no reloader (embedding, tests, benchmarks).
     pub fn standalone(
         limits: Limits,
-        engine: crate::engine::Engine,
+        engine: crate::store::memory::Engine,
         options: LimiterOptions,
         metrics: crate::metrics::MetricsOptions,
     ) -> Limiter {
@@ -750,21 +750,21 @@ impl Limiter {
     /// [`Limiter::standalone`], with the reload figures of `reload` in the registry.
     fn on_engine(
         limits: Limits,
-        engine: crate::engine::Engine,
+        engine: crate::store::memory::Engine,
         options: LimiterOptions,
         metrics: crate::metrics::MetricsOptions,
         reload: Option<Arc<crate::reload::ReloadStats>>,
     ) -> Limiter {
-        let cluster = crate::cluster::Cluster::single(engine);
+        let memory = crate::store::memory::MemoryStore::new(engine);
         let mut registry = Metrics::registry();
-        cluster.engine().register_metrics(&mut registry);
+        memory.register_metrics(&mut registry);
         if let Some(reload) = reload {
             reload.register_metrics(&mut registry);
         }
         let metrics = Arc::new(Metrics::new(metrics, registry));
         Limiter::new(
             Arc::new(ArcSwap::from_pointee(limits)),
-            Arc::new(cluster),
+            Arc::new(memory),
             options,
             metrics,
         )
@@ -783,8 +783,8 @@ impl Limiter {
         metrics: crate::metrics::MetricsOptions,
     ) -> Limiter {
         let limits = Limits::parse_str("test.yaml", yaml).expect("valid test limits");
-        let engine = crate::engine::Engine::spawn(
-            crate::engine::EngineConfig {
+        let engine = crate::store::memory::Engine::spawn(
+            crate::store::memory::EngineConfig {
                 shards: 2,
                 max_keys: 1000,
                 max_waiters: 10,

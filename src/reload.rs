@@ -230,7 +230,7 @@ fn reload_serialized(
 }
 
 /// [`reload_now`] for limits that arrive as text rather than files (the xDS client's
-/// resources, see `xds`): compile `sources` -> same version? nothing : swap, all or nothing,
+/// resources, see `envoy::xds`): compile `sources` -> same version? nothing : swap, all or nothing,
 /// counted and logged like a file reload. `origin` names where they came from in the logs.
 /// Blocking (CPU: a compile of up to a few MiB); call it from `spawn_blocking`.
 pub fn reload_sources(

@@ -1,6 +1,6 @@
 //! Wires the parts into a running process: the engine, the limits (and their reloader), the
 //! metrics, the gRPC listener (Envoy's `RateLimitService` plus `grpc.health.v1`, on TCP or a
-//! Unix socket, optionally with TLS: see [`crate::listener`] and [`crate::tls`]), the HTTP
+//! Unix socket, optionally with TLS: see [`crate::transport::listener`] and [`crate::transport::tls`]), the HTTP
 //! listener and the admin listener (see [`crate::admin`]).
 //!
 //! [`Server::bind`] loads the TLS files and the admin token (when asked) and binds the
@@ -24,24 +24,24 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::listener::{GrpcEndpoint, GrpcListener, ListenError};
-use crate::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
+use crate::transport::listener::{GrpcEndpoint, GrpcListener, ListenError};
+use crate::transport::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
-use crate::cluster::names::{NameSource, Named, NamesPage};
-use crate::cluster::service::PeerService;
-use crate::cluster::{Cluster, ClusterOptions};
-use crate::engine::{Engine, EngineConfig};
+use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
+use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
-use crate::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::store::Store;
+use crate::store::cluster::names::{NameSource, Named, NamesPage};
+use crate::store::cluster::service::PeerService;
+use crate::store::cluster::{Cluster, ClusterOptions};
+use crate::store::memory::{Engine, EngineConfig, MemoryStore};
 use crate::store::redis::{RedisOptions, RedisStore};
-use crate::xds::{XdsClient, XdsOptions, XdsStats};
 
 /// The gRPC health service names answered besides the RLS service's full name: the whole
 /// server (`""`) and the reference service's `ratelimit`.
@@ -262,7 +262,8 @@ pub struct Server {
     grpc_endpoint: GrpcEndpoint,
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
-    cluster: Cluster,
+    /// The store across peers, in cluster mode.
+    cluster: Option<Cluster>,
     health: Arc<Health>,
     reload_stats: Arc<ReloadStats>,
     admin: AdminOptions,
@@ -281,7 +282,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Binds both listeners, starts the engine (on the current tokio runtime) and, when
+    /// Binds the listeners, builds the selected store (and only it: the engine's shards and
+    /// their tasks, on the current tokio runtime, only for the memory store) and, when
     /// asked, the reloader. `version` is the content hash of `limits` (see `reload::load`).
     pub async fn bind(
         options: &ServerOptions,
@@ -321,10 +323,28 @@ impl Server {
         let grpc_endpoint = grpc.endpoint().clone();
         let (http, http_addr) = bind(options.http_addr).await?;
         let (admin_listener, admin_addr) = bind(options.admin_addr).await?;
-        let engine = Engine::spawn(options.engine, Clock::system());
-        let (cluster, peer) = match &options.cluster {
-            None => (Cluster::single(engine), None),
-            Some((peer_addr, cluster_options)) => {
+        // Only the selected store is built, and only its metrics registered.
+        let mut registry = Metrics::registry();
+        let (store, cluster, peer): (Arc<dyn Store>, _, _) = match (
+            &options.store,
+            &options.cluster,
+        ) {
+            (Some(redis), Some(_)) => {
+                return Err(ServeError::StoreWithPeers(redis.target.describe()));
+            }
+            (Some(redis), None) => {
+                let store =
+                    RedisStore::new(redis.clone(), Clock::system()).map_err(ServeError::Store)?;
+                store.register_metrics(&mut registry);
+                tracing::info!(store = %store.describe(), failure = redis.failure.as_str(), "counters live in redis");
+                (Arc::new(store), None, None)
+            }
+            (None, None) => {
+                let memory = MemoryStore::new(Engine::spawn(options.engine, Clock::system()));
+                memory.register_metrics(&mut registry);
+                (Arc::new(memory), None, None)
+            }
+            (None, Some((peer_addr, cluster_options))) => {
                 if peer_tls.is_none() && !peer_addr.ip().is_loopback() {
                     if !cluster_options.insecure {
                         return Err(ServeError::PeerInsecure(*peer_addr));
@@ -339,8 +359,13 @@ impl Server {
                     }
                     cluster_options.advertise = bound.to_string();
                 }
+                let memory = MemoryStore::new(Engine::spawn(options.engine, Clock::system()));
+                memory.register_metrics(&mut registry);
+                let cluster = Cluster::join_with(memory, cluster_options, peer_tls.clone());
+                cluster.register_metrics(&mut registry);
                 (
-                    Cluster::join_with(engine, cluster_options, peer_tls.clone()),
+                    Arc::new(cluster.clone()),
+                    Some(cluster),
                     Some((listener, bound)),
                 )
             }
@@ -358,9 +383,6 @@ impl Server {
         }
         let xds_stats = Arc::new(XdsStats::default());
         // Each owner of figures registers its own collector.
-        let mut registry = Metrics::registry();
-        cluster.engine().register_metrics(&mut registry);
-        cluster.register_metrics(&mut registry);
         reload_stats.register_metrics(&mut registry);
         if options.xds.is_some() {
             xds_stats.register_metrics(&mut registry);
@@ -372,19 +394,6 @@ impl Server {
             tls.stats()
                 .register_metrics_as(tls::PEER.what, &mut registry);
         }
-        let store: Arc<dyn Store> = match &options.store {
-            None => Arc::new(cluster.clone()),
-            Some(redis) => {
-                if options.cluster.is_some() {
-                    return Err(ServeError::StoreWithPeers(redis.target.describe()));
-                }
-                let store =
-                    RedisStore::new(redis.clone(), Clock::system()).map_err(ServeError::Store)?;
-                store.register_metrics(&mut registry);
-                tracing::info!(store = %store.describe(), failure = redis.failure.as_str(), "counters live in redis");
-                Arc::new(store)
-            }
-        };
         let metrics = Arc::new(Metrics::new(options.metrics, registry));
         let limits = Arc::new(ArcSwap::from_pointee(limits));
         let watcher = match &options.watch {
@@ -481,9 +490,9 @@ impl Server {
         &self.limiter
     }
 
-    /// The in-memory store: this node's engine, and its cluster when in cluster mode.
-    pub fn cluster(&self) -> &Cluster {
-        &self.cluster
+    /// The in-memory store across peers, in cluster mode.
+    pub fn cluster(&self) -> Option<&Cluster> {
+        self.cluster.as_ref()
     }
 
     pub fn reload_stats(&self) -> &Arc<ReloadStats> {
@@ -527,7 +536,7 @@ impl Server {
         let routes = tonic::service::Routes::new(health_service)
             .add_service(rls)
             .prepare();
-        let grpc = crate::grpc::serve(
+        let grpc = crate::envoy::grpc::serve(
             incoming,
             Arc::clone(&self.limiter),
             routes,
@@ -553,12 +562,10 @@ impl Server {
         let cluster = self.cluster.clone();
         let names = name_source(&self.limiter);
         let peer = async {
-            let Some((listener, _)) = self.peer else {
+            let (Some((listener, _)), Some(cluster)) = (self.peer, &cluster) else {
                 return Ok(());
             };
-            let Some(service) = PeerService::with_names(&cluster, names) else {
-                return Ok(());
-            };
+            let service = PeerService::with_names(cluster, names);
             // Accepted (and, with mutual TLS, handshaken) like the gRPC listener's
             // connections; each request carries its connection's client certificate.
             let incoming = GrpcListener::from_tcp(listener)?.incoming(self.peer_tls);
@@ -578,7 +585,9 @@ impl Server {
             health.stop_serving();
             set_health(&reporter, false).await;
             // Peers stop sending us keys before we drain and hand ours over.
-            let _ = tokio::time::timeout(grace, leaving.leave()).await;
+            if let Some(leaving) = leaving {
+                let _ = tokio::time::timeout(grace, leaving.leave()).await;
+            }
             let _ = stop_tx.send(true);
             // Past the grace period, stop waiting for slow calls.
             tokio::select! {
@@ -593,7 +602,9 @@ impl Server {
             let grpc = async {
                 grpc.await;
                 // Drained: hand the counters to their owners, then close the other listeners.
-                cluster.hand_over_all().await;
+                if let Some(cluster) = &cluster {
+                    cluster.hand_over_all().await;
+                }
                 let _ = grpc_done_tx.send(true);
             };
             let ((), http, admin, peer) =

@@ -1,10 +1,17 @@
 //! The store seam: where the limiter hands a request's [`Checks`] over to be counted.
 //!
 //! A store decides every check of a request and answers one [`Decision`](crate::check::Decision)
-//! per counter, in order ([`crate::check`] has the vocabulary). Today there is one store, the
-//! in-memory engine, alone or in cluster mode ([`Cluster`](crate::cluster::Cluster)
-//! implements [`Store`]); another store (Redis, say) is one module implementing this trait,
-//! chosen in `server`.
+//! per counter, in order ([`crate::check`] has the vocabulary). The stores sit side by side
+//! under this module, each implementing [`Store`]; `server` builds the one `--store` and the
+//! peer flags select, and nothing of the others:
+//! - [`memory`]: one node's counters in this process ([`MemoryStore`](memory::MemoryStore):
+//!   the engine's shards);
+//! - [`cluster`]: the memory store across peers ([`Cluster`](cluster::Cluster) wraps this
+//!   node's `MemoryStore` and forwards the checks other nodes own);
+//! - [`redis`]: the counters in Redis, shared by every node
+//!   ([`RedisStore`](redis::RedisStore)).
+//!
+//! A new store is one more module here implementing this trait (see ARCHITECTURE.md).
 //!
 //! A store says what it can do ([`Capabilities`]): one that cannot hold a check back
 //! (`max_wait` waiting needs a FIFO queue next to the counter) says `wait: false`, and the
@@ -103,4 +110,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     }
 }
 
+pub mod cluster;
+pub mod memory;
 pub mod redis;

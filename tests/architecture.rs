@@ -1,13 +1,24 @@
 //! What ARCHITECTURE.md promises about the module graph, checked on the source: no import
-//! cycle between the top-level modules of `src/`. A submodule counts with its parent
-//! (`src/shard/tests.rs` is `shard`); unit tests and comments do not count, code does
-//! (`use crate::x`, `crate::x::y(..)`, `use crate::{x, y::z}`).
+//! cycle anywhere. Between the top-level modules of `src/`, and between the submodules of
+//! every module (the children of `store`, of `store::cluster`, ..). A module counts with
+//! its descendants (`src/store/cluster/lease/tests.rs` is `store::cluster::lease`, and at the
+//! top level `store`); a child may use its parent's own items (the parent declares and
+//! wires its children), so an edge is drawn only between siblings. Unit tests and comments
+//! do not count, code does: every path starting `crate::`, `super::` or `self::` (in `use`
+//! trees with their groups, and in expressions), resolved against the file's module.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// From module -> to module -> the files (relative to `src/`) that make the edge.
+/// A module path, `["store", "cluster", "remote"]`; the crate root is `[]`.
+type Module = Vec<String>;
+
+/// Per parent module: child -> sibling it imports -> the files (relative to `src/`) that
+/// make the edge. The top-level modules are the children of the crate root, `[]`.
+type Graphs = BTreeMap<Module, Graph>;
+
+/// From module -> to module -> the files that make the edge.
 type Graph = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -37,78 +48,156 @@ fn code_of(text: &str) -> String {
 }
 
 fn leading_ident(text: &str) -> &str {
-    let text = text.trim_start();
     let end = text
         .find(|ch: char| !(ch.is_alphanumeric() || ch == '_'))
         .unwrap_or(text.len());
     &text[..end]
 }
 
-/// The top-level modules `code` names after `crate::`.
-fn crate_modules(code: &str) -> BTreeSet<&str> {
-    let mut modules = BTreeSet::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
-        rest = &rest[at + "crate::".len()..];
-        let Some(group) = rest.strip_prefix('{') else {
-            modules.insert(leading_ident(rest));
-            continue;
-        };
-        // `crate::{a, b::{c, d}, e}`: the first name of each item at depth 1.
-        let mut depth = 1;
-        let mut item_start = 0;
-        for (index, ch) in group.char_indices() {
-            match ch {
-                '{' => depth += 1,
-                '}' | ',' if depth == 1 => {
-                    modules.insert(leading_ident(&group[item_start..index]));
-                    item_start = index + 1;
-                    if ch == '}' {
-                        break;
-                    }
+/// The items of a group, `a, b::{c, d}, e}..` -> `["a", "b::{c, d}", "e"]`: up to the
+/// brace that closes it.
+fn group_items(group: &str) -> Vec<&str> {
+    let mut items = Vec::new();
+    let mut depth = 1;
+    let mut start = 0;
+    for (index, ch) in group.char_indices() {
+        match ch {
+            '{' => depth += 1,
+            '}' | ',' if depth == 1 => {
+                items.push(&group[start..index]);
+                start = index + 1;
+                if ch == '}' {
+                    break;
                 }
-                '}' => depth -= 1,
-                _ => {}
+            }
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    items
+}
+
+/// The paths a use tree or an expression path names, from `text` on:
+/// `a::b::{c, d::{self, e}}` -> `a::b::c`, `a::b::d`, `a::b::d::e`.
+fn tree_paths(text: &str) -> Vec<Vec<String>> {
+    let mut prefix: Vec<String> = Vec::new();
+    let mut rest = text;
+    loop {
+        let trimmed = rest.trim_start();
+        if let Some(group) = trimmed.strip_prefix('{') {
+            return group_items(group)
+                .into_iter()
+                .flat_map(tree_paths)
+                .map(|path| [prefix.clone(), path].concat())
+                .collect();
+        }
+        let ident = leading_ident(trimmed);
+        if ident.is_empty() {
+            return vec![prefix];
+        }
+        if ident != "self" {
+            prefix.push(ident.to_owned());
+        }
+        match trimmed[ident.len()..].strip_prefix("::") {
+            Some(after) => rest = after,
+            None => return vec![prefix],
+        }
+    }
+}
+
+/// Every path `code` (of module `module`) names after `crate::`, `super::` or `self::`,
+/// made absolute (from the crate root).
+fn named_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    for start in ["crate::", "super::", "self::"] {
+        for (at, _) in code.match_indices(start) {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|ch| ch.is_alphanumeric() || ch == '_' || ch == ':') {
+                continue; // `super::super::x` is read from its first `super`.
+            }
+            let mut rest = &code[at + start.len()..];
+            let mut base: Vec<String> = match start {
+                "crate::" => Vec::new(),
+                "self::" => module.to_vec(),
+                _ => module[..module.len().saturating_sub(1)].to_vec(),
+            };
+            while let Some(after) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = after;
+            }
+            for path in tree_paths(rest) {
+                found.push([base.clone(), path].concat());
             }
         }
     }
-    modules.remove("");
-    modules
+    found
 }
 
-fn module_graph() -> Graph {
+/// The module of a file under `src/` (`store/cluster/remote.rs` -> `store::cluster::remote`),
+/// `None` for the crate roots and test files.
+fn module_of(relative: &str) -> Option<Module> {
+    let module: Module = relative
+        .trim_end_matches(".rs")
+        .split('/')
+        .map(str::to_owned)
+        .collect();
+    let root = matches!(relative, "lib.rs" | "main.rs");
+    let test = module.iter().any(|part| part == "tests");
+    (!root && !test).then_some(module)
+}
+
+/// `path`'s module: its longest prefix that is a known module.
+fn module_named(path: &[String], modules: &BTreeSet<Module>) -> Option<Module> {
+    (1..=path.len())
+        .rev()
+        .map(|len| path[..len].to_vec())
+        .find(|prefix| modules.contains(prefix))
+}
+
+/// Adds the edge `from` -> `to` to the graph of the module where they part: the children of
+/// their common ancestor that hold each. Nothing when one holds the other.
+fn add_edge(graphs: &mut Graphs, from: &[String], to: &[String], file: &str) {
+    let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+    let (Some(from_child), Some(to_child)) = (from.get(common), to.get(common)) else {
+        return;
+    };
+    graphs
+        .entry(from[..common].to_vec())
+        .or_default()
+        .entry(from_child.clone())
+        .or_default()
+        .entry(to_child.clone())
+        .or_default()
+        .insert(file.to_owned());
+}
+
+fn module_graphs() -> Graphs {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    let mut graph = Graph::new();
-    for path in files {
-        let relative = path
-            .strip_prefix(&src)
-            .expect("a file under src/")
-            .to_string_lossy()
-            .into_owned();
-        let top = relative
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .trim_end_matches(".rs")
-            .to_owned();
-        if matches!(top.as_str(), "lib" | "main") || relative.ends_with("/tests.rs") {
-            continue;
-        }
-        let text = fs::read_to_string(&path)
+    let files: Vec<(String, Module, PathBuf)> = files
+        .into_iter()
+        .filter_map(|path| {
+            let relative = path
+                .strip_prefix(&src)
+                .expect("a file under src/")
+                .to_string_lossy()
+                .into_owned();
+            Some((relative.clone(), module_of(&relative)?, path))
+        })
+        .collect();
+    let modules: BTreeSet<Module> = files.iter().map(|(_, module, _)| module.clone()).collect();
+    let mut graphs = Graphs::new();
+    for (relative, module, path) in &files {
+        let text = fs::read_to_string(path)
             .unwrap_or_else(|error| panic!("read {}: {error}", path.display()));
-        let edges = graph.entry(top.clone()).or_default();
-        for module in crate_modules(&code_of(&text)) {
-            if module != top {
-                edges
-                    .entry(module.to_owned())
-                    .or_default()
-                    .insert(relative.clone());
+        for named in named_paths(&code_of(&text), module) {
+            if let Some(to) = module_named(&named, &modules) {
+                add_edge(&mut graphs, module, &to, relative);
             }
         }
     }
-    graph
+    graphs
 }
 
 /// A cycle of `graph` as a path `[a, b, .., a]`, if there is one.
@@ -143,38 +232,109 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
         .find_map(|node| visit(graph, node, &mut Vec::new(), &mut done))
 }
 
+/// The cycle of `graph`, if any, as `a -> b (files), b -> a (files)`.
+fn describe_cycle(graph: &Graph) -> Option<String> {
+    let cycle = find_cycle(graph)?;
+    let edges: Vec<String> = cycle
+        .windows(2)
+        .map(|pair| {
+            format!(
+                "{} -> {} ({:?})",
+                pair[0], pair[1], graph[&pair[0]][&pair[1]]
+            )
+        })
+        .collect();
+    Some(edges.join(", "))
+}
+
 #[test]
 fn no_import_cycle_between_top_level_modules() {
-    let graph = module_graph();
+    let graphs = module_graphs();
+    let top = &graphs[&Module::new()];
     assert!(
-        graph.len() > 20 && graph["engine"].contains_key("shard"),
-        "the scan sees the modules and their imports: {graph:?}"
+        top.len() > 10 && top["server"].contains_key("store"),
+        "the scan sees the modules and their imports: {top:?}"
     );
-    if let Some(cycle) = find_cycle(&graph) {
-        let edges: Vec<String> = cycle
-            .windows(2)
-            .map(|pair| {
-                format!(
-                    "{} -> {} ({:?})",
-                    pair[0], pair[1], graph[&pair[0]][&pair[1]]
-                )
-            })
-            .collect();
-        panic!("an import cycle: {}", edges.join(", "));
+    if let Some(cycle) = describe_cycle(top) {
+        panic!("an import cycle between top-level modules: {cycle}");
     }
 }
 
 #[test]
+fn no_import_cycle_between_the_submodules_of_any_module() {
+    let graphs = module_graphs();
+    let cluster = ["store", "cluster"].map(str::to_owned).to_vec();
+    assert!(
+        graphs[&cluster]["remote"].contains_key("convert")
+            && graphs[&["store".to_owned()].to_vec()]["cluster"].contains_key("memory"),
+        "the scan sees the submodules and their imports: {graphs:?}"
+    );
+    let cycles: Vec<String> = graphs
+        .iter()
+        .filter(|(parent, _)| !parent.is_empty())
+        .filter_map(|(parent, graph)| {
+            let cycle = describe_cycle(graph)?;
+            Some(format!("inside {}: {cycle}", parent.join("::")))
+        })
+        .collect();
+    assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
+}
+
+#[test]
 fn the_scan_reads_paths_and_groups_and_finds_a_cycle() {
+    let module = ["a", "b"].map(str::to_owned);
     let code = code_of(
         "use crate::a::b;\n\
          // crate::commented\n\
          use crate::{c, d::{e, f}, g::h};\n\
-         fn x() { crate::i::j(); }\n\
-         #[cfg(test)]\nmod tests {\n    use crate::k;\n}\n",
+         use super::{x::{self, y}, z};\n\
+         use self::w::V;\n\
+         fn x() { crate::i::j(); super::super::k(); }\n\
+         #[cfg(test)]\nmod tests {\n    use crate::l;\n}\n",
     );
-    let found: Vec<&str> = crate_modules(&code).into_iter().collect();
-    assert_eq!(found, ["a", "c", "d", "g", "i"]);
+    let mut found: Vec<String> = named_paths(&code, &module)
+        .iter()
+        .map(|path| path.join("::"))
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "a::b",
+            "a::b::w::V",
+            "a::x",
+            "a::x::y",
+            "a::z",
+            "c",
+            "d::e",
+            "d::f",
+            "g::h",
+            "i::j",
+            "k"
+        ]
+    );
+
+    let modules: BTreeSet<Module> = [vec!["a"], vec!["a", "x"], vec!["a", "b"]]
+        .iter()
+        .map(|module| module.iter().map(|part| (*part).to_owned()).collect())
+        .collect();
+    let path = |text: &str| -> Module { text.split("::").map(str::to_owned).collect() };
+    assert_eq!(module_named(&path("a::x::y"), &modules), Some(path("a::x")));
+    assert_eq!(module_named(&path("a::Item"), &modules), Some(path("a")));
+    assert_eq!(module_named(&path("std::mem"), &modules), None);
+
+    let mut graphs = Graphs::new();
+    add_edge(&mut graphs, &path("a::b"), &path("a::x"), "a/b.rs");
+    add_edge(&mut graphs, &path("a::b::c"), &path("a"), "a/b/c.rs");
+    add_edge(&mut graphs, &path("a"), &path("a::b"), "a.rs");
+    add_edge(&mut graphs, &path("a::b"), &path("e::f"), "a/b.rs");
+    assert_eq!(
+        graphs.keys().cloned().collect::<Vec<_>>(),
+        [Module::new(), path("a")],
+        "only siblings make edges: a child using its parent, or a parent its child, does not"
+    );
+    assert!(graphs[&path("a")]["b"].contains_key("x"));
+    assert!(graphs[&Module::new()]["a"].contains_key("e"));
 
     let edge = |from: &str, to: &str| {
         (

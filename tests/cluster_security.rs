@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ratekeeper::peer::v1 as wire;
-use ratekeeper::peer::v1::peer_client::PeerClient;
+use ratekeeper::store::cluster::proto::v1 as wire;
+use ratekeeper::store::cluster::proto::v1::peer_client::PeerClient;
 use support::{
     Leaf, Ratekeeper, TempDir, TestCa, cluster_members, edge_decide, eventually, grpc_clients,
     metric_sum, start_member, wait_for_members, write_config,

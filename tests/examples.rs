@@ -18,11 +18,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_li
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use ratekeeper::clock::Clock;
-use ratekeeper::engine::{Engine, EngineConfig};
+use ratekeeper::envoy::rls::should_rate_limit;
 use ratekeeper::limiter::{Limiter, LimiterOptions};
 use ratekeeper::limits::Limits;
 use ratekeeper::metrics::MetricsOptions;
-use ratekeeper::rls::should_rate_limit;
+use ratekeeper::store::memory::{Engine, EngineConfig};
 use support::{repo_path, run_ratekeeper, run_to_end};
 use tokio::time::{Instant, advance};
 

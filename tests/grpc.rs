@@ -9,11 +9,11 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use ratekeeper::engine::EngineConfig;
-use ratekeeper::grpc::SHOULD_RATE_LIMIT;
+use ratekeeper::envoy::grpc::SHOULD_RATE_LIMIT;
 use ratekeeper::limiter::LimiterOptions;
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{ServeError, Server, ServerOptions};
+use ratekeeper::store::memory::EngineConfig;
 use support::spawn_server;
 use tonic::transport::Channel;
 

@@ -14,14 +14,13 @@ use std::time::{Duration, Instant};
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
-use ratekeeper::cluster::Cluster;
-use ratekeeper::engine::{Engine, EngineConfig};
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
+use ratekeeper::store::memory::{Engine, EngineConfig, MemoryStore};
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
 use support::{
-    Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_post, metric, metric_sample,
-    run_ratekeeper, write_config,
+    Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_get, http_post, metric,
+    metric_sample, run_ratekeeper, write_config,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -123,7 +122,7 @@ async fn every_algorithm_answers_exactly_like_the_in_memory_store() {
         },
         clock,
     );
-    let memory = Cluster::single(engine);
+    let memory = MemoryStore::new(engine);
     let target = Target::parse(&server.url()).expect("a redis url");
     let options = RedisOptions {
         timeout: Duration::from_secs(5),
@@ -285,6 +284,56 @@ fn two_processes_sharing_one_redis_admit_one_exact_limit() {
         hits.is_some_and(|hits| hits >= 0.0),
         "the blocked cache's hits are exported: {hits:?}"
     );
+}
+
+/// The metric families a `/metrics` scrape exports (from its `# TYPE` lines).
+fn metric_families(http: SocketAddr) -> Vec<String> {
+    let response = http_get(http, "/metrics", &[]).expect("/metrics answers");
+    response
+        .body
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|line| line.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Only the selected store is built: under `--store redis` no engine, shards or cluster
+/// exist, so none of their metrics are exported (while the in-memory store exports its
+/// shards' and not Redis's).
+#[test]
+fn only_the_selected_store_is_built_and_exports_metrics() {
+    let dir = TempDir::new("redis-selected");
+    let server = RedisServer::start(dir.path(), &[]);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let on_redis = Ratekeeper::start(&config, &["--store", &server.url()]);
+    let in_memory = Ratekeeper::start(&config, &[]);
+    for node in [&on_redis, &in_memory] {
+        assert_eq!(ask(node.http_addr(), "counted"), Some(true));
+    }
+    let has = |families: &[String], prefix: &str| {
+        families
+            .iter()
+            .any(|family| family.starts_with(&format!("ratekeeper_{prefix}")))
+    };
+    let expected = [
+        (&on_redis, "store_calls", ["shard_", "cluster_", "peer_"]),
+        (
+            &in_memory,
+            "shard_live_keys",
+            ["store_", "cluster_", "peer_"],
+        ),
+    ];
+    for (node, own, absent) in expected {
+        let families = metric_families(node.http_addr());
+        assert!(has(&families, own), "{own} is exported: {families:?}");
+        for other in absent {
+            assert!(
+                !has(&families, other),
+                "no {other}* family beside {own}: {families:?}"
+            );
+        }
+    }
 }
 
 #[test]

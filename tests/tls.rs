@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
-use ratekeeper::tls::TlsOptions;
+use ratekeeper::transport::tls::TlsOptions;
 use support::{Leaf, TempDir, TestCa, eventually_async, http_get, spawn_server, write_atomically};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 

@@ -13,8 +13,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use ratekeeper::limits::Limits;
-use ratekeeper::listener::GrpcEndpoint;
 use ratekeeper::server::{Server, ServerOptions};
+use ratekeeper::transport::listener::GrpcEndpoint;
 use support::{Ratekeeper, TempDir, eventually, write_config};
 use tonic::transport::{Channel, Endpoint};
 

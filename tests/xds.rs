@@ -24,11 +24,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::google::protobuf::Any;
 use futures_core::Stream;
 use prost::Message;
-use ratekeeper::server::{Server, ServerOptions};
-use ratekeeper::xds::proto::{
+use ratekeeper::envoy::xds::proto::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
-use ratekeeper::xds::{TYPE_URL, XdsOptions};
+use ratekeeper::envoy::xds::{TYPE_URL, XdsOptions};
+use ratekeeper::server::{Server, ServerOptions};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::Channel;
@@ -242,7 +242,7 @@ fn per_day(requests_per_unit: u32) -> RateLimitConfig {
 struct Running {
     client: RateLimitServiceClient<Channel>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    stats: Arc<ratekeeper::xds::XdsStats>,
+    stats: Arc<ratekeeper::envoy::xds::XdsStats>,
     /// A fresh descriptor value per probe.
     probes: u32,
 }

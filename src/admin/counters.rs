@@ -47,8 +47,8 @@
 
 use std::sync::Arc;
 
-use crate::cluster::Cluster;
 use crate::limiter::{ListedCounter, NamesFigures, Query, ResetOutcome};
+use crate::store::cluster::Cluster;
 use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
@@ -67,10 +67,10 @@ const DEFAULT_PAGE: usize = 100;
 #[derive(Clone)]
 struct CountersState {
     limiter: Arc<Limiter>,
-    cluster: Cluster,
+    cluster: Option<Cluster>,
 }
 
-pub(super) fn router(limiter: Arc<Limiter>, cluster: Cluster, enabled: bool) -> Router {
+pub(super) fn router(limiter: Arc<Limiter>, cluster: Option<Cluster>, enabled: bool) -> Router {
     if !enabled {
         return Router::new().route("/counters/{domain}", get(off).delete(off));
     }
@@ -192,9 +192,9 @@ async fn list(
         return error(StatusCode::NOT_FOUND, &format!("unknown domain {domain:?}"));
     }
     if params.cluster
-        && let Some(me) = state.cluster.me()
+        && let Some(cluster) = &state.cluster
     {
-        return list_cluster(&state, me, &domain, &params).await;
+        return list_cluster(&state.limiter, cluster, &domain, &params).await;
     }
     match limiter.counters(&domain, params.after, params.limit).await {
         Ok(Some(page)) => {
@@ -208,16 +208,21 @@ async fn list(
 
 /// `?cluster=1`: this node's names and every other member's, merged, each counter's state
 /// read from its owner.
-async fn list_cluster(state: &CountersState, me: &str, domain: &str, params: &Params) -> Response {
-    let Some(names) = state.limiter.counter_names() else {
+async fn list_cluster(
+    limiter: &Limiter,
+    cluster: &Cluster,
+    domain: &str,
+    params: &Params,
+) -> Response {
+    let me = cluster.me();
+    let Some(names) = limiter.counter_names() else {
         return error(StatusCode::NOT_FOUND, NOT_KEPT);
     };
     let (mut named, mut more) = names.page(domain, params.after, params.limit);
     let mut figures = names.figures();
     let mut members = vec![json!(me)];
     let mut missing: Vec<(String, String)> = Vec::new();
-    let answers = state
-        .cluster
+    let answers = cluster
         .member_names(domain, params.after, params.limit)
         .await;
     for (member, answer) in answers {
@@ -240,10 +245,7 @@ async fn list_cluster(state: &CountersState, me: &str, domain: &str, params: &Pa
             Err(why) => missing.push((member.to_string(), why.to_string())),
         }
     }
-    let page = state
-        .limiter
-        .cluster_counters(named, more, params.limit)
-        .await;
+    let page = limiter.cluster_counters(named, more, params.limit).await;
     for (owner, why) in page.unanswered {
         let member = owner.as_deref().unwrap_or(me).to_owned();
         if !missing.iter().any(|(other, _)| *other == member) {

@@ -1,12 +1,12 @@
 //! The direct HTTP API for services not behind Envoy: `POST /rate/{domain}/{name}` and
 //! `POST /rate/{domain}/{name}/{value}` check and consume one configured limit, found by its
 //! `name` (`rate_limit.name`), and the `RateLimit-*` / `Retry-After` headers that the HTTP
-//! front ends (this API and `/nginx`) derive from a `RateLimitResponse`.
+//! front ends (this API and `/nginx`) derive from the limiter's `Verdict`.
 //!
-//! A call becomes one RLS descriptor: the entries along the named limit's configured path,
+//! A call becomes a query of one descriptor: the entries along the named limit's configured path,
 //! with the configured value of each entry and the call's `value` on the last entry when that
 //! entry is a default (no `value`) or wildcard one. That descriptor goes through
-//! [`Limiter::should_rate_limit_with`], so it is validated, matched, counted, metered (and
+//! [`Limiter::decide`](crate::limiter::Limiter::decide), so it is validated, matched, counted, metered (and
 //! forwarded in cluster mode) exactly like the same descriptor over gRPC: an exact or
 //! wildcard entry for the value wins over the default, so a value that is allow-listed is
 //! allowed with no limit. The answer reports the limit the status reports (with several

@@ -41,10 +41,10 @@ use axum::routing::get;
 use serde_json::{Value, json};
 
 use self::history::History;
-use crate::cluster::Cluster;
 use crate::limiter::Limiter;
 use crate::limits::{Domain, Limits, Node};
 use crate::reload::ReloadStats;
+use crate::store::cluster::Cluster;
 
 /// The page: `ui/dashboard.html`, compiled in.
 const PAGE: &str = include_str!("ui/dashboard.html");
@@ -59,7 +59,7 @@ const HOT_PAGE: usize = 100;
 #[derive(Clone)]
 pub(super) struct UiState {
     pub limiter: Arc<Limiter>,
-    pub cluster: Cluster,
+    pub cluster: Option<Cluster>,
     pub reload: Arc<ReloadStats>,
     /// `--admin-counters`: the page may list and reset counters.
     pub counters: bool,
@@ -99,7 +99,7 @@ async fn data(State(state): State<UiState>) -> Response {
             .map_or(0, |elapsed| elapsed.as_secs()),
         "limits": limits(&state.limiter, &snapshot),
         "hot": hot(&state, &snapshot).await,
-        "cluster": cluster(&state.cluster),
+        "cluster": cluster(state.cluster.as_ref()),
         "reload": reload(&state.reload),
         "counters_enabled": state.counters,
         "history": history_json(&state.history),
@@ -252,11 +252,12 @@ async fn hot(state: &UiState, snapshot: &Limits) -> Value {
 }
 
 /// The ring's members and their health as this node sees it.
-fn cluster(cluster: &Cluster) -> Value {
-    let Some(me) = cluster.me() else {
+fn cluster(cluster: Option<&Cluster>) -> Value {
+    let Some(cluster) = cluster else {
         return json!({"mode": "single", "members": [{"address": "this node", "me": true, "healthy": true}]});
     };
-    let peers = cluster.stats().map(|(_, peers)| peers).unwrap_or_default();
+    let me = cluster.me();
+    let (_, peers) = cluster.stats();
     let members: Vec<Value> = cluster
         .members()
         .iter()

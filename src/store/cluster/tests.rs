@@ -1,80 +1,21 @@
+use std::sync::atomic::Ordering;
+
+use super::membership::tests::set;
 use super::*;
 use crate::algorithm::{NANOS_PER_SEC, Rate, Unit};
+use crate::check::Check;
 use crate::check::Counter;
 use crate::clock::Clock;
-use crate::engine::EngineConfig;
-use crate::key::KeyBuilder;
-
-fn set(members: &[&str]) -> BTreeSet<String> {
-    members.iter().map(|member| (*member).to_owned()).collect()
-}
-
-#[test]
-fn members_are_seeds_discovered_and_joined_minus_those_that_left() {
-    let mut membership = Membership {
-        seeds: set(&["a:1", "b:1"]),
-        discovered: set(&["c:1"]),
-        ..Membership::default()
-    };
-    assert_eq!(
-        membership.members("me:1"),
-        set(&["a:1", "b:1", "c:1", "me:1"])
-    );
-    membership.joined.insert("d:1".to_owned());
-    membership.left.insert("b:1".to_owned());
-    assert_eq!(
-        membership.members("me:1"),
-        set(&["a:1", "c:1", "d:1", "me:1"])
-    );
-    membership.leaving = true;
-    assert_eq!(
-        membership.members("me:1"),
-        set(&["a:1", "c:1", "d:1"]),
-        "a leaving node routes nothing to itself"
-    );
-}
-
-fn engine() -> Engine {
-    Engine::spawn(
-        EngineConfig {
-            shards: 2,
-            max_keys: 100,
-            max_waiters: 10,
-        },
-        Clock::starting_at(1_704_326_400 * NANOS_PER_SEC),
-    )
-}
-
-fn check(value: &str) -> Check {
-    let rate = Rate::fixed(2, Unit::Hour);
-    Check {
-        counters: smallvec::smallvec![Counter {
-            key: KeyBuilder::new("d").entry("k", value).key(&rate),
-            rate,
-        }],
-        cost: 1,
-        wait: None,
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_single_node_decides_everything_on_its_engine() {
-    let cluster = Cluster::single(engine());
-    assert_eq!(cluster.me(), None);
-    let decisions = cluster
-        .check(smallvec::smallvec![check("a"), check("b"), check("a")])
-        .await
-        .expect("answers");
-    let remaining: Vec<u32> = decisions
-        .iter()
-        .map(|decision| decision.remaining)
-        .collect();
-    assert_eq!(remaining, [1, 1, 0]);
-}
+use crate::key::{KeyBuilder, shard_of};
+use crate::store::memory::EngineConfig;
+use crate::store::memory::tests::{check, engine};
 
 #[tokio::test]
 async fn a_lone_member_owns_every_key_and_keeps_its_counters() {
-    let cluster = Cluster::join(engine(), ClusterOptions::new("127.0.0.1:1"));
+    let cluster = Cluster::join(
+        MemoryStore::new(engine()),
+        ClusterOptions::new("127.0.0.1:1"),
+    );
     assert_eq!(cluster.members(), [Arc::<str>::from("127.0.0.1:1")]);
     let decisions = cluster
         .check(smallvec::smallvec![check("x"), check("x"), check("x")])
@@ -103,7 +44,7 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
         options.peers = vec!["127.0.0.1:9".to_owned()];
         options.fallback = fallback;
         options.timeout = Duration::from_millis(200);
-        let cluster = Cluster::join(engine(), options);
+        let cluster = Cluster::join(MemoryStore::new(engine()), options);
         assert_eq!(cluster.members().len(), 2);
         // Keys owned by the dead peer get the policy's answer; there are plenty of those.
         let values: Vec<String> = (0..40).map(|n| format!("v{n}")).collect();
@@ -113,7 +54,7 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
             .await
             .expect("answers without the owner");
         assert_eq!(decisions.len(), 40);
-        let (stats, _) = cluster.stats().expect("cluster mode");
+        let (stats, _) = cluster.stats();
         assert!(stats.fallbacks.load(Ordering::Relaxed) >= 1, "{fallback:?}");
         let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
         for (value, decision) in values.iter().zip(&decisions) {
@@ -137,7 +78,7 @@ async fn a_peek_reports_the_owner_and_never_falls_back_for_it() {
     options.peers = vec!["127.0.0.1:9".to_owned()];
     options.fallback = Fallback::Allow;
     options.timeout = Duration::from_millis(200);
-    let cluster = Cluster::join(engine(), options);
+    let cluster = Cluster::join(MemoryStore::new(engine()), options);
     assert_eq!(cluster.members().len(), 2);
     let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
     let owned_by = |owner: &str| {
@@ -186,29 +127,13 @@ async fn a_peek_reports_the_owner_and_never_falls_back_for_it() {
         .expect("the fallback answers");
 }
 
-#[test]
-fn members_the_detector_found_down_are_off_the_ring_but_still_pinged() {
-    let mut membership = Membership {
-        seeds: set(&["a:1", "b:1"]),
-        joined: set(&["c:1"]),
-        ..Membership::default()
-    };
-    membership.down.insert("b:1".to_owned());
-    assert_eq!(membership.members("me:1"), set(&["a:1", "c:1", "me:1"]));
-    assert_eq!(
-        membership.candidates("me:1"),
-        set(&["a:1", "b:1", "c:1"]),
-        "a member that is down is still pinged, so it can come back"
-    );
-}
-
 #[tokio::test]
 async fn the_local_fallback_decides_on_this_nodes_share_of_the_limit() {
     let mut options = ClusterOptions::new("127.0.0.1:1");
     options.peers = vec!["127.0.0.1:9".to_owned()];
     // Keep the dead peer on the ring for this test.
     options.down_after = u32::MAX;
-    let cluster = Cluster::join(engine(), options);
+    let cluster = Cluster::join(MemoryStore::new(engine()), options);
     let ring = Ring::new(["127.0.0.1:1", "127.0.0.1:9"], DEFAULT_VNODES);
     let theirs = (0..100)
         .map(|n| format!("v{n}"))
@@ -240,7 +165,7 @@ async fn the_local_fallback_decides_on_this_nodes_share_of_the_limit() {
 
 /// Serves `cluster`'s peer service on `listener` until the task is aborted.
 fn serve_peer(cluster: &Cluster, listener: tokio::net::TcpListener) -> tokio::task::JoinHandle<()> {
-    let service = service::PeerService::new(cluster).expect("cluster mode");
+    let service = service::PeerService::new(cluster);
     tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         let _ = tonic::transport::Server::builder()
@@ -276,7 +201,10 @@ async fn the_detector_takes_a_silent_member_off_the_ring_and_back_when_it_answer
         options
     };
     // A knows B, which does not answer yet (its listener accepts, nobody serves).
-    let a = Cluster::join(engine(), fast("127.0.0.1:1", vec![b_address.clone()]));
+    let a = Cluster::join(
+        MemoryStore::new(engine()),
+        fast("127.0.0.1:1", vec![b_address.clone()]),
+    );
     assert_eq!(
         a.members().len(),
         2,
@@ -288,7 +216,7 @@ async fn the_detector_takes_a_silent_member_off_the_ring_and_back_when_it_answer
     );
     assert_eq!(a.peer_health(), vec![(b_address.clone(), false)]);
     // B starts serving: it answers A's pings and is back on A's ring.
-    let b = Cluster::join(engine(), fast(&b_address, Vec::new()));
+    let b = Cluster::join(MemoryStore::new(engine()), fast(&b_address, Vec::new()));
     let server = serve_peer(&b, listener);
     assert!(
         within_5s(|| a.members().len() == 2).await,
@@ -296,62 +224,6 @@ async fn the_detector_takes_a_silent_member_off_the_ring_and_back_when_it_answer
     );
     assert_eq!(a.peer_health(), vec![(b_address, true)]);
     server.abort();
-}
-
-#[test]
-fn a_ping_answer_heals_a_mistaken_leave_and_a_missing_self() {
-    let mut membership = Membership {
-        seeds: set(&["b:1"]),
-        ..Membership::default()
-    };
-    membership.left.insert("c:1".to_owned());
-    assert_eq!(
-        membership.probed("me:1"),
-        set(&["b:1", "c:1"]),
-        "a node said to have left is still pinged"
-    );
-    let theirs = |members: &[&str]| -> Vec<String> {
-        members.iter().map(|member| (*member).to_owned()).collect()
-    };
-    // C answers with itself on its ring: the leave was spoofed or stale.
-    let heard = membership.heard("me:1", "c:1", &theirs(&["c:1", "me:1"]));
-    assert_eq!(
-        heard,
-        Heard {
-            back: true,
-            rejoin: false
-        }
-    );
-    assert_eq!(membership.members("me:1"), set(&["b:1", "c:1", "me:1"]));
-    // A node that really left (not on its own ring) stays left.
-    membership.left.insert("d:1".to_owned());
-    let heard = membership.heard("me:1", "d:1", &theirs(&["b:1", "me:1"]));
-    assert_eq!(
-        heard,
-        Heard {
-            back: false,
-            rejoin: false
-        }
-    );
-    assert!(!membership.members("me:1").contains("d:1"));
-    // B's ring lacks this node: it joins B again, unless it is leaving itself.
-    let heard = membership.heard("me:1", "b:1", &theirs(&["b:1", "c:1"]));
-    assert_eq!(
-        heard,
-        Heard {
-            back: false,
-            rejoin: true
-        }
-    );
-    membership.leaving = true;
-    let heard = membership.heard("me:1", "b:1", &theirs(&["b:1", "c:1"]));
-    assert_eq!(
-        heard,
-        Heard {
-            back: false,
-            rejoin: false
-        }
-    );
 }
 
 /// A peer listener on a free loopback port, and its address.
@@ -372,16 +244,16 @@ async fn a_live_member_dropped_by_a_spoofed_leave_is_back_on_both_rings() {
         options.ping_interval = Duration::from_millis(20);
         options
     };
-    let a = Cluster::join(engine(), fast(&a_address, vec![b_address.clone()]));
-    let b = Cluster::join(engine(), fast(&b_address, Vec::new()));
+    let a = Cluster::join(
+        MemoryStore::new(engine()),
+        fast(&a_address, vec![b_address.clone()]),
+    );
+    let b = Cluster::join(MemoryStore::new(engine()), fast(&b_address, Vec::new()));
     let servers = [serve_peer(&a, a_listener), serve_peer(&b, b_listener)];
     let both = |a: &Cluster, b: &Cluster| a.members().len() == 2 && b.members().len() == 2;
     assert!(within_5s(|| both(&a, &b)).await, "the two nodes meet");
     // Someone tells B that A left, and A that B left; both are alive.
-    let (a_node, b_node) = (
-        a.node.as_ref().expect("member"),
-        b.node.as_ref().expect("member"),
-    );
+    let (a_node, b_node) = (&a.node, &b.node);
     assert_eq!(b_node.left(&a_address), vec![b_address.clone()]);
     assert_eq!(a_node.left(&b_address), vec![a_address.clone()]);
     assert!(
@@ -400,8 +272,8 @@ async fn a_live_member_dropped_by_a_spoofed_leave_is_back_on_both_rings() {
 async fn a_leave_for_an_unknown_address_is_not_remembered_nor_probed() {
     let mut options = ClusterOptions::new("127.0.0.1:1");
     options.peers = vec!["127.0.0.1:2".to_owned()];
-    let cluster = Cluster::join(engine(), options);
-    let node = cluster.node.as_ref().expect("a member");
+    let cluster = Cluster::join(MemoryStore::new(engine()), options);
+    let node = &cluster.node;
     for n in 0..1000 {
         node.left(&format!("10.9.{}.{}:8091", n / 250, n % 250));
     }
@@ -468,8 +340,14 @@ async fn two_members(a_engine: Engine, b_engine: Engine) -> Pair {
         options.timeout = Duration::from_secs(5);
         options
     };
-    let a = Cluster::join(a_engine, options(&a_address, vec![b_address.clone()]));
-    let b = Cluster::join(b_engine, options(&b_address, vec![a_address.clone()]));
+    let a = Cluster::join(
+        MemoryStore::new(a_engine),
+        options(&a_address, vec![b_address.clone()]),
+    );
+    let b = Cluster::join(
+        MemoryStore::new(b_engine),
+        options(&b_address, vec![a_address.clone()]),
+    );
     let servers = [serve_peer(&a, a_listener), serve_peer(&b, b_listener)];
     assert!(
         within_5s(|| a.members().len() == 2 && b.members().len() == 2).await,

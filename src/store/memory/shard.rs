@@ -1,6 +1,6 @@
 //! A shard: the counters of the keys that hash to it, their FIFO wait queues and timers.
 //!
-//! A [`Shard`] is plain state with synchronous steps; the [`Engine`](crate::engine::Engine)
+//! A [`Shard`] is plain state with synchronous steps; the [`Engine`](crate::store::memory::engine::Engine)
 //! keeps each one behind its own lock and the requesting task runs the step itself (no
 //! mailbox, no thread wake-up per request). Only what must happen later, timers of waiting
 //! checks and the sweep of idle keys, runs on the shard's timer task, under the same lock.
@@ -161,7 +161,7 @@ impl Shard {
         self.counters.keys.len()
     }
 
-    /// The key table's capacity (see [`ShardFigures`](crate::engine::ShardFigures)).
+    /// The key table's capacity (see [`ShardFigures`](crate::store::memory::engine::ShardFigures)).
     pub fn key_slots(&self) -> usize {
         self.counters.keys.capacity()
     }

@@ -18,9 +18,7 @@ pub(super) struct ClusterCollector {
 
 impl Collector for ClusterCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some((stats, remotes)) = self.cluster.stats() else {
-            return Ok(());
-        };
+        let (stats, remotes) = self.cluster.stats();
         scrape_gauge(
             &mut encoder,
             "cluster_members",
@@ -62,34 +60,33 @@ impl Collector for ClusterCollector {
         for (name, help, value) in totals {
             scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
         }
-        if let Some(leases) = self.cluster.leases() {
-            let lease_totals: [(&str, &str, &AtomicU64); 3] = [
-                (
-                    "cluster_lease_units_lent",
-                    "Hits this node, as their owner, lent to other nodes with leases",
-                    &leases.stats.lent,
-                ),
-                (
-                    "cluster_lease_hits",
-                    "Requests' checks admitted from a lease, without a forward",
-                    &leases.stats.spent,
-                ),
-                (
-                    "cluster_lease_units_returned",
-                    "Leased hits that ended unspent: given back to the node that lent them, or dropped when it no longer owns the key",
-                    &leases.stats.returned,
-                ),
-            ];
-            for (name, help, value) in lease_totals {
-                scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
-            }
-            scrape_gauge(
-                &mut encoder,
-                "cluster_leases",
-                "Keys this node holds a lease for",
-                leases.len() as u64,
-            )?;
+        let leases = self.cluster.leases();
+        let lease_totals: [(&str, &str, &AtomicU64); 3] = [
+            (
+                "cluster_lease_units_lent",
+                "Hits this node, as their owner, lent to other nodes with leases",
+                &leases.stats.lent,
+            ),
+            (
+                "cluster_lease_hits",
+                "Requests' checks admitted from a lease, without a forward",
+                &leases.stats.spent,
+            ),
+            (
+                "cluster_lease_units_returned",
+                "Leased hits that ended unspent: given back to the node that lent them, or dropped when it no longer owns the key",
+                &leases.stats.returned,
+            ),
+        ];
+        for (name, help, value) in lease_totals {
+            scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
         }
+        scrape_gauge(
+            &mut encoder,
+            "cluster_leases",
+            "Keys this node holds a lease for",
+            leases.len() as u64,
+        )?;
         type Read = fn(&super::remote::Remote) -> u64;
         let per_peer: [(&str, &str, MetricType, Read); 5] = [
             (

@@ -18,13 +18,13 @@ use super::convert::{self, VERSION};
 use super::identity;
 use super::lease;
 use super::names::{self, NameSource};
+use super::proto::v1 as wire;
+use super::proto::v1::peer_server::{Peer, PeerServer};
 use super::{Cluster, Node};
 use crate::algorithm;
 use crate::check::{Check, Checks, Counter};
 use crate::key::KeyId;
-use crate::listener::ConnInfo;
-use crate::peer::v1 as wire;
-use crate::peer::v1::peer_server::{Peer, PeerServer};
+use crate::transport::listener::ConnInfo;
 
 /// The `ratekeeper.peer.v1.Peer` service of one node.
 #[derive(Clone)]
@@ -44,34 +44,27 @@ impl std::fmt::Debug for PeerService {
 }
 
 impl PeerService {
-    /// The service for a cluster member; `None` outside cluster mode.
-    pub fn new(cluster: &Cluster) -> Option<PeerServer<PeerService>> {
+    /// The service of a cluster member.
+    pub fn new(cluster: &Cluster) -> PeerServer<PeerService> {
         PeerService::with_names(cluster, None)
     }
 
     /// [`PeerService::new`], serving the counter names `names` gives (`Names`).
-    pub fn with_names(
-        cluster: &Cluster,
-        names: Option<NameSource>,
-    ) -> Option<PeerServer<PeerService>> {
-        cluster.node.as_ref()?;
-        Some(
-            PeerServer::new(PeerService {
-                cluster: cluster.clone(),
-                names,
-            })
-            .max_decoding_message_size(64 << 20),
-        )
+    pub fn with_names(cluster: &Cluster, names: Option<NameSource>) -> PeerServer<PeerService> {
+        PeerServer::new(PeerService {
+            cluster: cluster.clone(),
+            names,
+        })
+        .max_decoding_message_size(64 << 20)
     }
 
     /// The service itself, not wrapped in its gRPC server (the fuzz harness calls its
-    /// methods); `None` outside cluster mode.
-    pub(crate) fn unwrapped(cluster: &Cluster) -> Option<PeerService> {
-        cluster.node.as_ref()?;
-        Some(PeerService {
+    /// methods).
+    pub(crate) fn unwrapped(cluster: &Cluster) -> PeerService {
+        PeerService {
             cluster: cluster.clone(),
             names: None,
-        })
+        }
     }
 
     /// The node and the validated address of a `Join`, `Leave` or `Ping`; with `authorize`,
@@ -81,7 +74,7 @@ impl PeerService {
         request: Request<wire::Member>,
         authorize: bool,
     ) -> Result<(&Arc<Node>, String), Status> {
-        let node = self.node()?;
+        let node = self.node();
         count_within("address bytes", request.get_ref().address.len(), 1, 256)?;
         if authorize {
             self::authorize(node, &request, &request.get_ref().address)?;
@@ -91,17 +84,14 @@ impl PeerService {
         Ok((node, member.address))
     }
 
-    fn node(&self) -> Result<&Arc<Node>, Status> {
-        self.cluster
-            .node
-            .as_ref()
-            .ok_or_else(|| Status::failed_precondition("not in cluster mode"))
+    fn node(&self) -> &Arc<Node> {
+        &self.cluster.node
     }
 
     /// Lends the sender hits of `counter` (it asked for a lease and was admitted) as
     /// [`lease::policy`] allows, and writes the lease into `decision`.
     fn lend(&self, counter: &Counter, decision: &mut wire::Decision, members: u64) {
-        let engine = self.cluster.engine();
+        let engine = self.cluster.memory().engine();
         let Some(lent) = engine.lend(counter, lease::policy(members)) else {
             return;
         };
@@ -114,12 +104,11 @@ impl PeerService {
             .remaining
             .saturating_add(u32::try_from(lent.units).unwrap_or(u32::MAX));
         decision.reset_after_nanos = lent.reset_after;
-        if let Some(node) = &self.cluster.node {
-            node.leases
-                .stats
-                .lent
-                .fetch_add(lent.units, Ordering::Relaxed);
-        }
+        self.node()
+            .leases
+            .stats
+            .lent
+            .fetch_add(lent.units, Ordering::Relaxed);
     }
 }
 
@@ -193,7 +182,7 @@ impl Peer for PeerService {
         let batch = request.into_inner();
         same_version(batch.version)?;
         count_within("groups", batch.groups.len(), 0, convert::MAX_GROUPS)?;
-        let engine = self.cluster.engine();
+        let engine = self.cluster.memory().engine();
         // Start every group's engine call, then collect the answers in order. Remember the
         // checks whose sender asked for a lease: (decision index, counter).
         let mut calls = Vec::with_capacity(batch.groups.len());
@@ -269,7 +258,7 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::HandoffBatch>,
     ) -> Result<Response<wire::HandoffReply>, Status> {
-        let node = self.node()?;
+        let node = self.node();
         authorize(node, &request, &request.get_ref().sender)?;
         let batch = request.into_inner();
         same_version(batch.version)?;
@@ -280,7 +269,7 @@ impl Peer for PeerService {
             .map(convert::state_from_wire)
             .collect::<Result<Vec<_>, _>>()
             .map_err(Status::invalid_argument)?;
-        let accepted = self.cluster.engine().import(counters);
+        let accepted = self.cluster.memory().engine().import(counters);
         node.stats
             .handoff_received
             .fetch_add(accepted as u64, Ordering::Relaxed);
@@ -294,7 +283,7 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::ResetRequest>,
     ) -> Result<Response<wire::ResetReply>, Status> {
-        let node = self.node()?;
+        let node = self.node();
         authorize(node, &request, &request.get_ref().sender)?;
         let message = request.into_inner();
         same_version(message.version)?;
@@ -310,7 +299,7 @@ impl Peer for PeerService {
             .map(|key| convert::key_from_wire(Some(key)))
             .collect::<Result<Vec<_>, _>>()
             .map_err(Status::invalid_argument)?;
-        let removed = self.cluster.engine().reset(&keys);
+        let removed = self.cluster.memory().engine().reset(&keys);
         tracing::info!(from = %message.sender, removed, "counters reset on a peer's request");
         Ok(Response::new(wire::ResetReply {
             removed: u32::try_from(removed).unwrap_or(u32::MAX),
@@ -339,12 +328,12 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::RefundBatch>,
     ) -> Result<Response<wire::RefundReply>, Status> {
-        let node = self.node()?;
+        let node = self.node();
         authorize(node, &request, &request.get_ref().sender)?;
         let batch = request.into_inner();
         same_version(batch.version)?;
         count_within("refunds", batch.refunds.len(), 0, convert::MAX_HANDOFF)?;
-        let engine = self.cluster.engine();
+        let engine = self.cluster.memory().engine();
         let mut taken_back = 0;
         for refund in &batch.refunds {
             let counter = refund
@@ -363,7 +352,6 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::PeekRequest>,
     ) -> Result<Response<wire::PeekReply>, Status> {
-        self.node()?;
         let message = request.into_inner();
         same_version(message.version)?;
         count_within(
@@ -378,7 +366,7 @@ impl Peer for PeerService {
             .map(|check| convert::check_from_wire(check).map(|(check, _)| check))
             .collect::<Result<Checks, _>>()
             .map_err(Status::invalid_argument)?;
-        let decisions = self.cluster.engine().peek(&checks);
+        let decisions = self.cluster.memory().engine().peek(&checks);
         Ok(Response::new(wire::PeekReply {
             decisions: decisions.iter().map(convert::decision_to_wire).collect(),
         }))
@@ -388,7 +376,6 @@ impl Peer for PeerService {
         &self,
         request: Request<wire::NamesRequest>,
     ) -> Result<Response<wire::NamesReply>, Status> {
-        self.node()?;
         let message = request.into_inner();
         same_version(message.version)?;
         count_within(

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use super::identity;
-use crate::tls::Tls;
+use crate::transport::tls::Tls;
 
 /// A lazily connecting channel to `address` with `endpoint`'s settings (built by
 /// [`endpoint`]); over TLS when `tls` is given.

@@ -1,7 +1,7 @@
 //! The gRPC listener's sockets: TCP (`--grpc-addr`) or a Unix domain socket
 //! (`--grpc-uds`, instead of TCP, like the reference's `GRPC_UDS`), each optionally behind
-//! TLS ([`crate::tls`]). [`GrpcListener::incoming`] is the stream of connections
-//! [`crate::grpc`] serves.
+//! TLS ([`crate::transport::tls`]). [`GrpcListener::incoming`] is the stream of connections
+//! [`crate::envoy::grpc`] serves.
 //!
 //! One accept task per listener takes connections and hands them over through a bounded
 //! channel; with TLS each connection's handshake runs on its own task, so a slow or silent
@@ -34,7 +34,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::server::TlsStream;
 
-use crate::tls::Tls;
+use crate::transport::tls::Tls;
 
 /// Handshakes in progress at most; accepting waits while this many are running.
 pub const MAX_HANDSHAKES: usize = 256;
@@ -267,7 +267,7 @@ impl Socket {
     }
 }
 
-/// The connections [`crate::grpc`] serves, from [`GrpcListener::incoming`].
+/// The connections [`crate::envoy::grpc`] serves, from [`GrpcListener::incoming`].
 #[derive(Debug)]
 pub struct Incoming {
     receiver: mpsc::Receiver<io::Result<Conn>>,

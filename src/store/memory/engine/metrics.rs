@@ -8,7 +8,7 @@ use prometheus_client::metrics::MetricType;
 
 use super::Engine;
 use crate::metrics::{encode_counter, encode_gauge};
-use crate::shard::ShardStats;
+use crate::store::memory::shard::ShardStats;
 
 #[derive(Debug)]
 pub(super) struct EngineCollector {

@@ -24,12 +24,12 @@ use prometheus_client::registry::Registry;
 use smallvec::SmallVec;
 use tokio::sync::Notify;
 
+use super::shard::{Shard, ShardConfig, ShardStats, Stepped, WaitReply};
 use crate::algorithm::{LendPolicy, Lent};
 use crate::check::{Check, Checks, Counter, Decisions, KeepRoute, Slot};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
-use crate::shard::{Shard, ShardConfig, ShardStats, Stepped, WaitReply};
 
 /// Sizes of the engine.
 #[derive(Clone, Copy, Debug)]
@@ -319,7 +319,7 @@ impl Engine {
     }
 
     /// Lends hits of `counter` (a key this node owns) to another node: see
-    /// [`algorithm::lend`].
+    /// [`algorithm::lend`](crate::algorithm::lend).
     pub fn lend(&self, counter: &Counter, policy: LendPolicy) -> Option<Lent> {
         let cell = &self.inner.cells[counter.key.shard(self.inner.cells.len())];
         let mut shard = cell.lock();

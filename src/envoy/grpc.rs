@@ -40,9 +40,9 @@ use tonic::metadata::MetadataMap;
 use tonic::service::Routes;
 use tower_service::Service;
 
+use crate::envoy::rls::{self, MAX_MESSAGE_BYTES};
 use crate::limiter::Limiter;
-use crate::listener::{Conn, Incoming};
-use crate::rls::{self, MAX_MESSAGE_BYTES};
+use crate::transport::listener::{Conn, Incoming};
 
 /// The path Envoy calls.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";

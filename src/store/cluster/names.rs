@@ -5,8 +5,9 @@
 //! one counter may be named on several nodes, or only on nodes that do not own it. A node
 //! serves its names to the others ([`NameSource`], installed by the server: this module
 //! does not know where names are kept) with the peer call `Names`, and asks every other
-//! ring member for theirs ([`Cluster::member_names`]); merging and reading each counter's
-//! state from its owner is the limiter's job.
+//! ring member for theirs ([`Cluster::member_names`](super::Cluster::member_names));
+//! merging and reading each counter's state from its owner is the limiter's job. This
+//! module is the vocabulary and the bounds (it imports no sibling).
 //!
 //! Invariants: bounded: a page holds at most [`MAX_NAMES`] names of at most
 //! [`MAX_NAME_BYTES`] each, checked on both sides; every member gets one call, all at
@@ -15,9 +16,6 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-
-use super::Cluster;
-use super::remote::PeerError;
 
 /// Names per page at most (the listing's page cap).
 pub const MAX_NAMES: usize = 1000;
@@ -51,24 +49,6 @@ pub struct NamesPage {
 /// `domain` with routes above `after`, at most `limit`; `None` when the node keeps none.
 pub type NameSource = Arc<dyn Fn(&str, Option<u64>, usize) -> Option<NamesPage> + Send + Sync>;
 
-/// Why a member's names are not in a listing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NamesMissing {
-    /// The call failed or timed out.
-    Peer(PeerError),
-    /// It answered that it keeps no names (it runs without `--counter-names`).
-    NotKept,
-}
-
-impl std::fmt::Display for NamesMissing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NamesMissing::Peer(error) => error.fmt(f),
-            NamesMissing::NotKept => f.write_str("it keeps no counter names (--counter-names)"),
-        }
-    }
-}
-
 /// Whether `entries` (under `domain`) fit the bounds a name must keep.
 pub fn fits(domain: &str, entries: &[(Box<str>, Box<str>)]) -> bool {
     let bytes: usize = domain.len()
@@ -77,31 +57,4 @@ pub fn fits(domain: &str, entries: &[(Box<str>, Box<str>)]) -> bool {
             .map(|(key, value)| key.len() + value.len())
             .sum::<usize>();
     !entries.is_empty() && entries.len() <= MAX_ENTRIES && bytes <= MAX_NAME_BYTES
-}
-
-impl Cluster {
-    /// Asks every other ring member for its names of `domain` with routes above `after`
-    /// (at most `limit`, itself at most [`MAX_NAMES`]), all at once, each within
-    /// [`DEADLINE`]: one answer per member, in ring order. Empty outside cluster mode.
-    pub async fn member_names(
-        &self,
-        domain: &str,
-        after: Option<u64>,
-        limit: usize,
-    ) -> Vec<(Arc<str>, Result<NamesPage, NamesMissing>)> {
-        let Some(node) = &self.node else {
-            return Vec::new();
-        };
-        let peers = node.topology.load().peers();
-        let limit = limit.clamp(1, MAX_NAMES);
-        let asked = peers.iter().map(|peer| async move {
-            let answer = match peer.names(domain, after, limit, DEADLINE).await {
-                Ok(Some(page)) => Ok(page),
-                Ok(None) => Err(NamesMissing::NotKept),
-                Err(error) => Err(NamesMissing::Peer(error)),
-            };
-            (Arc::clone(peer.address()), answer)
-        });
-        futures_util::future::join_all(asked).await
-    }
 }

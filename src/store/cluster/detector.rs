@@ -24,9 +24,9 @@ use tonic::transport::Channel;
 
 use super::Node;
 use super::convert::VERSION;
-use crate::peer::v1 as wire;
-use crate::peer::v1::peer_client::PeerClient;
-use crate::tls::Tls;
+use super::proto::v1 as wire;
+use super::proto::v1::peer_client::PeerClient;
+use crate::transport::tls::Tls;
 
 /// One member as the detector sees it.
 struct Probe {

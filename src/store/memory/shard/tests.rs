@@ -7,8 +7,8 @@ use super::*;
 use crate::algorithm::{Algorithm, NANOS_PER_SEC, Rate, Unit};
 use crate::check::WaitPolicy;
 use crate::clock::Clock;
-use crate::engine::{Engine, EngineConfig};
 use crate::key::KeyBuilder;
+use crate::store::memory::engine::{Engine, EngineConfig};
 
 const S: u64 = NANOS_PER_SEC;
 /// 2024-01-04T00:00:00Z: every window boundary.

@@ -32,14 +32,14 @@ use tonic::transport::Channel;
 
 use super::convert::{self, VERSION};
 use super::lease::{Grant, Leases, Refund};
+use super::proto::v1 as wire;
+use super::proto::v1::peer_client::PeerClient;
 use super::{ClusterOptions, PeerStats};
 use crate::breaker::Breaker;
 use crate::check::{Checks, Decisions, Slot};
 use crate::error::{ClusterError, ErrorKind};
 use crate::key::KeyId;
-use crate::peer::v1 as wire;
-use crate::peer::v1::peer_client::PeerClient;
-use crate::tls::Tls;
+use crate::transport::tls::Tls;
 
 /// A forward batch slower than this is counted as slow (`ratekeeper_peer_slow_total`): past
 /// Envoy's default rate limit timeout (20 ms), so Envoy applied its failure mode meanwhile.

@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use super::proto::v1 as wire;
 use crate::algorithm::{Algorithm, Rate, Unit};
 use crate::check::{Check, Counter, Counters, Decision, MAX_COST, Slot, WaitPolicy, expiry};
 use crate::error::ErrorKind;
 use crate::key::KeyId;
-use crate::peer::v1 as wire;
 
 use super::names::{self, Named, NamesPage};
 

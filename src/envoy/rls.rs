@@ -312,7 +312,7 @@ impl RateLimitService for RlsService {
 
 /// Decides one call: [`should_rate_limit`], traced when `--otlp-endpoint` is set (the
 /// trace context comes from the call's `metadata`). What both gRPC paths run: the server's
-/// own ([`crate::grpc`]) and [`RlsService`].
+/// own ([`crate::envoy::grpc`]) and [`RlsService`].
 pub async fn answer(
     limiter: &Limiter,
     metadata: &tonic::metadata::MetadataMap,

@@ -1,0 +1,400 @@
+//! Forwarding: a request's checks scattered to whoever decides them (a lease this node
+//! holds, this node's memory store, each other owner through its [`Remote`], the
+//! [`Fallback`] policy for an owner that cannot answer) and the answers gathered back in
+//! request order, with [`Scatter`] as the plan. Explanations (peeks) and counter listings
+//! (names) ask the other members the same way, without a fallback.
+//!
+//! A request that fails consumes nothing: when any part errs, every other part gives back
+//! what it consumed ([`Taken::give_back`]) before the error is answered.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use super::names::{DEADLINE, MAX_NAMES, NamesPage};
+use super::remote::{self, PeerError, Remote};
+use super::scatter::Scatter;
+use super::{Cluster, ClusterError, Fallback, Node, Topology, convert, lease};
+use crate::check::{Check, Checks, Decision, Decisions};
+use crate::error::StoreError;
+use crate::store::memory::engine::Consumed;
+
+/// Per check of a request: what it spent when it was admitted from a lease.
+pub(super) type SpentLeases = SmallVec<[Option<lease::Spent>; 4]>;
+
+/// Who decides a part of one request's checks.
+#[derive(Clone, Copy)]
+enum Target<'a> {
+    /// This node's memory store (its own keys).
+    Here,
+    /// Admitted from a lease another node granted (see `lease`).
+    Leased,
+    /// The owner of the part's keys.
+    Owner(&'a Arc<Remote>),
+}
+
+impl PartialEq for Target<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Target::Here, Target::Here) | (Target::Leased, Target::Leased) => true,
+            (Target::Owner(one), Target::Owner(other)) => Arc::ptr_eq(one, other),
+            _ => false,
+        }
+    }
+}
+
+impl<'a> Target<'a> {
+    /// Where the checks of `route` go when no lease admitted them.
+    fn of(topology: &'a Topology, route: Option<u64>) -> Target<'a> {
+        route
+            .and_then(|route| topology.owner_of(route))
+            .map_or(Target::Here, Target::Owner)
+    }
+}
+
+/// Gathering failed: a part answered fewer decisions than its checks have counters.
+fn too_few() -> StoreError {
+    ClusterError::Protocol {
+        peer: Arc::from("a peer"),
+        problem: "answered too few decisions".to_owned(),
+    }
+    .into()
+}
+
+/// What the parts of one request consumed so far, to give back if another part fails.
+#[derive(Default)]
+struct Taken {
+    /// Checks admitted from leases, and what each spent.
+    leased: Vec<(Check, lease::Spent)>,
+    /// Checks this node's engine decided (its own keys, and the local fallback's), and
+    /// which of them consumed when.
+    engine: Vec<(Checks, Consumed)>,
+    /// What each owner counted for the checks forwarded to it.
+    forwarded: Vec<(Arc<Remote>, remote::Counted)>,
+}
+
+impl Taken {
+    /// Gives everything back: lease spends to their lease (or lender), this node's engine
+    /// in the windows its checks were counted in, and each owner's admissions with a
+    /// `Refund` naming the windows the owner counted them in (never this node's guess, so
+    /// clock skew cannot take hits off a window that did not count them), while it still
+    /// owns their keys (after a ring change the counter went to the new owner with the
+    /// hits in it; another counter of the old owner's never had them). A refund the owner
+    /// does not get (it went away meanwhile, or the keys moved) stays counted until its
+    /// window ends: an under-admission of at most that request's cost, never an
+    /// over-admission.
+    async fn give_back(self, node: &Node) {
+        for (check, spent) in &self.leased {
+            node.leases.unspend(check, spent);
+        }
+        for (checks, consumed) in &self.engine {
+            node.engine().give_back(checks, consumed);
+        }
+        let topology = node.topology.load_full();
+        let owns = |remote: &Remote, refund: &lease::Refund| {
+            topology
+                .ring
+                .owner(refund.counter.key.route)
+                .is_some_and(|owner| owner == remote.address())
+        };
+        let refunds: Vec<(&Arc<Remote>, Vec<lease::Refund>)> = self
+            .forwarded
+            .iter()
+            .map(|(remote, counted)| {
+                let mut refunds = counted.refunds(remote.address());
+                refunds.retain(|refund| owns(remote, refund));
+                (remote, refunds)
+            })
+            .collect();
+        let refunds = refunds
+            .iter()
+            .flat_map(|(remote, refunds)| {
+                refunds
+                    .chunks(convert::MAX_HANDOFF / 10)
+                    .map(move |chunk| (*remote, chunk))
+            })
+            .map(|(remote, chunk)| async move {
+                if let Err(error) = remote.refund(chunk).await {
+                    tracing::warn!(%error, refunds = chunk.len(), "could not give back what an owner counted for a failed request");
+                }
+            });
+        futures_util::future::join_all(refunds).await;
+    }
+}
+
+impl Cluster {
+    /// [`Cluster::check`] when some checks belong to other nodes; an owner that cannot be
+    /// reached is a case for the fallback policy. `leased` holds, per check, what it spent
+    /// when it was admitted from a lease already ([`Node::spend_leases`]).
+    ///
+    /// A request that fails consumes nothing: when any part errs (this node's engine, an
+    /// owner's own error such as its key cap, a lost forward, the fallback), every other
+    /// part gives back what it consumed ([`Taken::give_back`]) before the error is answered.
+    pub(super) async fn check_distributed(
+        &self,
+        node: &Node,
+        checks: Checks,
+        leased: SpentLeases,
+    ) -> Result<Decisions, StoreError> {
+        let mut spent = leased.into_iter();
+        let mut taken = Taken::default();
+        let mut leased = Decisions::new();
+        let topology = node.topology.load();
+        // Part 0: this node; part 1: the checks admitted from a lease, decided right here.
+        let mut scatter = Scatter::new([Target::Here, Target::Leased], checks.len());
+        for check in checks {
+            let route = check.counters.first().map(|counter| counter.key.route);
+            let target = match (Target::of(&topology, route), spent.next().flatten()) {
+                (Target::Here, spent) => {
+                    // The ring changed since the lease was spent: this node owns the key
+                    // now, and decides it; the lease gets its hits back.
+                    if let Some(spent) = spent {
+                        node.leases.unspend(&check, &spent);
+                    }
+                    Target::Here
+                }
+                (_, Some(spent)) => {
+                    leased.push(spent.decision);
+                    taken.leased.push((check.clone(), spent));
+                    Target::Leased
+                }
+                (owner, None) => owner,
+            };
+            scatter.push(target, check);
+        }
+        let (parts, gather) = scatter.into_parts();
+        // Queue the forwards first, so they travel while the local part is decided.
+        let mut answers: Vec<Option<Decisions>> = (0..parts.len()).map(|_| None).collect();
+        answers[1] = Some(leased);
+        let mut waiting: Vec<(usize, Arc<Remote>, oneshot::Receiver<remote::Answer>)> = Vec::new();
+        let mut fallbacks: Vec<(usize, Checks)> = Vec::new();
+        let mut local = Checks::new();
+        for (index, (target, part)) in parts.into_iter().enumerate() {
+            match target {
+                Target::Here => local = part,
+                Target::Leased => {}
+                Target::Owner(remote) => match remote.submit(part) {
+                    Ok(rx) => waiting.push((index, Arc::clone(remote), rx)),
+                    Err((_, part)) => fallbacks.push((index, part)),
+                },
+            }
+        }
+        drop(topology);
+        // The first error of any part; once there is one, the parts still in flight are
+        // awaited only to give back what they consumed.
+        let mut failed: Option<StoreError> = None;
+        if !local.is_empty() {
+            let started = node.engine().begin(&local);
+            match started {
+                Ok(started) => match started.finish_consumed().await {
+                    Ok((decisions, consumed)) => {
+                        answers[0] = Some(decisions);
+                        taken.engine.push((local, consumed));
+                    }
+                    Err(error) => failed = Some(error),
+                },
+                // The engine gave back its own part already.
+                Err(error) => failed = Some(error),
+            }
+        }
+        // Every forward is answered within its deadline (see `remote`).
+        for (index, remote, rx) in waiting {
+            match rx.await {
+                Ok(Ok(answered)) => {
+                    answers[index] = Some(answered.decisions);
+                    taken.forwarded.push((remote, answered.counted));
+                }
+                Ok(Err((error @ PeerError::Remote { .. }, _))) => {
+                    failed.get_or_insert_with(|| ClusterError::from(error).into());
+                }
+                // Unreachable, or no longer a member: the fallback policy decides.
+                Ok(Err((_, part))) => fallbacks.push((index, part)),
+                Err(_) => {
+                    let peer = Arc::clone(remote.address());
+                    let problem = "the forward was dropped".to_owned();
+                    failed.get_or_insert_with(|| ClusterError::Protocol { peer, problem }.into());
+                }
+            }
+        }
+        if failed.is_none() {
+            for (index, part) in fallbacks {
+                node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                match node.fallback(part).await {
+                    Ok((decisions, consumed)) => {
+                        answers[index] = Some(decisions);
+                        taken.engine.extend(consumed);
+                    }
+                    Err(error) => {
+                        failed = Some(error);
+                        break;
+                    }
+                }
+            }
+        }
+        let decided = match failed {
+            Some(error) => Err(error),
+            None => gather.gather(answers).ok_or_else(too_few),
+        };
+        if decided.is_err() {
+            taken.give_back(node).await;
+        }
+        decided
+    }
+
+    /// [`Store::peek`](crate::store::Store::peek) when some checks belong to other nodes:
+    /// each owner is asked once (`Remote::peek`, at most `convert::MAX_CHECKS_PER_GROUP`
+    /// checks per call), all at once, and the answers are put back in request order.
+    pub(super) async fn peek_distributed(
+        &self,
+        node: &Node,
+        checks: Checks,
+    ) -> Result<Decisions, StoreError> {
+        let topology = node.topology.load();
+        let mut scatter = Scatter::new([Target::Here], checks.len());
+        for check in checks {
+            let target = Target::of(&topology, Some(check.route()));
+            scatter.push(target, check);
+        }
+        let (parts, gather) = scatter.into_parts();
+        // Part 0 is this node's; the others are owners'.
+        let parts: Vec<(Option<Arc<Remote>>, Checks)> = parts
+            .into_iter()
+            .map(|(target, checks)| match target {
+                Target::Owner(remote) => (Some(Arc::clone(remote)), checks),
+                Target::Here | Target::Leased => (None, checks),
+            })
+            .collect();
+        drop(topology);
+        let asked = parts.iter().filter_map(|(remote, checks)| {
+            let remote = remote.as_ref()?;
+            Some(async move {
+                let mut decisions = Decisions::new();
+                for chunk in checks.chunks(convert::MAX_CHECKS_PER_GROUP) {
+                    let chunk: Checks = chunk.iter().cloned().collect();
+                    let expected: usize = chunk.iter().map(|check| check.counters.len()).sum();
+                    let answer = remote.peek(&chunk).await?;
+                    if answer.len() != expected {
+                        return Err(ClusterError::Protocol {
+                            peer: Arc::clone(remote.address()),
+                            problem: format!("{} decisions for {expected} counters", answer.len()),
+                        });
+                    }
+                    decisions.extend(answer);
+                }
+                Ok(decisions)
+            })
+        });
+        let mut here = parts.first().map(|(_, local)| node.engine().peek(local));
+        let mut theirs = futures_util::future::try_join_all(asked).await?.into_iter();
+        let answers = parts
+            .iter()
+            .map(|(remote, _)| match remote {
+                None => here.take(),
+                Some(_) => theirs.next(),
+            })
+            .collect();
+        gather.gather(answers).ok_or_else(too_few)
+    }
+
+    /// Asks every other ring member for its names of `domain` with routes above `after`
+    /// (at most `limit`, itself at most [`MAX_NAMES`]), all at once, each within
+    /// [`DEADLINE`]: one answer per member, in ring order.
+    pub async fn member_names(
+        &self,
+        domain: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Vec<(Arc<str>, Result<NamesPage, NamesMissing>)> {
+        let peers = self.node.topology.load().peers();
+        let limit = limit.clamp(1, MAX_NAMES);
+        let asked = peers.iter().map(|peer| async move {
+            let answer = match peer.names(domain, after, limit, DEADLINE).await {
+                Ok(Some(page)) => Ok(page),
+                Ok(None) => Err(NamesMissing::NotKept),
+                Err(error) => Err(NamesMissing::Peer(error)),
+            };
+            (Arc::clone(peer.address()), answer)
+        });
+        futures_util::future::join_all(asked).await
+    }
+}
+
+/// Why a member's names are not in a listing ([`Cluster::member_names`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NamesMissing {
+    /// The call failed or timed out.
+    Peer(PeerError),
+    /// It answered that it keeps no names (it runs without `--counter-names`).
+    NotKept,
+}
+
+impl std::fmt::Display for NamesMissing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NamesMissing::Peer(error) => error.fmt(f),
+            NamesMissing::NotKept => f.write_str("it keeps no counter names (--counter-names)"),
+        }
+    }
+}
+
+impl Node {
+    /// Admits from their leases the checks whose keys other nodes own and lent this node
+    /// hits for; `None` for the others (this node's own keys, and keys without a lease).
+    pub(super) fn spend_leases(&self, checks: &[Check]) -> SpentLeases {
+        let topology = self.topology.load();
+        let now = tokio::time::Instant::now();
+        checks
+            .iter()
+            .map(|check| {
+                topology.owner_of(check.route())?;
+                self.leases.spend(check, now)
+            })
+            .collect()
+    }
+
+    /// Whether this node owns every check's key (then nothing needs forwarding).
+    pub(super) fn owns_all(&self, checks: &[Check]) -> bool {
+        let topology = self.topology.load();
+        checks
+            .iter()
+            .all(|check| topology.owner_of(check.route()).is_none())
+    }
+
+    /// Decides `group` (checks whose owner cannot answer) by the fallback policy; with
+    /// [`Fallback::Local`], also answers what this node's engine consumed for them (to give
+    /// back if the request fails).
+    async fn fallback(
+        &self,
+        group: Checks,
+    ) -> Result<(Decisions, Option<(Checks, Consumed)>), StoreError> {
+        let synthetic = |allowed: bool| {
+            group
+                .iter()
+                .flat_map(|check| check.counters.iter())
+                .map(|_| Decision {
+                    allowed,
+                    remaining: 0,
+                    reset_after: 0,
+                    retry_after: None,
+                })
+                .collect()
+        };
+        match self.options.fallback {
+            Fallback::Local => {
+                // This node's share of each limit: with every node falling back at once,
+                // together they admit no more than the limit.
+                let members = self.topology.load().ring.len();
+                let mut group = group;
+                for counter in group.iter_mut().flat_map(|check| check.counters.iter_mut()) {
+                    counter.rate = counter.rate.share(members);
+                }
+                let (decisions, consumed) = self.engine().begin(&group)?.finish_consumed().await?;
+                Ok((decisions, Some((group, consumed))))
+            }
+            Fallback::Allow => Ok((synthetic(true), None)),
+            Fallback::Deny => Ok((synthetic(false), None)),
+        }
+    }
+}
