@@ -544,8 +544,8 @@ impl ServeArgs {
         options.insecure = self.peer_insecure;
         options.fallback = match self.peer_fallback {
             FallbackArg::Local => Fallback::Local,
-            FallbackArg::Allow => Fallback::Allow,
-            FallbackArg::Deny => Fallback::Deny,
+            FallbackArg::Allow => Fallback::Policy(FailurePolicy::Allow),
+            FallbackArg::Deny => Fallback::Policy(FailurePolicy::Deny),
         };
         Some((peer_addr, options))
     }

@@ -111,5 +111,6 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 }
 
 pub mod cluster;
+pub mod failure;
 pub mod memory;
 pub mod redis;

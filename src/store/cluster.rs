@@ -68,6 +68,7 @@ use crate::check::{Checks, Decisions};
 pub use crate::error::ClusterError;
 use crate::error::StoreError;
 use crate::key::KeyId;
+use crate::store::failure::FailurePolicy;
 use crate::store::memory::MemoryStore;
 use crate::store::memory::engine::Engine;
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
@@ -79,18 +80,16 @@ pub enum Fallback {
     /// Decide on this node's own counter for the key (handed to the owner once it is back).
     #[default]
     Local,
-    /// Admit.
-    Allow,
-    /// Reject.
-    Deny,
+    /// Answer by the stores' common [`FailurePolicy`] (`allow` or `deny`, as the Redis
+    /// store answers while Redis is down), retrying the owner after the breaker's cooldown.
+    Policy(FailurePolicy),
 }
 
 impl Fallback {
     pub fn as_str(self) -> &'static str {
         match self {
             Fallback::Local => "local",
-            Fallback::Allow => "allow",
-            Fallback::Deny => "deny",
+            Fallback::Policy(policy) => policy.as_str(),
         }
     }
 }

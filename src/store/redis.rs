@@ -46,10 +46,11 @@ pub use self::connection::{Target, redact};
 use self::metrics::RedisStats;
 use crate::algorithm::{self, Algorithm, NANOS_PER_SEC, Rate, State};
 use crate::breaker::Breaker;
-use crate::check::{self, Check, Checks, Decision, Decisions, States};
+use crate::check::{self, Check, Checks, Decisions, States};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
+pub use crate::store::failure::FailurePolicy;
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
 
 /// What the Redis store can count exactly: no `max_wait`; sliding windows up to 2^53 / 10^9
@@ -66,24 +67,6 @@ const SCRIPT: &str = include_str!("redis.lua");
 
 /// Consecutive failed calls that open the breaker.
 const BREAKER_FAILURES: u32 = 3;
-
-/// What to answer while Redis cannot: `--store-failure`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailurePolicy {
-    /// Admit (fail open), like Envoy's default `failure_mode_deny: false`.
-    Allow,
-    /// Refuse: over the limit, retry after the breaker's cooldown.
-    Deny,
-}
-
-impl FailurePolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailurePolicy::Allow => "allow",
-            FailurePolicy::Deny => "deny",
-        }
-    }
-}
 
 /// The Redis store's settings.
 #[derive(Clone, Debug)]
@@ -431,25 +414,7 @@ impl Inner {
         self.stats
             .policy_decisions
             .fetch_add(checks.len() as u64, Ordering::Relaxed);
-        let cooldown = u64::try_from(self.options.cooldown.as_nanos()).unwrap_or(u64::MAX);
-        checks
-            .iter()
-            .flat_map(|check| check.counters.iter())
-            .map(|counter| match self.options.failure {
-                FailurePolicy::Allow => Decision {
-                    allowed: true,
-                    remaining: u32::try_from(counter.rate.capacity()).unwrap_or(u32::MAX),
-                    reset_after: 0,
-                    retry_after: Some(0),
-                },
-                FailurePolicy::Deny => Decision {
-                    allowed: false,
-                    remaining: 0,
-                    reset_after: cooldown,
-                    retry_after: Some(cooldown),
-                },
-            })
-            .collect()
+        self.options.failure.decide(checks, self.options.cooldown)
     }
 }
 

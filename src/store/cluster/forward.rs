@@ -17,7 +17,7 @@ use super::names::{DEADLINE, MAX_NAMES, NamesPage};
 use super::remote::{self, PeerError, Remote};
 use super::scatter::Scatter;
 use super::{Cluster, ClusterError, Fallback, Node, Topology, convert, lease};
-use crate::check::{Check, Checks, Decision, Decisions};
+use crate::check::{Check, Checks, Decisions};
 use crate::error::StoreError;
 use crate::store::memory::engine::Consumed;
 
@@ -369,18 +369,6 @@ impl Node {
         &self,
         group: Checks,
     ) -> Result<(Decisions, Option<(Checks, Consumed)>), StoreError> {
-        let synthetic = |allowed: bool| {
-            group
-                .iter()
-                .flat_map(|check| check.counters.iter())
-                .map(|_| Decision {
-                    allowed,
-                    remaining: 0,
-                    reset_after: 0,
-                    retry_after: None,
-                })
-                .collect()
-        };
         match self.options.fallback {
             Fallback::Local => {
                 // This node's share of each limit: with every node falling back at once,
@@ -393,8 +381,9 @@ impl Node {
                 let (decisions, consumed) = self.engine().begin(&group)?.finish_consumed().await?;
                 Ok((decisions, Some((group, consumed))))
             }
-            Fallback::Allow => Ok((synthetic(true), None)),
-            Fallback::Deny => Ok((synthetic(false), None)),
+            Fallback::Policy(policy) => {
+                Ok((policy.decide(&group, self.options.breaker_cooldown), None))
+            }
         }
     }
 }

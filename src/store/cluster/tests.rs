@@ -35,8 +35,8 @@ async fn a_lone_member_owns_every_key_and_keeps_its_counters() {
 #[tokio::test]
 async fn fallback_policies_decide_for_an_unreachable_owner() {
     for (fallback, expected) in [
-        (Fallback::Allow, true),
-        (Fallback::Deny, false),
+        (Fallback::Policy(FailurePolicy::Allow), true),
+        (Fallback::Policy(FailurePolicy::Deny), false),
         (Fallback::Local, true),
     ] {
         let mut options = ClusterOptions::new("127.0.0.1:1");
@@ -44,6 +44,7 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
         options.peers = vec!["127.0.0.1:9".to_owned()];
         options.fallback = fallback;
         options.timeout = Duration::from_millis(200);
+        let cooldown = u64::try_from(options.breaker_cooldown.as_nanos()).expect("small");
         let cluster = Cluster::join(MemoryStore::new(engine()), options);
         assert_eq!(cluster.members().len(), 2);
         // Keys owned by the dead peer get the policy's answer; there are plenty of those.
@@ -64,6 +65,16 @@ async fn fallback_policies_decide_for_an_unreachable_owner() {
                 .is_some_and(|owner| &**owner == "127.0.0.1:9")
             {
                 assert_eq!(decision.allowed, expected, "{fallback:?} for {value}");
+                // The same stand-in answers as the Redis store's (`store::failure`).
+                match fallback {
+                    Fallback::Policy(FailurePolicy::Deny) => {
+                        assert_eq!(decision.retry_after, Some(cooldown), "Retry-After sent");
+                    }
+                    Fallback::Policy(FailurePolicy::Allow) => {
+                        assert!(decision.remaining > 0, "not counted as near the limit");
+                    }
+                    Fallback::Local => {}
+                }
             } else {
                 assert!(decision.allowed, "keys owned here are decided here");
             }
@@ -76,7 +87,7 @@ async fn a_peek_reports_the_owner_and_never_falls_back_for_it() {
     let mut options = ClusterOptions::new("127.0.0.1:1");
     // A peer nobody listens on (port 9 is discard; nothing binds it here).
     options.peers = vec!["127.0.0.1:9".to_owned()];
-    options.fallback = Fallback::Allow;
+    options.fallback = Fallback::Policy(FailurePolicy::Allow);
     options.timeout = Duration::from_millis(200);
     let cluster = Cluster::join(MemoryStore::new(engine()), options);
     assert_eq!(cluster.members().len(), 2);
