@@ -808,3 +808,45 @@ async fn a_script_call_that_fails_part_way_consumes_nothing() {
         "the first descriptor was not written: {keys}"
     );
 }
+
+/// The script refuses an algorithm code it does not know (one a newer ratekeeper might send)
+/// with an error naming it, before writing anything: an earlier check of the same call that
+/// it admitted leaves no trace.
+#[test]
+fn the_script_refuses_an_unknown_algorithm_and_writes_nothing() {
+    let dir = TempDir::new("redis-unknown-algorithm");
+    let server = RedisServer::start(dir.path(), &[]);
+    let client = redis::Client::open(server.url()).expect("a redis url");
+    let mut connection = client.get_connection().expect("connects");
+    let mut packed = Vec::new();
+    let mut push = |number: f64| packed.extend_from_slice(&number.to_le_bytes());
+    // Check 1: cost 1, one counter: fixed window, 5 per 60 s (admitted).
+    for number in [1.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
+        push(number);
+    }
+    // Check 2: cost 1, one counter with algorithm code 7.
+    for number in [1.0, 1.0, 7.0, 5.0, 60.0, 5.0, 0.0] {
+        push(number);
+    }
+    let reply: redis::RedisResult<Vec<u8>> = redis::cmd("EVAL")
+        .arg(include_str!("../src/store/redis.lua"))
+        .arg(2)
+        .arg("known")
+        .arg("unknown")
+        .arg(1_704_326_400)
+        .arg(0)
+        .arg(1000)
+        .arg(packed)
+        .query(&mut connection);
+    let error = reply.expect_err("an unknown algorithm is an error");
+    assert!(
+        error.to_string().contains("unknown algorithm code 7"),
+        "{error}"
+    );
+    let exists: u32 = redis::cmd("EXISTS")
+        .arg("known")
+        .arg("unknown")
+        .query(&mut connection)
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "nothing written");
+}

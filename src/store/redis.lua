@@ -165,7 +165,7 @@ while at <= size do
         state = pack('<ddddd', es, en, tokens, ls, ln)
         ttl = floor(refill / 1000000) + 1 + MARGIN_MS
       end
-    else
+    elseif algorithm == 3 then
       local ts, tn = es, en
       if raw ~= '' then
         local _, _, s, n = unpack('<dddd', raw)
@@ -181,6 +181,10 @@ while at <= size do
         state = pack('<dddd', es, en, ns, nn)
         ttl = floor(ahead / 1000000) + 1 + MARGIN_MS
       end
+    else
+      -- A code this script does not know (a newer ratekeeper's algorithm): refuse the call
+      -- before anything is written, never decide it as another algorithm.
+      return redis.error_reply('ratekeeper: unknown algorithm code ' .. algorithm)
     end
     states[i], ttls[i] = state, ttl
   end
