@@ -50,6 +50,7 @@ use crate::store::cluster::Cluster;
 
 pub mod auth;
 mod counters;
+pub mod descriptor;
 pub mod explain;
 mod json;
 mod nginx;

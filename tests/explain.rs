@@ -320,14 +320,28 @@ fn the_command_fails_clearly() {
     let (status, _, stderr) = explain(&["--addr", &addr, "--descriptor", "api_key"]);
     assert!(!status.success());
     assert!(
-        stderr.contains(r#"--descriptor "api_key" (number 1): "api_key" is not key=value"#),
+        stderr.contains(
+            r#"--descriptor "api_key" (number 1): descriptor.entries[0]: no `=` in "api_key""#
+        ),
         "{stderr}"
     );
     let long_key = format!("{}=v", "k".repeat(300));
     let (status, _, stderr) = explain(&["--addr", &addr, "--descriptor", &long_key]);
     assert!(!status.success());
     assert!(
-        stderr.contains("ratekeeper answered 400: descriptors[0].entries[0].key: 300 bytes"),
+        stderr.contains(r#"--descriptor "kkkk"#)
+            && stderr.contains("descriptor.entries[0].key: 300 bytes, at most 256 allowed"),
+        "{stderr}"
+    );
+    // What only the server checks comes back as its 400.
+    let mut many = vec!["--addr", addr.as_str()];
+    for _ in 0..65 {
+        many.extend(["--descriptor", "api_key=a"]);
+    }
+    let (status, _, stderr) = explain(&many);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("ratekeeper answered 400: descriptors: 65"),
         "{stderr}"
     );
     // A port nobody listens on: bind one, note it, let it go.

@@ -56,8 +56,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::{Value, json};
 
+use super::descriptor::percent_decode;
 use super::explain::limit;
-use super::rate::percent_decode;
 use super::{PathParams, error};
 use crate::limiter::{CounterName, Limiter, MAX_PAGE};
 
@@ -132,47 +132,21 @@ async fn reset(
     }
 }
 
-/// The most entries a reset's descriptor may have (the limiter bounds them again).
-const MAX_RESET_ENTRIES: usize = 64;
-
 /// `descriptor=key=value,key=value`, exactly once, nothing else: the entries, decoded.
 fn reset_params(query: &str) -> Result<Vec<(String, String)>, String> {
     let mut descriptor: Option<Vec<(String, String)>> = None;
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
         match name {
-            "descriptor" if descriptor.is_none() => descriptor = Some(entries(raw)?),
+            "descriptor" if descriptor.is_none() => {
+                descriptor = Some(super::descriptor::parse(raw.as_bytes(), "descriptor")?);
+            }
             "descriptor" => return Err("descriptor: given more than once".to_owned()),
             _ => return Err(format!("unknown parameter {name:?} (expected descriptor)")),
         }
     }
     descriptor
         .ok_or_else(|| "descriptor: missing (expected descriptor=key=value,key=value)".to_owned())
-}
-
-fn entries(raw: &str) -> Result<Vec<(String, String)>, String> {
-    let decode = |text: &str| -> Result<String, String> {
-        String::from_utf8(percent_decode(text.as_bytes()).into_owned())
-            .map_err(|_| "descriptor: not UTF-8 once percent-decoded".to_owned())
-    };
-    let mut out = Vec::new();
-    for piece in raw.split(',') {
-        let Some((key, value)) = piece.split_once('=') else {
-            return Err(format!(
-                "descriptor: expected key=value pairs separated by commas, got {:?}",
-                decode(piece).unwrap_or_else(|_| piece.to_owned())
-            ));
-        };
-        let key = decode(key)?;
-        if key.is_empty() {
-            return Err(format!("descriptor: an entry has an empty key ({piece:?})"));
-        }
-        out.push((key, decode(value)?));
-        if out.len() > MAX_RESET_ENTRIES {
-            return Err(format!("descriptor: more than {MAX_RESET_ENTRIES} entries"));
-        }
-    }
-    Ok(out)
 }
 
 const NOT_KEPT: &str =
@@ -390,13 +364,12 @@ mod tests {
         );
         for (query, problem) in [
             ("", "descriptor: missing"),
-            ("descriptor=api_key", "descriptor: expected key=value pairs"),
+            ("descriptor=api_key", "descriptor.entries[0]: no `=`"),
+            ("descriptor=a=1,,b=2", "descriptor.entries[1]: empty entry"),
             (
-                "descriptor=a=1,,b=2",
-                "descriptor: expected key=value pairs",
+                "descriptor==v",
+                "descriptor.entries[0].key: must not be empty",
             ),
-            ("descriptor==v", "descriptor: an entry has an empty key"),
-            ("descriptor=a=%FF", "descriptor: not UTF-8"),
             (
                 "descriptor=a=1&descriptor=a=2",
                 "descriptor: given more than once",

@@ -28,7 +28,8 @@
 
 use std::sync::Arc;
 
-use super::rate::{percent_decode, rate_limit_headers};
+use super::descriptor;
+use super::rate::rate_limit_headers;
 use crate::limiter::{Limiter, Query, bounds};
 use axum::Router;
 use axum::extract::rejection::PathRejection;
@@ -163,57 +164,14 @@ fn parse_hits(headers: &HeaderMap) -> Result<Option<u64>, String> {
         })
 }
 
-/// One descriptor header's entries; `None` when an entry's value is empty (the descriptor
-/// is dropped). The whole header is checked either way.
+/// One descriptor header's entries ([`descriptor::parse`]); `None` when an entry's value
+/// is empty (the descriptor is dropped). The whole header is checked either way.
 pub(super) fn parse_descriptor(
     raw: &[u8],
     index: usize,
 ) -> Result<Option<Vec<(String, String)>>, String> {
-    let field = format!("{DESCRIPTOR_HEADER}[{index}]");
-    let count = raw.split(|&byte| byte == b',').count();
-    if count > bounds::MAX_ENTRIES {
-        return Err(format!(
-            "{field}: {count} entries, at most {} allowed",
-            bounds::MAX_ENTRIES
-        ));
-    }
-    let mut entries = Vec::with_capacity(count);
-    let mut complete = true;
-    for (position, item) in raw.split(|&byte| byte == b',').enumerate() {
-        let field = format!("{field}.entries[{position}]");
-        let item = item.trim_ascii();
-        if item.is_empty() {
-            return Err(format!("{field}: empty entry (expected key=value)"));
-        }
-        let Some(equals) = item.iter().position(|&byte| byte == b'=') else {
-            return Err(format!(
-                "{field}: no `=` in {:?} (expected key=value)",
-                String::from_utf8_lossy(item)
-            ));
-        };
-        let (key, value) = (&item[..equals], &item[equals + 1..]);
-        let key = String::from_utf8_lossy(&percent_decode(key)).into_owned();
-        let value = String::from_utf8_lossy(&percent_decode(value)).into_owned();
-        if key.is_empty() {
-            return Err(format!("{field}.key: must not be empty"));
-        }
-        if key.len() > bounds::MAX_KEY_LEN {
-            return Err(format!(
-                "{field}.key: {} bytes, at most {} allowed",
-                key.len(),
-                bounds::MAX_KEY_LEN
-            ));
-        }
-        if value.len() > bounds::MAX_VALUE_LEN {
-            return Err(format!(
-                "{field}.value: {} bytes, at most {} allowed",
-                value.len(),
-                bounds::MAX_VALUE_LEN
-            ));
-        }
-        complete &= !value.is_empty();
-        entries.push((key, value));
-    }
+    let entries = descriptor::parse(raw, &format!("{DESCRIPTOR_HEADER}[{index}]"))?;
+    let complete = entries.iter().all(|(_, value)| !value.is_empty());
     Ok(complete.then_some(entries))
 }
 

@@ -30,7 +30,6 @@
 //! - `Retry-After` and `retry_after_ms` are exactly when the same call would pass (from the
 //!   store's decision), absent when it never can.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -43,6 +42,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::json;
 
+use super::descriptor::percent_decode;
 use super::{PathParams, error};
 use crate::algorithm::NANOS_PER_SEC;
 use crate::limiter::{Limiter, LimiterOptions, Query, Verdict, bounds};
@@ -222,38 +222,6 @@ fn parse_wait(text: &str) -> Option<Duration> {
         Some(Duration::ZERO)
     } else {
         parse_duration(text)
-    }
-}
-
-/// Decodes `%XX` escapes (either case of hex digit); anything else, a `%` not followed by
-/// two hex digits included, is kept as it is. `+` stays `+`.
-pub(super) fn percent_decode(raw: &[u8]) -> Cow<'_, [u8]> {
-    if !raw.contains(&b'%') {
-        return Cow::Borrowed(raw);
-    }
-    let mut out = Vec::with_capacity(raw.len());
-    let mut rest = raw;
-    while let Some((&byte, tail)) = rest.split_first() {
-        if byte == b'%'
-            && let [high, low, after @ ..] = tail
-            && let (Some(high), Some(low)) = (hex(*high), hex(*low))
-        {
-            out.push(high << 4 | low);
-            rest = after;
-            continue;
-        }
-        out.push(byte);
-        rest = tail;
-    }
-    Cow::Owned(out)
-}
-
-fn hex(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        b'A'..=b'F' => Some(digit - b'A' + 10),
-        _ => None,
     }
 }
 

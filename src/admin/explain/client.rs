@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::admin::rate::percent_decode;
+use crate::admin::descriptor;
 
 /// How long the whole exchange may take.
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -88,7 +88,7 @@ pub fn body(request: &ExplainRequest) -> Result<Value, String> {
     }
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (index, text) in request.descriptors.iter().enumerate() {
-        let entries = parse_descriptor(text).map_err(|problem| {
+        let entries = descriptor::parse(text.as_bytes(), "descriptor").map_err(|problem| {
             format!("--descriptor {text:?} (number {}): {problem}", index + 1)
         })?;
         let entries: Vec<Value> = entries
@@ -102,24 +102,6 @@ pub fn body(request: &ExplainRequest) -> Result<Value, String> {
         body["hits_addend"] = json!(hits);
     }
     Ok(body)
-}
-
-/// `key=value,key=value`, each part percent-decoded.
-pub fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, String> {
-    let decode =
-        |part: &str| String::from_utf8_lossy(&percent_decode(part.as_bytes())).into_owned();
-    text.split(',')
-        .map(|entry| {
-            let entry = entry.trim();
-            let (key, value) = entry
-                .split_once('=')
-                .ok_or_else(|| format!("{entry:?} is not key=value"))?;
-            if key.is_empty() {
-                return Err(format!("{entry:?} has an empty key"));
-            }
-            Ok((decode(key), decode(value)))
-        })
-        .collect()
 }
 
 /// `host:port` out of `http://host:port[/]` or `host:port`.
@@ -339,7 +321,7 @@ mod tests {
     #[test]
     fn descriptors_parse_like_the_nginx_header_and_bad_ones_name_the_flag() {
         assert_eq!(
-            parse_descriptor("api_key=k1, path=/a%2Cb").expect("valid"),
+            descriptor::parse(b"api_key=k1, path=/a%2Cb", "descriptor").expect("valid"),
             [
                 ("api_key".to_owned(), "k1".to_owned()),
                 ("path".to_owned(), "/a,b".to_owned())
@@ -355,10 +337,10 @@ mod tests {
         let error = body(&request("novalue")).expect_err("no =");
         assert_eq!(
             error,
-            r#"--descriptor "novalue" (number 2): "novalue" is not key=value"#
+            r#"--descriptor "novalue" (number 2): descriptor.entries[0]: no `=` in "novalue" (expected key=value)"#
         );
         let error = body(&request("=x")).expect_err("empty key");
-        assert!(error.contains("empty key"), "{error}");
+        assert!(error.contains("key: must not be empty"), "{error}");
         let ok = body(&request("b=2")).expect("valid");
         assert_eq!(
             ok,
