@@ -23,9 +23,17 @@ use crate::key::KeyId;
 
 /// The most hits one check may cost: a limit counts at most `u32::MAX`, so a larger cost
 /// could never be admitted (and every store holds this one exactly, Redis's doubles too).
-/// Front ends refuse more ([`crate::limiter::bounds::MAX_HITS`]), and so does a node for
-/// a check a peer forwards.
+/// Front ends refuse more ([`crate::limiter::bounds::MAX_HITS`]); a store answers any cost
+/// and sends a larger one elsewhere as [`bounded_cost`].
 pub const MAX_COST: u64 = u32::MAX as u64;
+
+/// A cost as a store sends it elsewhere (to Redis's script, to a peer): the check's own, or
+/// 2^32 (`MAX_COST + 1`) for any larger one. No limit admits more than `u32::MAX` hits, so
+/// both are denied alike and consume nothing; 2^32 is exact in a double where 2^64 - 1
+/// would be rounded, and a peer refuses nothing larger.
+pub fn bounded_cost(cost: u64) -> u64 {
+    cost.min(MAX_COST + 1)
+}
 
 /// One limit of a descriptor: the counter's key and its rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

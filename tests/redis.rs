@@ -1,5 +1,6 @@
-//! The Redis store against real Redis (Debian's `redis-server`, installed when missing):
-//! the same answers as the in-memory store for every algorithm, one exact limit shared by
+//! The Redis store against real Redis (Debian's `redis-server`, installed when missing);
+//! the store contract (the same answers as the in-memory store for every algorithm, single
+//! and Cluster) is `tests/store_contract.rs`. Here: one exact limit shared by
 //! two processes, a 3-master Redis Cluster (exact, then a master killed and restarted),
 //! Redis killed and restarted under load, the failure policy, and what the store refuses.
 
@@ -7,7 +8,7 @@ mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,6 @@ use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
-use ratekeeper::store::memory::{Engine, EngineConfig, MemoryStore};
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
 use support::{
     Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_get, http_post, metric,
@@ -92,117 +92,6 @@ fn store_on(server: &RedisServer) -> RedisStore {
         ..RedisOptions::new(target)
     };
     RedisStore::new(options, Clock::system()).expect("a redis store")
-}
-
-/// Unix nanoseconds the manual clock of the conformance test reads.
-static TIME: AtomicU64 = AtomicU64::new(1_800_000_000_123_456_789);
-
-/// A tiny deterministic generator (xorshift64*), so a failing step can be replayed.
-struct Steps(u64);
-
-impl Steps {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % below.max(1)
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_algorithm_answers_exactly_like_the_in_memory_store() {
-    let dir = TempDir::new("redis-conformance");
-    let server = RedisServer::start(dir.path(), &[]);
-    let clock = Clock::manual(&TIME);
-    let engine = Engine::spawn(
-        EngineConfig {
-            shards: 2,
-            max_keys: 100_000,
-            max_waiters: 10,
-        },
-        clock,
-    );
-    let memory = MemoryStore::new(engine);
-    let target = Target::parse(&server.url()).expect("a redis url");
-    let options = RedisOptions {
-        timeout: Duration::from_secs(5),
-        blocked_keys: std::env::var("BLOCKED").map_or(100_000, |v| v.parse().unwrap_or(0)),
-        ..RedisOptions::new(target)
-    };
-    let redis = RedisStore::new(options, clock).expect("a redis store");
-    let bucket = |algorithm, per_unit, unit, burst| Rate::new(algorithm, per_unit, unit, burst);
-    // One descriptor per rate, and one with three limits decided all or nothing.
-    let descriptors: Vec<Vec<Rate>> = vec![
-        vec![Rate::fixed(5, Unit::Second)],
-        vec![Rate::fixed(3, Unit::Minute)],
-        vec![Rate::fixed(0, Unit::Second)],
-        vec![bucket(Algorithm::SlidingWindow, 7, Unit::Second, None)],
-        vec![bucket(Algorithm::SlidingWindow, 4, Unit::Minute, None)],
-        vec![bucket(Algorithm::TokenBucket, 5, Unit::Second, Some(3))],
-        vec![bucket(Algorithm::TokenBucket, 10, Unit::Minute, None)],
-        vec![bucket(Algorithm::Gcra, 4, Unit::Second, Some(2))],
-        vec![bucket(Algorithm::Gcra, 3, Unit::Minute, None)],
-        vec![
-            Rate::fixed(6, Unit::Second),
-            bucket(Algorithm::SlidingWindow, 20, Unit::Minute, None),
-            bucket(Algorithm::Gcra, 3, Unit::Second, Some(2)),
-        ],
-    ];
-    // Costs a client may send too: no limit admits them, none may wrap a count or be
-    // rounded by the script's doubles (2^53 + 1), and each consumes nothing.
-    let costs = [
-        0,
-        1,
-        1,
-        1,
-        1,
-        2,
-        3,
-        9,
-        u64::from(u32::MAX),
-        1 << 32,
-        (1 << 53) + 1,
-        u64::MAX,
-    ];
-    let mut steps = Steps(0x5eed_1234_abcd_ef01);
-    let mut denied = 0;
-    for step in 0..3000 {
-        // Mostly small steps, sometimes none, now and then a jump past a window.
-        let advance = match steps.next(20) {
-            0..=3 => 0,
-            4 => 61_000_000_000,
-            _ => steps.next(300_000_000),
-        };
-        TIME.fetch_add(advance, Ordering::SeqCst);
-        let mut checks = Checks::new();
-        for _ in 0..=steps.next(2) {
-            let rates = &descriptors[steps.next(descriptors.len() as u64) as usize];
-            let user = steps.next(3).to_string();
-            let cost = costs[steps.next(costs.len() as u64) as usize];
-            checks.push(check("conformance", &user, rates, cost));
-        }
-        let expected = Store::check(&memory, checks.clone())
-            .wait()
-            .await
-            .expect("memory");
-        let got = redis.check(checks.clone()).wait().await.expect("redis");
-        assert_eq!(
-            got,
-            expected,
-            "step {step} at {} with {checks:?}",
-            TIME.load(Ordering::SeqCst)
-        );
-        denied += expected.iter().filter(|decision| !decision.allowed).count();
-    }
-    assert!(
-        denied > 300,
-        "the sequence must hit the limits often ({denied} denials)"
-    );
-    let keys = server.cli(&["dbsize"]);
-    assert!(
-        keys.trim().parse::<u64>().is_ok_and(|keys| keys > 0),
-        "counters live in redis: dbsize {keys}"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

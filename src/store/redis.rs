@@ -461,7 +461,7 @@ impl Caller {
             for counter in &check.counters {
                 command.arg(&redis_key_bytes(&counter.key)[..]);
             }
-            push(script_cost(check.cost));
+            push(check::bounded_cost(check.cost));
             push(check.counters.len() as u64);
             for counter in &check.counters {
                 let rate = &counter.rate;
@@ -479,13 +479,6 @@ impl Caller {
             .arg(packed);
         command
     }
-}
-
-/// The cost the script is told: the check's own, or 2^32 for any larger one. No limit
-/// admits more than `u32::MAX` hits, so both are denied alike (and consume nothing), and
-/// 2^32 is exact in a double where 2^64 - 1 would be rounded.
-fn script_cost(cost: u64) -> u64 {
-    cost.min(1 << 32)
 }
 
 /// Gives a breaker probe back if its call never reported (the caller went away).

@@ -114,7 +114,7 @@ pub fn counter_from_wire(counter: &wire::Counter) -> Result<Counter, String> {
 pub fn check_to_wire(check: &Check) -> wire::Check {
     wire::Check {
         counters: check.counters.iter().map(counter_to_wire).collect(),
-        cost: check.cost,
+        cost: crate::check::bounded_cost(check.cost),
         max_wait_nanos: check.wait.map_or(0, |wait| {
             u64::try_from(wait.max_wait.as_nanos()).unwrap_or(u64::MAX)
         }),
@@ -140,8 +140,13 @@ pub fn check_from_wire(check: wire::Check) -> Result<(Check, bool), String> {
     if counters.iter().any(|counter| counter.key.route != route) {
         return Err("counters of different routes in one check".to_owned());
     }
-    if check.cost > MAX_COST {
-        return Err(format!("a cost of {}, at most {MAX_COST}", check.cost));
+    // `bounded_cost`: 2^32 stands for any cost beyond every limit.
+    if check.cost > MAX_COST + 1 {
+        return Err(format!(
+            "a cost of {}, at most {}",
+            check.cost,
+            MAX_COST + 1
+        ));
     }
     let wait = (check.max_wait_nanos > 0).then(|| WaitPolicy {
         // Bounded like the config's max_wait, whatever a peer sends.
@@ -336,9 +341,15 @@ mod tests {
         let mixed = check(vec![counter("a"), counter("b")], 1);
         let error = check_from_wire(check_to_wire(&mixed)).expect_err("two routes");
         assert!(error.contains("different routes"), "{error}");
-        let costly = check(vec![counter("a")], MAX_COST + 1);
-        let error = check_from_wire(check_to_wire(&costly)).expect_err("beyond any limit");
-        assert!(error.contains("at most 4294967295"), "{error}");
+        // Any cost beyond every limit is sent as 2^32, and that is accepted; a peer sending
+        // more is refused.
+        let costly = check(vec![counter("a")], u64::MAX);
+        let (sent, _) = check_from_wire(check_to_wire(&costly)).expect("sent bounded");
+        assert_eq!(sent.cost, MAX_COST + 1);
+        let mut raw = check_to_wire(&costly);
+        raw.cost = MAX_COST + 2;
+        let error = check_from_wire(raw).expect_err("beyond the bound");
+        assert!(error.contains("at most 4294967296"), "{error}");
     }
 
     #[test]
