@@ -363,6 +363,28 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// Whether a Go boolean is `true`; `false` is honoured (ratekeeper's default already),
+    /// an invalid value is an error.
+    fn is_true(&mut self, variable: &'static str) -> bool {
+        match self.bool(variable) {
+            Some(true) => true,
+            Some(false) => {
+                self.applied(variable);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The variables of [`VARIABLES`] whose names start with one of `prefixes`.
+    fn named(prefixes: &[&str]) -> Vec<&'static str> {
+        VARIABLES
+            .iter()
+            .copied()
+            .filter(|name| prefixes.iter().any(|prefix| name.starts_with(prefix)))
+            .collect()
+    }
+
     /// A Go duration (`time.ParseDuration`); an error naming the variable otherwise.
     fn duration(&mut self, variable: &'static str) -> Option<Duration> {
         let value = self.get(variable)?;

@@ -7,35 +7,25 @@ impl Reader<'_> {
     pub(super) fn stats(&mut self) {
         let scrape = "ratekeeper keeps Prometheus metrics, scraped at /metrics on PORT (and \
                       DEBUG_PORT)";
-        match self.bool("USE_DOG_STATSD") {
-            Some(true) => self.refuse(
-                "USE_DOG_STATSD",
-                format!("ratekeeper does not send DogStatsD: {scrape}"),
-            ),
-            Some(false) => self.applied("USE_DOG_STATSD"),
-            None => {}
+        if self.is_true("USE_DOG_STATSD") {
+            let text = format!("ratekeeper does not send DogStatsD: {scrape}");
+            self.refuse("USE_DOG_STATSD", text);
         }
-        match self.bool("USE_STATSD") {
-            Some(true) => self.warn(
+        if self.is_true("USE_STATSD") {
+            self.warn(
                 "USE_STATSD",
                 format!("ignored, nothing is pushed: {scrape}"),
-            ),
-            Some(false) => self.applied("USE_STATSD"),
-            None => {}
+            );
         }
-        match self.bool("DISABLE_STATS") {
-            Some(true) => self.warn("DISABLE_STATS", format!("ignored: {scrape}")),
-            Some(false) => self.applied("DISABLE_STATS"),
-            None => {}
+        if self.is_true("DISABLE_STATS") {
+            self.warn("DISABLE_STATS", format!("ignored: {scrape}"));
         }
-        match self.bool("USE_PROMETHEUS") {
-            Some(true) => self.warn(
+        if self.is_true("USE_PROMETHEUS") {
+            self.warn(
                 "USE_PROMETHEUS",
                 "ignored: the metrics are at /metrics on PORT (and DEBUG_PORT), not on \
                  PROMETHEUS_ADDR: point the scrape there (their names: README, Metrics)",
-            ),
-            Some(false) => self.applied("USE_PROMETHEUS"),
-            None => {}
+            );
         }
         self.unused(
             &[
@@ -87,15 +77,14 @@ impl Reader<'_> {
             &["LOCAL_CACHE_SIZE_IN_BYTES"],
             "ratekeeper's over-limit cache is sized in keys (--store-blocked-keys, on by default)",
         );
-        match self.bool("LIMIT_RESPONSE_HEADERS_ENABLED") {
-            Some(true) => self.set(
+        if self.is_true("LIMIT_RESPONSE_HEADERS_ENABLED") {
+            let from = ["LIMIT_RESPONSE_HEADERS_ENABLED"];
+            self.set(
                 "response_headers",
                 "--response-headers",
                 Some("true".into()),
-                &["LIMIT_RESPONSE_HEADERS_ENABLED"],
-            ),
-            Some(false) => self.applied("LIMIT_RESPONSE_HEADERS_ENABLED"),
-            None => {}
+                &from,
+            );
         }
         self.copy("LIMIT_LIMIT_HEADER", "header_limit", "--header-limit");
         self.copy(
@@ -120,24 +109,11 @@ impl Reader<'_> {
 
     /// `TRACING_ENABLED`: OTLP over gRPC to `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`.
     pub(super) fn tracing(&mut self) {
-        const DETAILS: [&str; 5] = [
-            "TRACING_SERVICE_NAME",
-            "TRACING_EXPORTER_PROTOCOL",
-            "TRACING_SERVICE_NAMESPACE",
-            "TRACING_SERVICE_INSTANCE_ID",
-            "TRACING_SAMPLING_RATE",
-        ];
-        match self.bool("TRACING_ENABLED") {
-            Some(true) => {}
-            Some(false) => {
-                self.applied("TRACING_ENABLED");
-                self.unused(&DETAILS, "TRACING_ENABLED is false");
-                return;
-            }
-            None => {
-                self.unused(&DETAILS, "TRACING_ENABLED is not true");
-                return;
-            }
+        if !self.is_true("TRACING_ENABLED") {
+            let mut details = Self::named(&["TRACING_"]);
+            details.retain(|name| *name != "TRACING_ENABLED");
+            self.unused(&details, "TRACING_ENABLED is not true");
+            return;
         }
         let fix = "ratekeeper exports spans over OTLP/gRPC only: set \
                    TRACING_EXPORTER_PROTOCOL=grpc and point OTEL_EXPORTER_OTLP_ENDPOINT at the \

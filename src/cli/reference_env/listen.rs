@@ -121,17 +121,9 @@ impl Reader<'_> {
             "GRPC_CLIENT_TLS_CACERT",
             "GRPC_CLIENT_TLS_SAN",
         ];
-        match self.bool("GRPC_SERVER_USE_TLS") {
-            Some(true) => {}
-            Some(false) => {
-                self.applied("GRPC_SERVER_USE_TLS");
-                self.unused(&FILES, "GRPC_SERVER_USE_TLS is false, TLS stays off");
-                return;
-            }
-            None => {
-                self.unused(&FILES, "GRPC_SERVER_USE_TLS is not true, TLS stays off");
-                return;
-            }
+        if !self.is_true("GRPC_SERVER_USE_TLS") {
+            self.unused(&FILES, "GRPC_SERVER_USE_TLS is not true, TLS stays off");
+            return;
         }
         let (cert, key) = (self.get(FILES[0]), self.get(FILES[1]));
         let (Some(cert), Some(key)) = (cert, key) else {

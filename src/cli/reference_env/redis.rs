@@ -292,64 +292,33 @@ impl Reader<'_> {
             "ratekeeper batches concurrent requests into one script call and pipelines them \
              (--store-pool connections)",
         );
-        match self.bool("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION") {
-            Some(true) => self.warn(
+        if self.is_true("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION") {
+            self.warn(
                 "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
                 "ignored: /healthcheck does not follow Redis; while Redis cannot answer, \
                  --store-failure (allow by default) decides",
-            ),
-            Some(false) => self.applied("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION"),
-            None => {}
+            );
         }
     }
 
     /// `REDIS_PERSECOND`: a second Redis for per-second limits, which ratekeeper does not
     /// have (one store counts every limit).
     pub(super) fn per_second(&mut self) {
-        const SETTINGS: [&str; 13] = [
-            "REDIS_PERSECOND_SOCKET_TYPE",
-            "REDIS_PERSECOND_TYPE",
-            "REDIS_PERSECOND_URL",
-            "REDIS_PERSECOND_POOL_SIZE",
-            "REDIS_PERSECOND_AUTH",
-            "REDIS_PERSECOND_TLS",
-            "REDIS_PERSECOND_SENTINEL_AUTH",
-            "REDIS_PERSECOND_PIPELINE_WINDOW",
-            "REDIS_PERSECOND_PIPELINE_LIMIT",
-            "REDIS_PERSECOND_USE_EXPLICIT_PIPELINE",
-            "REDIS_PERSECOND_TIMEOUT",
-            "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
-            "REDIS_PERSECOND",
-        ];
-        match self.bool("REDIS_PERSECOND") {
-            Some(true) => self.refuse(
+        if self.is_true("REDIS_PERSECOND") {
+            self.refuse(
                 "REDIS_PERSECOND",
                 "ratekeeper has no separate Redis for per-second limits: one store counts every \
                  limit (or keep per-second limits in memory with cluster mode)",
-            ),
-            Some(false) => {
-                self.applied("REDIS_PERSECOND");
-                self.unused(&SETTINGS[..12], "REDIS_PERSECOND is false");
-            }
-            None => self.unused(&SETTINGS[..12], "REDIS_PERSECOND is not true"),
+            );
+        } else {
+            let settings = Self::named(&["REDIS_PERSECOND_"]);
+            self.unused(&settings, "REDIS_PERSECOND is not true");
         }
     }
 
     pub(super) fn memcache(&mut self) {
-        self.unused(
-            &[
-                "MEMCACHE_HOST_PORT",
-                "MEMCACHE_MAX_IDLE_CONNS",
-                "MEMCACHE_SRV",
-                "MEMCACHE_SRV_REFRESH",
-                "MEMCACHE_TLS",
-                "MEMCACHE_TLS_CLIENT_CERT",
-                "MEMCACHE_TLS_CLIENT_KEY",
-                "MEMCACHE_TLS_CACERT",
-                "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
-            ],
-            "ratekeeper has no memcache backend",
-        );
+        let settings = Self::named(&["MEMCACHE_"]);
+        self.unused(&settings, "ratekeeper has no memcache backend");
     }
 }
 

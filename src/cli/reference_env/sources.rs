@@ -126,26 +126,16 @@ impl Reader<'_> {
     }
 
     pub(super) fn xds(&mut self, xds: bool) {
-        const ALL: [&str; 15] = [
-            "CONFIG_GRPC_XDS_NODE_ID",
-            "CONFIG_GRPC_XDS_NODE_METADATA",
-            "CONFIG_GRPC_XDS_SERVER_URL",
-            "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
-            "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
-            "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+        const TLS_FILES: [&str; 4] = [
             "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
             "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
             "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
             "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-            "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
-            "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
-            "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
-            "XDS_CLIENT_BACKOFF_JITTER",
-            "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
         ];
+        let all = Self::named(&["CONFIG_GRPC_XDS_", "XDS_CLIENT_"]);
         if !xds {
             self.unused(
-                &ALL,
+                &all,
                 "the limits come from files (CONFIG_TYPE is not GRPC_XDS_SOTW)",
             );
             return;
@@ -211,17 +201,14 @@ impl Reader<'_> {
             &["XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"],
             "ratekeeper accepts xDS responses up to 16 MiB",
         );
-        match self.bool("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
-            Some(true) => self.refuse(
+        if self.is_true("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
+            self.refuse(
                 "CONFIG_GRPC_XDS_SERVER_USE_TLS",
                 "ratekeeper's xDS client speaks plaintext only (TLS to the management server \
                  is not supported yet)",
-            ),
-            Some(false) => {
-                self.applied("CONFIG_GRPC_XDS_SERVER_USE_TLS");
-                self.unused(&ALL[6..10], "CONFIG_GRPC_XDS_SERVER_USE_TLS is false");
-            }
-            None => self.unused(&ALL[6..10], "CONFIG_GRPC_XDS_SERVER_USE_TLS is not true"),
+            );
+        } else {
+            self.unused(&TLS_FILES, "CONFIG_GRPC_XDS_SERVER_USE_TLS is not true");
         }
     }
 }
