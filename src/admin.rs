@@ -21,7 +21,11 @@
 //!   wherever they live (see [`counters`]); both `/counters` routes answer 404 with
 //!   `--admin-counters=false`;
 //! - `GET /ui`: the dashboard, one self-contained page polling `GET /ui/data` (see [`ui`]),
-//!   unless `--admin-ui=false`.
+//!   unless `--admin-ui=false`;
+//! - `GET /rlconfig`, `/stats` (the Prometheus text, as `/metrics`), `/metrics` and
+//!   `/healthcheck`: what the reference service's debug port answers (the admin listener is
+//!   where `DEBUG_PORT` points), read-only and served without the token like on the HTTP
+//!   listener.
 //!
 //! Invariant: the HTTP listener never serves an operator endpoint; it answers their paths
 //! (any method) 403 naming the admin listener, so a caller learns where they went instead of
@@ -197,13 +201,22 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
         reload,
         options,
     } = admin;
+    let state = AdminState {
+        health,
+        limiter: Arc::clone(&limiter),
+    };
+    // The reference's debug port (`DEBUG_PORT`) answers these; they are read-only and the
+    // HTTP listener serves them to anyone, so they stay open under the token too.
+    let debug = Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/metrics", get(metrics))
+        .route("/stats", get(metrics))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(state.clone());
     let mut router = Router::new()
         .route("/debug/explain", post(explain::explain))
         .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
-        .with_state(AdminState {
-            health,
-            limiter: Arc::clone(&limiter),
-        })
+        .with_state(state)
         .merge(counters::router(
             Arc::clone(&limiter),
             cluster.clone(),
@@ -218,13 +231,14 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
             counters: options.counters,
         }));
     }
-    match token {
+    let router = match token {
         Some(token) => router.layer(axum::middleware::from_fn_with_state(
             token,
             auth::require_token,
         )),
         None => router,
-    }
+    };
+    router.merge(debug)
 }
 
 /// `GET /` on the HTTP listener: what a newcomer pointing a browser at the port finds, the

@@ -1,12 +1,14 @@
 //! The command line: flags, their environment variables and defaults, and how they map
 //! onto the library's options. `main.rs` parses and dispatches; everything here is testable.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::admin::AdminOptions;
 use crate::admin::explain::client::ExplainRequest;
@@ -21,6 +23,13 @@ use crate::store::cluster::{ClusterOptions, Fallback};
 use crate::store::memory::EngineConfig;
 use crate::store::redis::{self, FailurePolicy, RedisOptions, Target};
 use crate::transport::tls::TlsOptions;
+
+pub mod reference_env;
+
+/// `--http-addr` unless given (or set by the reference's `HOST`/`PORT`).
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
+/// `--grpc-addr` unless given (or set by the reference's `GRPC_HOST`/`GRPC_PORT`).
+pub const DEFAULT_GRPC_ADDR: &str = "127.0.0.1:8081";
 
 /// Envoy rate limit service sidecar.
 #[derive(Parser)]
@@ -50,6 +59,59 @@ pub struct Cli {
 }
 
 impl Cli {
+    /// The process's command line; for `serve`, with the reference service's environment
+    /// applied (see [`reference_env`]): the mapping is returned so it can be logged once
+    /// logging is set up. Exits as clap does on a bad command line; an error names the
+    /// reference variables ratekeeper cannot honour.
+    pub fn parse_with_reference_env() -> Result<(Cli, Option<reference_env::Mapping>), String> {
+        let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let matches = Cli::command().get_matches_from(&args);
+        let Some(("serve", serve)) = matches.subcommand() else {
+            return Ok((
+                Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()),
+                None,
+            ));
+        };
+        let given = explicitly_given(&matches, serve);
+        let mut env = std::collections::BTreeMap::new();
+        let names = reference_env::VARIABLES
+            .iter()
+            .chain(&reference_env::OTEL_ENDPOINTS);
+        for &name in names {
+            if let Some(value) = std::env::var_os(name) {
+                let value = value
+                    .into_string()
+                    .map_err(|_| format!("{name}: not valid UTF-8"))?;
+                env.insert(name.to_owned(), value);
+            }
+        }
+        let mapping = reference_env::map(&env, &given);
+        if !mapping.errors.is_empty() {
+            let errors: Vec<String> = mapping.errors.iter().map(|e| format!("  {e}")).collect();
+            return Err(format!(
+                "the reference service's environment asks for what ratekeeper does not do, \
+                 not starting:\n{}",
+                errors.join("\n")
+            ));
+        }
+        args.extend(mapping.args().map(Into::into));
+        let cli = Cli::try_parse_from(args).map_err(|error| {
+            // clap's own text would show the value, which may hold a Redis password.
+            let source = std::error::Error::source(&error)
+                .map_or_else(|| error.kind().to_string(), ToString::to_string);
+            let vars: Vec<&str> = mapping
+                .flags
+                .iter()
+                .flat_map(|flag| flag.from.clone())
+                .collect();
+            format!(
+                "the reference service's environment ({}) gave an invalid value: {source}",
+                vars.join(", ")
+            )
+        })?;
+        Ok((cli, Some(mapping)))
+    }
+
     /// Where spans go, if tracing is on.
     pub fn otlp(&self) -> Option<crate::telemetry::OtlpOptions> {
         self.otlp_endpoint
@@ -223,7 +285,7 @@ pub struct ServeArgs {
     /// an error); a top-level descriptor defined in two of them is an error.
     #[arg(long, env = "RATEKEEPER_MERGE_DOMAIN_CONFIG")]
     pub merge_domain_config: bool,
-    #[arg(long, env = "RATEKEEPER_GRPC_ADDR", default_value = "127.0.0.1:8081")]
+    #[arg(long, env = "RATEKEEPER_GRPC_ADDR", default_value = DEFAULT_GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
     /// Serve gRPC on this Unix domain socket instead of --grpc-addr (a stale socket file
     /// from an earlier run is replaced; the file is removed at exit).
@@ -251,7 +313,7 @@ pub struct ServeArgs {
     pub grpc_tls_client_san: Option<String>,
     /// Health, metrics and the check front ends (/json, /rate, /nginx); the operator
     /// endpoints answer 403 here, naming --admin-addr.
-    #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(long, env = "RATEKEEPER_HTTP_ADDR", default_value = DEFAULT_HTTP_ADDR)]
     pub http_addr: SocketAddr,
     /// The admin listener: /counters, /debug/explain and the dashboard (/ui). A non-loopback
     /// address needs --admin-token-file.
@@ -628,6 +690,23 @@ impl ServeArgs {
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
     }
+}
+
+/// The ids of the arguments given on the command line or by their environment variable
+/// (not defaulted), `serve`'s and the global ones.
+fn explicitly_given<'a>(top: &'a ArgMatches, serve: &'a ArgMatches) -> BTreeSet<&'a str> {
+    [top, serve]
+        .into_iter()
+        .flat_map(|matches| {
+            matches.ids().filter(|id| {
+                matches!(
+                    matches.value_source(id.as_str()),
+                    Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                )
+            })
+        })
+        .map(|id| id.as_str())
+        .collect()
 }
 
 fn store(text: &str) -> Result<StoreArg, String> {

@@ -4,7 +4,6 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use clap::Parser;
 use ratekeeper::cli::{Cli, Command, LogFormat, ServeArgs};
 use ratekeeper::reload::ReloadHandle;
 use ratekeeper::server::{AbortOnDrop, ServeError, Server};
@@ -13,13 +12,13 @@ use tokio::signal::unix::Signal;
 
 fn main() -> ExitCode {
     ratekeeper::allocator::configure();
-    let cli = Cli::parse();
+    let (cli, reference) = match Cli::parse_with_reference_env() {
+        Ok(parsed) => parsed,
+        Err(error) => return fail(error),
+    };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("cannot start the tokio runtime: {error}");
-            return ExitCode::FAILURE;
-        }
+        Err(error) => return fail(format!("cannot start the tokio runtime: {error}")),
     };
     let json = matches!(cli.log_format, LogFormat::Json);
     // The span exporter needs the runtime; it flushes what is queued when dropped.
@@ -27,11 +26,11 @@ fn main() -> ExitCode {
         runtime.block_on(async { telemetry::init(&cli.log, json, cli.otlp().as_ref()) });
     let _telemetry = match telemetry {
         Ok(telemetry) => telemetry,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
+        Err(error) => return fail(error),
     };
+    if let Some(reference) = &reference {
+        reference.log();
+    }
     match cli.command {
         Command::Validate(args) => args.run(),
         Command::Serve(args) => serve(args, &runtime),
@@ -42,10 +41,7 @@ fn main() -> ExitCode {
 fn serve(args: Box<ServeArgs>, runtime: &tokio::runtime::Runtime) -> ExitCode {
     let (limits, version) = match args.initial_limits() {
         Ok(loaded) => loaded,
-        Err(errors) => {
-            eprintln!("invalid limits, not starting:\n{errors}");
-            return ExitCode::FAILURE;
-        }
+        Err(errors) => return fail(format!("invalid limits, not starting:\n{errors}")),
     };
     let options = args.server_options();
     let result = runtime.block_on(async {
@@ -62,11 +58,14 @@ fn serve(args: Box<ServeArgs>, runtime: &tokio::runtime::Runtime) -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("{error}");
-            ExitCode::FAILURE
-        }
+        Err(error) => fail(error),
     }
+}
+
+/// Prints why the command failed; its exit code.
+fn fail(error: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{error}");
+    ExitCode::FAILURE
 }
 
 /// Reloads the limits files on every SIGHUP, as the watch would (with xDS there are none).

@@ -4,8 +4,8 @@
 //! The operator endpoints are on the admin listener ([`Ratekeeper::admin_addr`]);
 //! [`Ratekeeper::admin_request`] reaches them with the admin token when the node has one.
 //!
-//! Every run strips the caller's `RATEKEEPER_*` environment ([`ratekeeper_command`]) so a
-//! developer's shell cannot change what a test runs.
+//! Every run strips the caller's `RATEKEEPER_*` environment and the reference service's
+//! variables ([`ratekeeper_command`]) so a developer's shell cannot change what a test runs.
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, SocketAddr};
@@ -67,6 +67,13 @@ impl Ratekeeper {
             .arg(config)
             .args(extra_args);
         Ratekeeper::launch(&mut command, Some(reach)).healthy()
+    }
+
+    /// Starts `command` (a [`ratekeeper_command`] that chose its own arguments and
+    /// environment) and waits until `/healthcheck` answers 200; listeners bound to an
+    /// unspecified address are reached at `reach`.
+    pub fn start_command(command: &mut Command, reach: IpAddr) -> Ratekeeper {
+        Ratekeeper::launch(command, Some(reach)).healthy()
     }
 
     /// Waits until `/healthcheck` answers 200; fails with the child's stderr otherwise.
@@ -287,14 +294,22 @@ pub fn ratekeeper_command() -> Command {
     command
 }
 
-/// Removes the caller's `RATEKEEPER_*` variables from `command` and asks for plain-text
-/// logs (`NO_COLOR`); see [`ratekeeper_command`].
+/// Removes the caller's `RATEKEEPER_*` variables and the reference service's (`PORT`,
+/// `LOG_LEVEL`, ..., which ratekeeper reads too) from `command` and asks for plain-text logs
+/// (`NO_COLOR`); see [`ratekeeper_command`].
 fn clean_environment(command: &mut Command) {
     command.env("NO_COLOR", "1");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("RATEKEEPER_") {
             command.env_remove(name);
         }
+    }
+    let reference = ::ratekeeper::cli::reference_env::VARIABLES;
+    for name in reference
+        .iter()
+        .chain(&::ratekeeper::cli::reference_env::OTEL_ENDPOINTS)
+    {
+        command.env_remove(name);
     }
 }
 

@@ -1,0 +1,344 @@
+//! Where the counters live: `BACKEND_TYPE`, `REDIS_*` as one `--store` URL (single,
+//! sentinel or cluster; auth and TLS), the Redis knobs ratekeeper does not need, and what
+//! it refuses (a per-second Redis, memcache, a key prefix, TLS client files).
+
+use super::{Reader, go_text};
+
+impl Reader<'_> {
+    /// Whether the counters go to the Redis of `REDIS_*`: `BACKEND_TYPE=redis`, or
+    /// `BACKEND_TYPE` unset with `REDIS_URL` set (the reference's backend is Redis unless
+    /// told otherwise; without a `REDIS_URL` ratekeeper keeps its in-memory store).
+    pub(super) fn redis(&mut self) {
+        const SETTINGS: [&str; 8] = [
+            "REDIS_SOCKET_TYPE",
+            "REDIS_TYPE",
+            "REDIS_URL",
+            "REDIS_AUTH",
+            "REDIS_TLS",
+            "REDIS_POOL_SIZE",
+            "REDIS_TIMEOUT",
+            "CACHE_KEY_PREFIX",
+        ];
+        const TLS_FILES: [&str; 4] = [
+            "REDIS_TLS_CLIENT_CERT",
+            "REDIS_TLS_CLIENT_KEY",
+            "REDIS_TLS_CACERT",
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        ];
+        self.per_second();
+        let redis = match self
+            .get("BACKEND_TYPE")
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None => self.get("REDIS_URL").is_some(),
+            Some("redis") => {
+                if self.get("REDIS_URL").is_none() && !self.given("store") {
+                    self.refuse(
+                        "BACKEND_TYPE",
+                        "redis needs REDIS_URL (ratekeeper has no default Redis socket)",
+                    );
+                    return;
+                }
+                true
+            }
+            Some("memcache") => {
+                self.refuse(
+                    "BACKEND_TYPE",
+                    "ratekeeper has no memcache backend: counters live in memory (the default, \
+                     shared by a cluster with --peers) or in Redis (BACKEND_TYPE=redis)",
+                );
+                return;
+            }
+            Some(other) => {
+                self.refuse(
+                    "BACKEND_TYPE",
+                    format!("{other:?}: ratekeeper counts in memory or in Redis"),
+                );
+                return;
+            }
+        };
+        if !redis {
+            let why = "no Redis is in use (neither REDIS_URL nor BACKEND_TYPE=redis is set)";
+            self.unused(&SETTINGS, why);
+            self.unused(&TLS_FILES, why);
+            self.unused(&["REDIS_SENTINEL_AUTH"], why);
+            self.redis_tuning();
+            return;
+        }
+        let mut from = vec![
+            "REDIS_URL",
+            "REDIS_SOCKET_TYPE",
+            "REDIS_TYPE",
+            "REDIS_AUTH",
+            "REDIS_TLS",
+        ];
+        if self.get("BACKEND_TYPE").is_some() {
+            from.push("BACKEND_TYPE");
+        }
+        let tls = self.bool("REDIS_TLS");
+        if self.given("store") {
+            self.set("store", "--store", None, &from);
+            let why = "ratekeeper's own --store is given";
+            self.unused(&["CACHE_KEY_PREFIX", "REDIS_SENTINEL_AUTH"], why);
+            self.unused(&TLS_FILES, why);
+        } else {
+            if let Some((url, shown)) = self.redis_url(tls == Some(true)) {
+                self.set_shown("store", "--store", Some(url), Some(shown), &from);
+            }
+            if self.get("CACHE_KEY_PREFIX").is_some() {
+                self.refuse(
+                    "CACHE_KEY_PREFIX",
+                    "ratekeeper's Redis keys take no prefix, so deployments sharing this Redis \
+                     would share counters: give each its own database (RATEKEEPER_STORE=\
+                     redis://HOST:PORT/DB) and unset CACHE_KEY_PREFIX",
+                );
+            }
+            self.redis_tls_files(tls == Some(true));
+        }
+        if let Some(size) = self.get("REDIS_POOL_SIZE") {
+            let from = ["REDIS_POOL_SIZE"];
+            match size.parse::<u64>() {
+                Ok(size @ 1..=256) => {
+                    self.set("store_pool", "--store-pool", Some(size.to_string()), &from);
+                }
+                Ok(size @ 257..) => {
+                    self.set("store_pool", "--store-pool", Some("256".into()), &from);
+                    self.warn(
+                        "REDIS_POOL_SIZE",
+                        format!(
+                            "{size} connections capped at 256 (requests are pipelined on them)"
+                        ),
+                    );
+                }
+                _ => self.refuse(
+                    "REDIS_POOL_SIZE",
+                    format!("{size:?} is not a pool size (1 to 256)"),
+                ),
+            }
+        }
+        if let Some(timeout) = self.duration("REDIS_TIMEOUT") {
+            let from = ["REDIS_TIMEOUT"];
+            self.set(
+                "store_timeout",
+                "--store-timeout",
+                Some(go_text(timeout)),
+                &from,
+            );
+        }
+        self.redis_tuning();
+    }
+
+    /// The reference's Redis TLS files: ratekeeper cannot honour them.
+    pub(super) fn redis_tls_files(&mut self, tls: bool) {
+        const FILES: [&str; 4] = [
+            "REDIS_TLS_CLIENT_CERT",
+            "REDIS_TLS_CLIENT_KEY",
+            "REDIS_TLS_CACERT",
+            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+        ];
+        if !tls {
+            self.unused(&FILES, "REDIS_TLS is not true");
+            return;
+        }
+        for variable in &FILES[..3] {
+            if self.get(variable).is_some() {
+                self.refuse(
+                    variable,
+                    "ratekeeper's Redis TLS checks the server against the system's roots and \
+                     presents no client certificate",
+                );
+            }
+        }
+        if self.bool(FILES[3]) == Some(true) {
+            self.refuse(
+                FILES[3],
+                "ratekeeper always verifies the Redis server's name",
+            );
+        }
+    }
+
+    /// `--store` from `REDIS_*`, and the same with the password masked; `None` after an
+    /// error.
+    pub(super) fn redis_url(&mut self, tls: bool) -> Option<(String, String)> {
+        let url = self.get("REDIS_URL")?;
+        match self
+            .get("REDIS_SOCKET_TYPE")
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            Some("tcp") => {}
+            // The reference's default socket type is unix: a path is a socket.
+            None if !url.starts_with('/') => {}
+            Some("unix") | None => {
+                self.refuse(
+                    "REDIS_SOCKET_TYPE",
+                    "ratekeeper reaches Redis over TCP only (REDIS_SOCKET_TYPE=tcp, REDIS_URL=\
+                     HOST:PORT), not over a Unix socket",
+                );
+                return None;
+            }
+            Some(other) => {
+                self.refuse(
+                    "REDIS_SOCKET_TYPE",
+                    format!("{other:?} is neither tcp nor unix"),
+                );
+                return None;
+            }
+        }
+        let (user, password) = match self.get("REDIS_AUTH") {
+            None => (None, None),
+            Some(auth) => match auth.split_once(':') {
+                Some((user, password)) => (Some(user), Some(password)),
+                None => (None, Some(auth)),
+            },
+        };
+        // `password` percent-encoded already (or the mask).
+        let credentials = |password: String| match (user, password.as_str()) {
+            (_, "") => String::new(),
+            (Some(user), password) => format!("{}:{password}@", encode(user)),
+            (None, password) => format!(":{password}@"),
+        };
+        let kind = self.get("REDIS_TYPE").map(str::to_ascii_lowercase);
+        let build = |credentials: String| -> Result<String, (&'static str, String)> {
+            match kind.as_deref().unwrap_or("single") {
+                "single" => {
+                    if let Some((scheme, rest)) = url.split_once("://") {
+                        // radix also dials redis:// URLs; credentials in them win.
+                        let scheme = if tls && scheme == "redis" {
+                            "rediss"
+                        } else {
+                            scheme
+                        };
+                        let credentials = if rest.contains('@') {
+                            String::new()
+                        } else {
+                            credentials
+                        };
+                        return Ok(format!("{scheme}://{credentials}{rest}"));
+                    }
+                    let scheme = if tls { "rediss" } else { "redis" };
+                    host_port(url).map_err(|problem| ("REDIS_URL", problem))?;
+                    Ok(format!("{scheme}://{credentials}{url}"))
+                }
+                kind @ ("cluster" | "sentinel") if tls => Err((
+                    "REDIS_TLS",
+                    format!("ratekeeper speaks TLS to a single Redis only, not to a {kind}"),
+                )),
+                "cluster" => {
+                    for node in url.split(',') {
+                        host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
+                    }
+                    Ok(format!("redis-cluster://{credentials}{url}"))
+                }
+                "sentinel" => {
+                    let mut parts = url.split(',');
+                    let master = parts.next().unwrap_or_default();
+                    let sentinels: Vec<&str> = parts.collect();
+                    if master.is_empty() || sentinels.is_empty() {
+                        return Err((
+                            "REDIS_URL",
+                            "a sentinel URL is MASTER_NAME,HOST:PORT[,HOST:PORT...]".into(),
+                        ));
+                    }
+                    for node in &sentinels {
+                        host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
+                    }
+                    Ok(format!(
+                        "redis-sentinel://{credentials}{}/{master}",
+                        sentinels.join(",")
+                    ))
+                }
+                other => Err((
+                    "REDIS_TYPE",
+                    format!("{other:?} is not single, sentinel or cluster"),
+                )),
+            }
+        };
+        // The same shape twice, so the masked one builds whenever the real one does.
+        let real = password.map(|password| credentials(encode(password)));
+        let built = build(real.unwrap_or_default()).map(|url| {
+            let masked = password
+                .map(|_| credentials("***".into()))
+                .unwrap_or_default();
+            (url, build(masked).unwrap_or_default())
+        });
+        if kind.as_deref() == Some("sentinel") && self.get("REDIS_SENTINEL_AUTH").is_some() {
+            self.refuse(
+                "REDIS_SENTINEL_AUTH",
+                "ratekeeper asks the sentinels without a password (REDIS_AUTH is the master's)",
+            );
+        } else {
+            self.unused(&["REDIS_SENTINEL_AUTH"], "REDIS_TYPE is not sentinel");
+        }
+        match built {
+            Ok(urls) => Some(urls),
+            Err((variable, problem)) => {
+                self.refuse(variable, problem);
+                None
+            }
+        }
+    }
+
+    /// Knobs of the reference's Redis client that ratekeeper's does not need.
+    pub(super) fn redis_tuning(&mut self) {
+        self.unused(
+            &[
+                "REDIS_PIPELINE_WINDOW",
+                "REDIS_PIPELINE_LIMIT",
+                "REDIS_USE_EXPLICIT_PIPELINE",
+                "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+            ],
+            "ratekeeper batches concurrent requests into one script call and pipelines them \
+             (--store-pool connections)",
+        );
+        if self.is_true("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION") {
+            self.warn(
+                "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+                "ignored: /healthcheck does not follow Redis; while Redis cannot answer, \
+                 --store-failure (allow by default) decides",
+            );
+        }
+    }
+
+    /// `REDIS_PERSECOND`: a second Redis for per-second limits, which ratekeeper does not
+    /// have (one store counts every limit).
+    pub(super) fn per_second(&mut self) {
+        if self.is_true("REDIS_PERSECOND") {
+            self.refuse(
+                "REDIS_PERSECOND",
+                "ratekeeper has no separate Redis for per-second limits: one store counts every \
+                 limit (or keep per-second limits in memory with cluster mode)",
+            );
+        } else {
+            let settings = Self::named(&["REDIS_PERSECOND_"]);
+            self.unused(&settings, "REDIS_PERSECOND is not true");
+        }
+    }
+
+    pub(super) fn memcache(&mut self) {
+        let settings = Self::named(&["MEMCACHE_"]);
+        self.unused(&settings, "ratekeeper has no memcache backend");
+    }
+}
+
+/// `HOST:PORT` with a numeric port.
+fn host_port(node: &str) -> Result<(), String> {
+    match node.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(()),
+        _ => Err(format!("{node:?} is not HOST:PORT")),
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters (for URL userinfo).
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}

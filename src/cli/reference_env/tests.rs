@@ -1,0 +1,611 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::{Mapping, VARIABLES, go_duration, map};
+use crate::cli::{Cli, Command};
+
+/// The mapping of `env` with ratekeeper's own arguments `given` (clap ids).
+fn mapping(env: &[(&str, &str)], given: &[&str]) -> Mapping {
+    let env: BTreeMap<String, String> = env
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+    let given: BTreeSet<&str> = given.iter().copied().collect();
+    map(&env, &given)
+}
+
+/// The flags `env` adds (`--flag=value`), asserting it is accepted without warnings.
+fn flags(env: &[(&str, &str)]) -> Vec<String> {
+    let mapping = mapping(env, &[]);
+    assert!(mapping.errors.is_empty(), "{env:?}: {:?}", mapping.errors);
+    assert!(
+        mapping.warnings.is_empty(),
+        "{env:?}: {:?}",
+        mapping.warnings
+    );
+    mapping.args().collect()
+}
+
+fn check(env: &[(&str, &str)], expected: &[&str]) {
+    assert_eq!(flags(env), expected, "{env:?}");
+}
+
+/// The variables `env` is refused for, asserting each error names its variable.
+fn refused(env: &[(&str, &str)]) -> Vec<&'static str> {
+    let mapping = mapping(env, &[]);
+    for error in &mapping.errors {
+        assert!(error.to_string().starts_with(error.variable), "{error}");
+    }
+    mapping.errors.iter().map(|error| error.variable).collect()
+}
+
+/// The variables `env` is warned about (and nothing refused, no flag added).
+fn ignored(env: &[(&str, &str)]) -> Vec<&'static str> {
+    let mapping = mapping(env, &[]);
+    assert!(mapping.errors.is_empty(), "{env:?}: {:?}", mapping.errors);
+    assert!(mapping.flags.is_empty(), "{env:?}: {:?}", mapping.flags);
+    for warning in &mapping.warnings {
+        assert!(warning.text.starts_with("ignored"), "{warning}");
+    }
+    mapping
+        .warnings
+        .iter()
+        .map(|warning| warning.variable)
+        .collect()
+}
+
+/// Istio's `samples/ratelimit/rate-limit-service.yaml`, the reference's Kubernetes example.
+const KUBERNETES: [(&str, &str); 10] = [
+    ("LOG_LEVEL", "debug"),
+    ("REDIS_SOCKET_TYPE", "tcp"),
+    ("REDIS_URL", "redis:6379"),
+    ("USE_STATSD", "false"),
+    ("RUNTIME_ROOT", "/data"),
+    ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+    ("RUNTIME_WATCH_ROOT", "false"),
+    ("RUNTIME_IGNOREDOTFILES", "true"),
+    ("HOST", "::"),
+    ("GRPC_HOST", "::"),
+];
+
+#[test]
+fn the_kubernetes_example_listens_reads_and_counts_where_the_reference_would() {
+    check(
+        &KUBERNETES,
+        &[
+            "--http-addr=[::]:8080",
+            "--grpc-addr=[::]:8081",
+            "--log=ratekeeper=debug,info",
+            "--config=/data/ratelimit/config",
+            "--store=redis://redis:6379",
+        ],
+    );
+    let mapping = mapping(&KUBERNETES, &[]);
+    let mut applied = mapping.applied.clone();
+    applied.sort_unstable();
+    let mut all: Vec<&str> = KUBERNETES.iter().map(|(name, _)| *name).collect();
+    all.sort_unstable();
+    assert_eq!(applied, all, "every variable of the example is honoured");
+}
+
+#[test]
+fn listeners_take_the_set_parts_and_keep_ratekeepers_for_the_rest() {
+    check(&[("PORT", "9000")], &["--http-addr=127.0.0.1:9000"]);
+    check(&[("HOST", "0.0.0.0")], &["--http-addr=0.0.0.0:8080"]);
+    check(
+        &[("GRPC_HOST", "[::1]"), ("GRPC_PORT", "0")],
+        &["--grpc-addr=[::1]:0"],
+    );
+    check(&[("HOST", "localhost")], &["--http-addr=127.0.0.1:8080"]);
+    check(
+        &[("GRPC_UDS", "/run/rl.sock")],
+        &["--grpc-uds=/run/rl.sock"],
+    );
+    check(&[("PROTO", "tcp")], &[]);
+    // DEBUG_PORT is the admin listener, on loopback unless DEBUG_HOST says otherwise.
+    check(&[("DEBUG_PORT", "7070")], &["--admin-addr=127.0.0.1:7070"]);
+    check(&[("DEBUG_HOST", "::1")], &["--admin-addr=[::1]:6070"]);
+    assert_eq!(refused(&[("PORT", "http")]), ["PORT"]);
+    assert_eq!(refused(&[("HOST", "ratelimit.svc")]), ["HOST"]);
+    assert_eq!(refused(&[("GRPC_PORT", "70000")]), ["GRPC_PORT"]);
+    assert_eq!(refused(&[("PROTO", "udp")]), ["PROTO"]);
+}
+
+#[test]
+fn a_debug_host_beyond_loopback_needs_the_admin_token() {
+    let open = [("DEBUG_HOST", "0.0.0.0"), ("DEBUG_PORT", "6070")];
+    assert_eq!(refused(&open), ["DEBUG_HOST"]);
+    let error = mapping(&open, &[]).errors[0].to_string();
+    assert!(error.contains("--admin-token-file"), "{error}");
+    let with_token = mapping(&open, &["admin_token_file"]);
+    assert!(with_token.errors.is_empty(), "{:?}", with_token.errors);
+    assert_eq!(
+        with_token.args().collect::<Vec<_>>(),
+        ["--admin-addr=0.0.0.0:6070"]
+    );
+    // ratekeeper's own --admin-addr wins, so DEBUG_HOST opens nothing.
+    let ours = mapping(&open, &["admin_addr"]);
+    assert!(ours.errors.is_empty() && ours.flags.is_empty(), "{ours:?}");
+}
+
+#[test]
+fn grpc_tls_is_on_only_with_use_tls_and_its_files() {
+    check(
+        &[
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.local"),
+        ],
+        &[
+            "--grpc-tls-cert=/tls/cert.pem",
+            "--grpc-tls-key=/tls/key.pem",
+            "--grpc-tls-client-ca=/tls/ca.pem",
+            "--grpc-tls-client-san=envoy.local",
+        ],
+    );
+    assert_eq!(
+        refused(&[("GRPC_SERVER_USE_TLS", "true")]),
+        ["GRPC_SERVER_USE_TLS"]
+    );
+    assert_eq!(
+        ignored(&[("GRPC_SERVER_TLS_CERT", "/tls/cert.pem")]),
+        ["GRPC_SERVER_TLS_CERT"]
+    );
+    assert_eq!(
+        refused(&[("GRPC_SERVER_USE_TLS", "yes")]),
+        ["GRPC_SERVER_USE_TLS"],
+        "Go's booleans only"
+    );
+}
+
+#[test]
+fn logs_take_the_references_levels_and_formats() {
+    check(&[("LOG_LEVEL", "WARNING")], &["--log=warn"]);
+    check(&[("LOG_LEVEL", "fatal")], &["--log=error"]);
+    check(&[("LOG_LEVEL", "info")], &["--log=info"]);
+    check(&[("LOG_LEVEL", "trace")], &["--log=ratekeeper=trace,info"]);
+    check(&[("LOG_FORMAT", "json")], &["--log-format=json"]);
+    assert_eq!(refused(&[("LOG_LEVEL", "loud")]), ["LOG_LEVEL"]);
+    assert_eq!(refused(&[("LOG_FORMAT", "xml")]), ["LOG_FORMAT"]);
+}
+
+#[test]
+fn the_limits_files_are_runtime_root_subdirectory_and_appdirectory() {
+    check(&[("RUNTIME_ROOT", "/data")], &["--config=/data/config"]);
+    check(
+        &[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_APPDIRECTORY", "limits"),
+        ],
+        &["--config=/data/limits"],
+    );
+    // filepath.Join's way: "/" adds nothing.
+    check(
+        &[("RUNTIME_ROOT", "/srv"), ("RUNTIME_SUBDIRECTORY", "/")],
+        &["--config=/srv/config"],
+    );
+    check(
+        &[("RUNTIME_SUBDIRECTORY", "ratelimit")],
+        &["--config=/srv/runtime_data/current/ratelimit/config"],
+    );
+    check(&[("RUNTIME_WATCH_ROOT", "true")], &[]);
+    assert_eq!(
+        ignored(&[("RUNTIME_IGNOREDOTFILES", "false")]),
+        ["RUNTIME_IGNOREDOTFILES"]
+    );
+    check(
+        &[
+            ("CONFIG_TYPE", "FILE"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ],
+        &["--config-source=file", "--start-without-config"],
+    );
+}
+
+#[test]
+fn xds_takes_its_server_node_headers_and_backoff() {
+    check(
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "rl-1"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "zone:a,team=b"),
+            ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-token:t"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "1m30s"),
+            ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "2m"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "false"),
+        ],
+        &[
+            "--config-source=xds",
+            "--xds-server=xds:18000",
+            "--xds-node-id=rl-1",
+            "--xds-node-metadata=zone:a,team=b",
+            "--xds-header=x-token:t",
+            "--xds-backoff-initial=90s",
+            "--xds-backoff-max=120s",
+        ],
+    );
+    check(
+        &[
+            ("CONFIG_TYPE", "grpc_xds_sotw"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "500ms"),
+        ],
+        &[
+            "--config-source=xds",
+            "--xds-server=xds:18000",
+            "--xds-backoff-initial=500ms",
+        ],
+    );
+    assert_eq!(
+        refused(&[("CONFIG_TYPE", "GRPC_XDS_SOTW")]),
+        ["CONFIG_TYPE"],
+        "no localhost:18000 default"
+    );
+    assert_eq!(refused(&[("CONFIG_TYPE", "CONSUL")]), ["CONFIG_TYPE"]);
+    assert_eq!(
+        refused(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ]),
+        ["CONFIG_GRPC_XDS_SERVER_USE_TLS"]
+    );
+    // With files, the xDS variables are unused, as in the reference.
+    assert_eq!(
+        ignored(&[("CONFIG_GRPC_XDS_NODE_ID", "rl-1")]),
+        ["CONFIG_GRPC_XDS_NODE_ID"]
+    );
+}
+
+#[test]
+fn switches_and_header_names_map_to_their_flags() {
+    check(
+        &[
+            ("SHADOW_MODE", "true"),
+            ("QUOTA_MODE", "1"),
+            ("RESPONSE_DYNAMIC_METADATA", "T"),
+            ("MERGE_DOMAIN_CONFIG", "True"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "TRUE"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_LIMIT_HEADER", "X-Limit"),
+            ("LIMIT_REMAINING_HEADER", "X-Remaining"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+        ],
+        &[
+            "--merge-domain-config",
+            "--near-limit-ratio=0.9",
+            "--response-headers=true",
+            "--header-limit=X-Limit",
+            "--header-remaining=X-Remaining",
+            "--header-reset=X-Reset",
+            "--healthy-only-with-config",
+            "--shadow-mode",
+            "--quota-mode",
+            "--response-dynamic-metadata",
+        ],
+    );
+    // false is ratekeeper's default: honoured, nothing to add.
+    let off = mapping(&[("SHADOW_MODE", "false"), ("QUOTA_MODE", "0")], &[]);
+    assert!(off.flags.is_empty() && off.warnings.is_empty() && off.errors.is_empty());
+    assert_eq!(off.applied, ["SHADOW_MODE", "QUOTA_MODE"]);
+    assert_eq!(
+        refused(&[("NEAR_LIMIT_RATIO", "1.5")]),
+        ["NEAR_LIMIT_RATIO"]
+    );
+}
+
+#[test]
+fn redis_urls_follow_redis_type_auth_and_tls() {
+    check(
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.internal:6380"),
+            ("REDIS_AUTH", "app:p@ss word"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_POOL_SIZE", "20"),
+            ("REDIS_TIMEOUT", "250ms"),
+        ],
+        &[
+            "--store=rediss://app:p%40ss%20word@redis.internal:6380",
+            "--store-pool=20",
+            "--store-timeout=250ms",
+        ],
+    );
+    check(
+        &[("REDIS_URL", "r:6379"), ("REDIS_AUTH", "secret")],
+        &["--store=redis://:secret@r:6379"],
+    );
+    check(
+        &[
+            ("BACKEND_TYPE", "redis"),
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ],
+        &["--store=redis-sentinel://s1:26379,s2:26379/mymaster"],
+    );
+    check(
+        &[("REDIS_TYPE", "cluster"), ("REDIS_URL", "a:7000,b:7001")],
+        &["--store=redis-cluster://a:7000,b:7001"],
+    );
+    check(
+        &[
+            ("REDIS_URL", "redis://u:p@r:6379/2"),
+            ("REDIS_AUTH", "other"),
+        ],
+        &["--store=redis://u:p@r:6379/2"],
+    );
+    // Without BACKEND_TYPE or REDIS_URL the counters stay in memory.
+    assert_eq!(
+        ignored(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_POOL_SIZE", "5")]),
+        ["REDIS_SOCKET_TYPE", "REDIS_POOL_SIZE"]
+    );
+    assert_eq!(
+        refused(&[("REDIS_URL", "/var/run/redis.sock")]),
+        ["REDIS_SOCKET_TYPE"]
+    );
+    assert_eq!(
+        refused(&[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", "r:1")]),
+        ["REDIS_SOCKET_TYPE"]
+    );
+    assert_eq!(refused(&[("BACKEND_TYPE", "redis")]), ["BACKEND_TYPE"]);
+    assert_eq!(refused(&[("REDIS_URL", "redis")]), ["REDIS_URL"]);
+    assert_eq!(
+        refused(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "s1:26379")]),
+        ["REDIS_URL"]
+    );
+    assert_eq!(
+        refused(&[
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:1"),
+            ("REDIS_TLS", "true")
+        ]),
+        ["REDIS_TLS"]
+    );
+    assert_eq!(
+        refused(&[
+            ("REDIS_URL", "r:1"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.pem")
+        ]),
+        ["REDIS_TLS_CACERT"]
+    );
+    assert_eq!(
+        refused(&[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s:1"),
+            ("REDIS_SENTINEL_AUTH", "x")
+        ]),
+        ["REDIS_SENTINEL_AUTH"]
+    );
+    assert_eq!(
+        refused(&[("REDIS_URL", "r:1"), ("REDIS_POOL_SIZE", "0")]),
+        ["REDIS_POOL_SIZE"]
+    );
+}
+
+#[test]
+fn tracing_needs_grpc_and_an_endpoint() {
+    check(
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4317"),
+            ("TRACING_SERVICE_NAME", "rl"),
+        ],
+        &["--otlp-endpoint=http://otel:4317", "--otlp-service-name=rl"],
+    );
+    assert_eq!(
+        refused(&[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318")
+        ]),
+        ["TRACING_ENABLED"],
+        "the reference's default protocol is http"
+    );
+    assert_eq!(
+        refused(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "http")
+        ]),
+        ["TRACING_EXPORTER_PROTOCOL"]
+    );
+    assert_eq!(
+        refused(&[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc")
+        ]),
+        ["TRACING_ENABLED"]
+    );
+}
+
+#[test]
+fn ours_win_over_the_references_and_are_reported() {
+    let env = [
+        ("PORT", "9000"),
+        ("LOG_LEVEL", "debug"),
+        ("REDIS_URL", "r:6379"),
+        ("SHADOW_MODE", "true"),
+        ("GRPC_PORT", "9001"),
+    ];
+    let mapping = mapping(&env, &["http_addr", "log", "store", "shadow_mode"]);
+    assert!(
+        mapping.errors.is_empty() && mapping.warnings.is_empty(),
+        "{mapping:?}"
+    );
+    assert_eq!(
+        mapping.args().collect::<Vec<_>>(),
+        ["--grpc-addr=127.0.0.1:9001"]
+    );
+    assert_eq!(
+        mapping.overridden,
+        [
+            ("PORT", "--http-addr"),
+            ("LOG_LEVEL", "--log"),
+            ("SHADOW_MODE", "--shadow-mode"),
+            ("REDIS_URL", "--store"),
+        ]
+    );
+    let summary = mapping.summary().expect("a line");
+    assert!(
+        summary.contains("GRPC_PORT")
+            && summary.contains("won over")
+            && summary.contains("PORT (--http-addr)"),
+        "{summary}"
+    );
+}
+
+#[test]
+fn what_ratekeeper_does_not_do_is_refused_naming_the_variable() {
+    for (env, variable) in [
+        (&[("BACKEND_TYPE", "memcache")][..], "BACKEND_TYPE"),
+        (&[("REDIS_PERSECOND", "true")], "REDIS_PERSECOND"),
+        (&[("USE_DOG_STATSD", "true")], "USE_DOG_STATSD"),
+        (&[("CONFIG_TYPE", "KUBERNETES")], "CONFIG_TYPE"),
+        (
+            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")],
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        ),
+        (
+            &[("REDIS_URL", "r:1"), ("CACHE_KEY_PREFIX", "a_")],
+            "CACHE_KEY_PREFIX",
+        ),
+    ] {
+        assert_eq!(refused(env), [variable], "{env:?}");
+    }
+    let stop = mapping(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")], &[]);
+    assert!(
+        stop.errors[0].text.contains("not offer yet"),
+        "{:?}",
+        stop.errors
+    );
+}
+
+#[test]
+fn harmless_variables_are_ignored_with_a_warning_that_says_so() {
+    let env = [
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "statsd"),
+        ("STATSD_PORT", "9125"),
+        ("STATS_FLUSH_INTERVAL", "5s"),
+        ("EXTRA_TAGS", "env:prod"),
+        ("GRPC_MAX_CONNECTION_AGE", "1h"),
+        ("EXPIRATION_JITTER_MAX_SECONDS", "60"),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":9090"),
+        ("REDIS_PIPELINE_WINDOW", "150us"),
+    ];
+    let mut warned = ignored(&env);
+    warned.sort_unstable();
+    let mut all: Vec<&str> = env.iter().map(|(name, _)| *name).collect();
+    all.sort_unstable();
+    assert_eq!(warned, all);
+    // Equal to ratekeeper's behaviour: accepted without a word.
+    let same = mapping(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")], &[]);
+    assert!(same.warnings.is_empty() && same.errors.is_empty() && same.flags.is_empty());
+    assert_eq!(same.applied, ["STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"]);
+}
+
+#[test]
+fn every_reference_variable_is_answered_and_in_the_readme_table() {
+    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
+    let table = readme
+        .split("## Migrating from envoyproxy/ratelimit")
+        .nth(1)
+        .expect("README has the migration section");
+    for &variable in VARIABLES {
+        for value in ["true", "false", "1", "x"] {
+            let mapping = mapping(&[(variable, value)], &[]);
+            assert!(
+                mapping.mentions(variable),
+                "{variable}={value}: {mapping:?}"
+            );
+        }
+        assert!(
+            table.contains(&format!("`{variable}`")),
+            "README's migration table lacks `{variable}`"
+        );
+    }
+    assert!(mapping(&[("UNRELATED", "1")], &[]).is_empty());
+}
+
+#[test]
+fn the_summary_names_what_was_applied_and_hides_the_redis_password() {
+    let mapping = mapping(
+        &[
+            ("PORT", "9000"),
+            ("REDIS_URL", "r:1"),
+            ("REDIS_AUTH", "hunter2"),
+        ],
+        &[],
+    );
+    let summary = mapping.summary().expect("a line");
+    assert!(summary.contains("PORT, REDIS_URL, REDIS_AUTH"), "{summary}");
+    assert!(summary.contains("--store=redis://:***@r:1"), "{summary}");
+    assert!(!summary.contains("hunter2"), "{summary}");
+    assert!(mapping.args().any(|arg| arg.contains("hunter2")));
+    assert_eq!(map(&BTreeMap::new(), &BTreeSet::new()).summary(), None);
+}
+
+#[test]
+fn the_flags_are_ones_ratekeeper_parses_into_the_same_meaning() {
+    let env = [
+        ("HOST", "0.0.0.0"),
+        ("PORT", "18080"),
+        ("GRPC_PORT", "18081"),
+        ("DEBUG_PORT", "16070"),
+        ("REDIS_URL", "redis:6379"),
+        ("REDIS_POOL_SIZE", "12"),
+        ("REDIS_TIMEOUT", "2s"),
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("SHADOW_MODE", "true"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("NEAR_LIMIT_RATIO", "0.5"),
+        ("LOG_LEVEL", "warn"),
+        ("LOG_FORMAT", "json"),
+    ];
+    let mut args = vec!["ratekeeper".to_owned(), "serve".to_owned()];
+    args.extend(flags(&env));
+    let cli = Cli::try_parse_from(&args).expect("ratekeeper takes the flags");
+    assert_eq!(cli.log, "warn");
+    assert!(matches!(cli.log_format, crate::cli::LogFormat::Json));
+    let Command::Serve(serve) = cli.command else {
+        panic!("serve expected");
+    };
+    assert_eq!(serve.config, std::path::Path::new("/data/ratelimit/config"));
+    let options = serve.server_options();
+    assert_eq!(options.http_addr.to_string(), "0.0.0.0:18080");
+    assert_eq!(options.grpc_addr.to_string(), "127.0.0.1:18081");
+    assert_eq!(options.admin_addr.to_string(), "127.0.0.1:16070");
+    let redis = options.store.expect("a Redis store");
+    assert_eq!((redis.pool, redis.timeout), (12, Duration::from_secs(2)));
+    assert!(options.limiter.shadow_mode && options.limiter.response_headers);
+}
+
+#[test]
+fn go_durations_parse_as_go_does() {
+    let ms = Duration::from_millis;
+    for (text, expected) in [
+        ("0", Some(Duration::ZERO)),
+        ("10s", Some(ms(10_000))),
+        ("1m30s", Some(ms(90_000))),
+        ("1.5h", Some(ms(5_400_000))),
+        ("150us", Some(Duration::from_micros(150))),
+        ("300ms", Some(ms(300))),
+        ("24h", Some(ms(86_400_000))),
+        ("10", None),
+        ("s", None),
+        ("-1s", None),
+        ("1d", None),
+        ("", None),
+    ] {
+        assert_eq!(go_duration(text), expected, "{text:?}");
+    }
+}

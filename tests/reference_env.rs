@@ -1,0 +1,197 @@
+//! The reference service's environment given to ratekeeper's binary, with no ratekeeper
+//! flag: the Kubernetes example's variables put it on the same ports, with the same limits
+//! files, counting in the same Redis, and `DEBUG_PORT` answers `/rlconfig`; a variable
+//! ratekeeper cannot honour stops the start naming it, a harmless one is a warning.
+
+mod support;
+
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use support::{
+    Ratekeeper, RedisServer, TempDir, away_from_the_top_of_the_hour, edge_decide, free_port,
+    grpc_client, http_get, ratekeeper_command, run_to_end, write_config,
+};
+
+const LIMITS: &str = "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: hour
+      requests_per_unit: 3
+";
+
+/// Istio's `samples/ratelimit/rate-limit-service.yaml` (the reference's Kubernetes
+/// example), with the runtime root and the Redis address of this test; the ports are the
+/// example's defaults unless the test sets `PORT`, `GRPC_PORT` and `DEBUG_PORT`.
+fn kubernetes_env(root: &Path, redis: &RedisServer) -> Vec<(String, String)> {
+    [
+        ("LOG_LEVEL", "debug".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
+        ("USE_STATSD", "false".to_owned()),
+        ("RUNTIME_ROOT", root.to_string_lossy().into_owned()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+        ("RUNTIME_WATCH_ROOT", "false".to_owned()),
+        ("RUNTIME_IGNOREDOTFILES", "true".to_owned()),
+        ("HOST", "::".to_owned()),
+        ("GRPC_HOST", "::".to_owned()),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value))
+    .collect()
+}
+
+/// `ratekeeper serve` with `env` and no flag.
+fn serve_command(env: &[(String, String)]) -> Command {
+    let mut command = ratekeeper_command();
+    command.arg("serve");
+    command.envs(env.iter().map(|(name, value)| (name, value)));
+    command
+}
+
+/// A ratekeeper started from the example's environment on free ports; its ports.
+fn start(env: &[(String, String)]) -> (Ratekeeper, [u16; 3]) {
+    let ports = [free_port(), free_port(), free_port()];
+    let mut env = env.to_vec();
+    for (name, port) in ["PORT", "GRPC_PORT", "DEBUG_PORT"].into_iter().zip(ports) {
+        env.push((name.to_owned(), port.to_string()));
+    }
+    let node = Ratekeeper::start_command(&mut serve_command(&env), IpAddr::V6(Ipv6Addr::LOCALHOST));
+    (node, ports)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kubernetes_example_environment_alone_serves_its_ports_files_and_redis() {
+    let root = TempDir::new("reference-env");
+    let config = root.path().join("ratelimit/config");
+    std::fs::create_dir_all(config.join("..data")).expect("mkdir");
+    write_config(&config, "config.yaml", LIMITS);
+    // A ConfigMap mount's hidden copy: skipped, as RUNTIME_IGNOREDOTFILES asks.
+    write_config(&config.join("..data"), "config.yaml", LIMITS);
+    let redis_dir = TempDir::new("reference-env-redis");
+    let redis = RedisServer::start(redis_dir.path(), &[]);
+    let env = kubernetes_env(root.path(), &redis);
+    let (first, [http, grpc, debug]) = start(&env);
+    let (second, _) = start(&env);
+
+    // HOST, GRPC_HOST (::) and the ports: every interface, the ports asked for.
+    assert_eq!(
+        first.http_addr(),
+        SocketAddr::from((Ipv6Addr::LOCALHOST, http))
+    );
+    assert_eq!(
+        first.grpc_addr(),
+        SocketAddr::from((Ipv6Addr::LOCALHOST, grpc))
+    );
+    // DEBUG_PORT without DEBUG_HOST: the admin listener, on loopback.
+    assert_eq!(first.admin_addr().port(), debug);
+    assert!(
+        first.admin_addr().ip().is_loopback(),
+        "{}",
+        first.admin_addr()
+    );
+    let applied = first.stderr();
+    assert!(
+        applied.contains("applied the reference service's environment: HOST, PORT, GRPC_HOST")
+            && applied.contains("RUNTIME_ROOT, RUNTIME_SUBDIRECTORY")
+            && applied.contains("REDIS_URL, REDIS_SOCKET_TYPE"),
+        "{applied}"
+    );
+
+    // The limits of RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, counted in REDIS_URL's Redis:
+    // the two processes share the 3 hits of the hour.
+    away_from_the_top_of_the_hour(Duration::from_secs(30)).await;
+    let (mut a, mut b) = (grpc_client(&first).await, grpc_client(&second).await);
+    assert_eq!(edge_decide(&mut a, "k1").await, Code::Ok);
+    assert_eq!(edge_decide(&mut b, "k1").await, Code::Ok);
+    assert_eq!(edge_decide(&mut a, "k1").await, Code::Ok);
+    assert_eq!(edge_decide(&mut b, "k1").await, Code::OverLimit);
+    assert_eq!(edge_decide(&mut a, "k1").await, Code::OverLimit);
+    let keys: u64 = redis.cli(&["DBSIZE"]).trim().parse().expect("a count");
+    assert!(keys >= 1, "the counter is in REDIS_URL's Redis");
+
+    // The reference's debug port answers /rlconfig and /stats; /healthcheck too.
+    let debug_addr = first.admin_addr();
+    let rlconfig = http_get(debug_addr, "/rlconfig", &[]).expect("answers");
+    assert_eq!(rlconfig.status, 200);
+    assert!(rlconfig.body.contains("edge.api_key"), "{}", rlconfig.body);
+    for path in ["/stats", "/metrics"] {
+        let stats = http_get(debug_addr, path, &[]).expect("answers");
+        assert_eq!(stats.status, 200, "{path}");
+        assert!(stats.body.contains("ratekeeper_"), "{path}: {}", stats.body);
+    }
+    let health = http_get(debug_addr, "/healthcheck", &[]).expect("answers");
+    assert_eq!((health.status, health.body.as_str()), (200, "OK"));
+    // And PORT, the HTTP listener, as before.
+    let health = http_get(first.http_addr(), "/healthcheck", &[]).expect("answers");
+    assert_eq!(health.status, 200);
+}
+
+/// Runs `serve` with `env` (and `args`) to its end within a bound; its status and stderr.
+fn run_serve(env: &[(&str, &str)], args: &[&str]) -> (bool, String) {
+    let mut command = ratekeeper_command();
+    command.arg("serve").args(args).envs(env.iter().copied());
+    let (status, _, stderr) = run_to_end("ratekeeper", &mut command, Duration::from_secs(20));
+    (status.success(), stderr)
+}
+
+#[test]
+fn a_variable_ratekeeper_cannot_honour_stops_the_start_naming_it() {
+    for (env, expected) in [
+        (
+            &[("BACKEND_TYPE", "memcache")][..],
+            "BACKEND_TYPE: ratekeeper has no memcache",
+        ),
+        (
+            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")],
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: false asks for rejected hits to be counted",
+        ),
+        (
+            &[("REDIS_PERSECOND", "true")],
+            "REDIS_PERSECOND: ratekeeper has no separate Redis",
+        ),
+        (
+            &[("USE_DOG_STATSD", "true")],
+            "USE_DOG_STATSD: ratekeeper does not send DogStatsD",
+        ),
+    ] {
+        let (started, stderr) = run_serve(env, &[]);
+        assert!(!started, "{env:?} started");
+        assert!(stderr.contains(expected), "{env:?}: {stderr}");
+        assert!(stderr.contains("not starting"), "{stderr}");
+    }
+}
+
+#[test]
+fn a_harmless_variable_starts_with_a_warning_and_our_flags_win() {
+    let dir = TempDir::new("reference-env-warn");
+    write_config(dir.path(), "limits.yaml", LIMITS);
+    // Ratekeeper::start_with_env gives --http-addr 127.0.0.1:0, which wins over PORT.
+    let node = Ratekeeper::start_with_env(
+        dir.path(),
+        &[],
+        &[
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", "statsd"),
+            ("PORT", "1"),
+            ("SHADOW_MODE", "true"),
+        ],
+    );
+    assert_ne!(node.http_addr().port(), 1);
+    let stderr = node.stderr();
+    assert!(
+        stderr.contains("USE_STATSD: ignored, nothing is pushed")
+            && stderr.contains("STATSD_HOST: ignored"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("applied the reference service's environment: SHADOW_MODE")
+            && stderr.contains("won over PORT (--http-addr)"),
+        "{stderr}"
+    );
+}
