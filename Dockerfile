@@ -37,10 +37,12 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # glibc, libgcc_s and CA certificates, no shell, no package manager; `nonroot` is uid 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/ratekeeper /usr/local/bin/ratekeeper
-# The example limits, so the image serves something as is; mount a ConfigMap (or any
-# directory) over /etc/ratekeeper/limits to replace them.
-COPY config/ /etc/ratekeeper/limits/
-ENV RATEKEEPER_CONFIG=/etc/ratekeeper/limits
+# The example limits, so the image serves something as is, at --config's default
+# (config/, relative to the working directory); mount a ConfigMap (or any directory) over
+# /etc/ratekeeper/config to replace them, or pass --config. No RATEKEEPER_* variable is set,
+# so the reference service's RUNTIME_ROOT applies when this image replaces its.
+WORKDIR /etc/ratekeeper
+COPY config/ /etc/ratekeeper/config/
 # Numeric, so Kubernetes' runAsNonRoot can verify it without a passwd lookup.
 USER 65532:65532
 # 8080 HTTP (/healthcheck, /metrics, /rlconfig, POST /json), 8081 gRPC (Envoy's RLS),

@@ -1064,14 +1064,20 @@ fn dockerfile_builds_the_locked_package_binary_and_runs_it_as_non_root() {
         ),
         u64::from(uid)
     );
-    // The default limits path is where the Deployment mounts its ConfigMap (replacing the
-    // example limits copied into the image).
-    let config = manifests.ratekeeper_flag("config");
-    assert_eq!(keyword_args("ENV"), [format!("RATEKEEPER_CONFIG={config}")]);
+    // The example limits sit at --config's default (config/) under the working directory,
+    // and no RATEKEEPER_* variable is set: the reference's RUNTIME_ROOT applies when the
+    // image replaces the reference's (a RATEKEEPER_CONFIG would win over it).
+    assert!(keyword_args("ENV").is_empty(), "{:?}", keyword_args("ENV"));
+    assert_eq!(keyword_args("WORKDIR"), ["/etc/ratekeeper"]);
     assert!(
         last.iter().any(|instruction| instruction.keyword == "COPY"
-            && instruction.args == format!("config/ {config}/")),
-        "the image ships config/ at {config}"
+            && instruction.args == "config/ /etc/ratekeeper/config/"),
+        "the image ships config/ at /etc/ratekeeper/config"
+    );
+    // The Deployment names its ConfigMap's mount explicitly.
+    assert_eq!(
+        manifests.ratekeeper_flag("config"),
+        "/etc/ratekeeper/limits"
     );
     // Every port the Deployment has ratekeeper listen on is exposed.
     let exposed: BTreeSet<u16> = keyword_args("EXPOSE")

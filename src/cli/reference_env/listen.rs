@@ -6,9 +6,16 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use super::Reader;
 
+/// Where `PORT` / `GRPC_PORT` listen without `HOST` / `GRPC_HOST`: every interface, the
+/// reference's host; and ratekeeper's ports when only a host is set.
+const EVERY_INTERFACE_HTTP: &str = "0.0.0.0:8080";
+const EVERY_INTERFACE_GRPC: &str = "0.0.0.0:8081";
+
 impl Reader<'_> {
     pub(super) fn listeners(&mut self) {
-        if let Some(addr) = self.address("HOST", "PORT", crate::cli::DEFAULT_HTTP_ADDR) {
+        // The service ports: a port without its host listens on every interface, as the
+        // reference does (a Deployment that sets only `PORT` expects it reachable).
+        if let Some(addr) = self.address("HOST", "PORT", EVERY_INTERFACE_HTTP) {
             self.set(
                 "http_addr",
                 "--http-addr",
@@ -16,7 +23,7 @@ impl Reader<'_> {
                 &["HOST", "PORT"],
             );
         }
-        if let Some(addr) = self.address("GRPC_HOST", "GRPC_PORT", crate::cli::DEFAULT_GRPC_ADDR) {
+        if let Some(addr) = self.address("GRPC_HOST", "GRPC_PORT", EVERY_INTERFACE_GRPC) {
             let from = ["GRPC_HOST", "GRPC_PORT"];
             self.set("grpc_addr", "--grpc-addr", Some(addr.to_string()), &from);
         }
@@ -66,8 +73,8 @@ impl Reader<'_> {
         self.set("admin_addr", "--admin-addr", Some(addr.to_string()), &from);
     }
 
-    /// `HOST` and `PORT` variables over ratekeeper's `default` address: what is unset keeps
-    /// ratekeeper's part. `None` when neither is set or one is invalid (an error).
+    /// `HOST` and `PORT` variables over `default`: what is unset keeps the default's part.
+    /// `None` when neither is set or one is invalid (an error).
     pub(super) fn address(
         &mut self,
         host_variable: &'static str,

@@ -92,7 +92,9 @@ fn the_kubernetes_example_listens_reads_and_counts_where_the_reference_would() {
 
 #[test]
 fn listeners_take_the_set_parts_and_keep_ratekeepers_for_the_rest() {
-    check(&[("PORT", "9000")], &["--http-addr=127.0.0.1:9000"]);
+    // A service port alone listens on every interface, as with the reference.
+    check(&[("PORT", "9000")], &["--http-addr=0.0.0.0:9000"]);
+    check(&[("GRPC_PORT", "9001")], &["--grpc-addr=0.0.0.0:9001"]);
     check(&[("HOST", "0.0.0.0")], &["--http-addr=0.0.0.0:8080"]);
     check(
         &[("GRPC_HOST", "[::1]"), ("GRPC_PORT", "0")],
@@ -440,7 +442,7 @@ fn ours_win_over_the_references_and_are_reported() {
     );
     assert_eq!(
         mapping.args().collect::<Vec<_>>(),
-        ["--grpc-addr=127.0.0.1:9001"]
+        ["--grpc-addr=0.0.0.0:9001"]
     );
     assert_eq!(
         mapping.overridden,
@@ -582,7 +584,7 @@ fn the_flags_are_ones_ratekeeper_parses_into_the_same_meaning() {
     assert_eq!(serve.config, std::path::Path::new("/data/ratelimit/config"));
     let options = serve.server_options();
     assert_eq!(options.http_addr.to_string(), "0.0.0.0:18080");
-    assert_eq!(options.grpc_addr.to_string(), "127.0.0.1:18081");
+    assert_eq!(options.grpc_addr.to_string(), "0.0.0.0:18081");
     assert_eq!(options.admin_addr.to_string(), "127.0.0.1:16070");
     let redis = options.store.expect("a Redis store");
     assert_eq!((redis.pool, redis.timeout), (12, Duration::from_secs(2)));
