@@ -26,7 +26,7 @@
 //!    through all nodes, one request at a time (so no lease); SIGTERM (the node hands its
 //!    counters over), wait for the exit, start it again on the same addresses, wait until
 //!    every node sees 3 members and the returned node has received counters back (plus a
-//!    second for the remaining handoff batches, as `tests/cluster.rs` waits for the
+//!    second for the remaining handoff batches, as `tests/it/cluster.rs` waits for the
 //!    handoff); then the carried key must admit exactly the other half, and a fresh key
 //!    exactly its limit, asked round-robin through all nodes.
 //!

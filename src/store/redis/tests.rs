@@ -1,5 +1,5 @@
 //! Unit tests that need no Redis server; the store against real Redis is in
-//! `tests/redis.rs`.
+//! `tests/it/redis_store.rs`.
 
 use super::blocked::{BlockedCache, SHARDS};
 use super::metrics::RedisStats;

@@ -7,13 +7,11 @@
 //! the sidecar deployment: the cluster points at ratekeeper's `--grpc-addr`, the domain and
 //! descriptor keys exist in the limits, the workload selector picks the pods.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::fs;
 
 use serde_json::{Value, json};
-use support::{TempDir, envoy_validate, read_repo_file, repo_path, write_config, yaml_document};
+use crate::support::{TempDir, envoy_validate, read_repo_file, repo_path, write_config, yaml_document};
 
 const DIR: &str = "deploy/istio";
 
@@ -183,7 +181,7 @@ fn patched_bootstrap(filter: &Value) -> Value {
                     merge(route, value);
                 }
             }
-            other => panic!("tests/istio.rs does not apply {other:?} patches yet"),
+            other => panic!("tests/it/istio.rs does not apply {other:?} patches yet"),
         }
     }
     bootstrap
@@ -304,7 +302,7 @@ fn kubernetes_documents() -> Vec<Value> {
         let name = name.to_string_lossy().into_owned();
         if name.ends_with(".yaml") && name != "kustomization.yaml" {
             let path = format!("deploy/kubernetes/{name}");
-            documents.extend(support::yaml_documents(&path, &read_repo_file(&path)));
+            documents.extend(crate::support::yaml_documents(&path, &read_repo_file(&path)));
         }
     }
     documents

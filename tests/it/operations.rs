@@ -2,8 +2,6 @@
 //! reloads under load, metrics that move, `POST /json`, a graceful SIGTERM, and SIGHUP
 //! reloading the limits.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -17,7 +15,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use support::{
+use crate::support::{
     Ratekeeper, TempDir, eventually, eventually_async, http_get, metric, serve_limits, write_config,
 };
 use tonic::transport::Channel;
@@ -455,7 +453,7 @@ async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
         Code::Ok as i32,
         "admitted when its token came"
     );
-    let exited = support::eventually_some(WAIT, || server.process().exited());
+    let exited = crate::support::eventually_some(WAIT, || server.process().exited());
     let exit = exited.expect("exits after draining");
     assert!(exit.success(), "exit status {exit:?}: {}", server.stderr());
 }
@@ -619,7 +617,7 @@ async fn sighup_reloads_the_limits_keeps_serving_and_keeps_the_old_limits_on_a_b
 fn sighup_with_limits_from_xds_does_not_stop_the_process() {
     let dir = TempDir::new("sighup-xds");
     // Nobody answers there: the client keeps retrying, which is all this test needs.
-    let xds = format!("http://127.0.0.1:{}", support::free_port());
+    let xds = format!("http://127.0.0.1:{}", crate::support::free_port());
     let mut server = Ratekeeper::start(
         dir.path(),
         &["--config-source", "xds", "--xds-server", &xds],

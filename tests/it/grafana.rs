@@ -7,13 +7,11 @@
 //! own), after Grafana's interval variables are replaced by a duration, so a syntax error
 //! fails the test too; the metric names are the vector selectors of the syntax tree.
 
-mod support;
-
 use std::collections::BTreeSet;
 
 use promql_parser::parser::{self, Expr};
 use serde_json::Value;
-use support::{Ratekeeper, TempDir, http_get, http_post, read_repo_file, write_config};
+use crate::support::{Ratekeeper, TempDir, http_get, http_post, read_repo_file, write_config};
 
 const DASHBOARD: &str = "deploy/grafana/ratekeeper-dashboard.json";
 

@@ -5,8 +5,6 @@
 //! schema (`kubernetes-validate`, strict), and the Dockerfile builds this package's binary
 //! from a complete, locked build context and runs it as a non-root user (plus `hadolint`).
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::net::SocketAddr;
@@ -15,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{
+use crate::support::{
     Process, START_TIMEOUT, TempDir, envoy_validate, eventually, http_get, metric, python_tool,
     ratekeeper_command, read_repo_file, repo_path, run_ratekeeper, run_to_end, write_config,
     yaml_document, yaml_documents,

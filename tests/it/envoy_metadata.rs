@@ -8,11 +8,9 @@
 //! descriptors' `metadata`, read as `...ratelimit:metadata:backend`, as with the reference
 //! service); once both are out, Envoy answers 429.
 
-mod support;
-
 use std::net::SocketAddr;
 
-use support::{
+use crate::support::{
     Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, UPSTREAM_BODY, Upstream, eventually,
     http_get, write_config,
 };

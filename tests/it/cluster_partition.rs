@@ -1,5 +1,5 @@
 //! A network partition in cluster mode, with three real nodes A, B and C, each in its own
-//! Linux network namespace ([`support::Netns`]): C is cut off the peer network while every
+//! Linux network namespace ([`crate::support::Netns`]): C is cut off the peer network while every
 //! node keeps answering the test over its own client link, then the link heals.
 //!
 //! What a user notices, and this test asserts: no client ever gets an error; the failure
@@ -10,16 +10,14 @@
 //! detection); the ring is whole again within 5 s of the heal; and the two sides' counters
 //! merge on the key's owner, which admits exactly what is left of the limit.
 //!
-//! Timings are measured and printed (`cargo test --test cluster_partition -- --nocapture`).
+//! Timings are measured and printed (`cargo test --test it cluster_partition:: -- --nocapture`).
 //! Needs root (CAP_NET_ADMIN) and `ip`: without them the test says SKIPPED on stderr, and why.
-
-mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use support::{
+use crate::support::{
     LOAD_PHASES, Load, Netns, Ratekeeper, Tally, TempDir, assert_all_within,
     away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
     edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
@@ -101,7 +99,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
     assert!(flowing, "every node answers the load before the cut");
     let fallbacks_before: Vec<f64> = nodes
         .iter()
-        .map(|node| support::metric(node.http_addr(), "ratekeeper_cluster_fallbacks_total"))
+        .map(|node| crate::support::metric(node.http_addr(), "ratekeeper_cluster_fallbacks_total"))
         .collect();
     net.cut(C);
     let cut = Instant::now();
@@ -115,7 +113,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
     // Probes 0-2: each node shows its side's members; 3: C's forwards fail (it falls back).
     let mut seen = first_times(cut, OBSERVE, 4, |probe| match probe {
         3 => {
-            support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total")
+            crate::support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total")
                 > fallbacks_before[C]
         }
         node => members(&nodes[node]) == Some(expected[node]),
@@ -128,7 +126,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
         "cut: C's forwards failed after {forwards_failed:?} (C fallbacks {} -> {}); C answered \
          {answered_by_c} load requests over its client link meanwhile",
         fallbacks_before[C],
-        support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total"),
+        crate::support::metric(nodes[C].http_addr(), "ratekeeper_cluster_fallbacks_total"),
     );
     assert!(
         forwards_failed.is_some(),

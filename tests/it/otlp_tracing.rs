@@ -3,8 +3,6 @@
 //! context the caller sent (`traceparent`, as Envoy forwards it). The spans leave in
 //! batches (the SDK's default: every 5 s), so the test waits for them with a bound.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,7 +18,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::trace::v1::Span;
-use support::{Ratekeeper, TempDir, eventually_async, write_config};
+use crate::support::{Ratekeeper, TempDir, eventually_async, write_config};
 
 const LIMITS: &str = "\
 domain: edge

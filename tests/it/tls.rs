@@ -1,8 +1,6 @@
 //! TLS and mTLS on the gRPC listener, driven by a tonic TLS client: certificates made at
 //! test time (rcgen) in a temp dir, the server in-process on `127.0.0.1:0`.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,7 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
 use ratekeeper::transport::tls::TlsOptions;
-use support::{Leaf, TempDir, TestCa, eventually_async, http_get, spawn_server, write_atomically};
+use crate::support::{Leaf, TempDir, TestCa, eventually_async, http_get, spawn_server, write_atomically};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 const LIMITS: &str = "

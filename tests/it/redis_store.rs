@@ -1,10 +1,8 @@
 //! The Redis store against real Redis (Debian's `redis-server`, installed when missing);
 //! the store contract (the same answers as the in-memory store for every algorithm, single
-//! and Cluster) is `tests/store_contract.rs`. Here: one exact limit shared by
+//! and Cluster) is `tests/it/store_contract.rs`. Here: one exact limit shared by
 //! two processes, a 3-master Redis Cluster (exact, then a master killed and restarted),
 //! Redis killed and restarted under load, the failure policy, and what the store refuses.
-
-mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +16,7 @@ use ratekeeper::clock::Clock;
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
-use support::{
+use crate::support::{
     Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_get, http_post, metric,
     metric_sample, run_ratekeeper, write_config,
 };
@@ -403,7 +401,7 @@ fn the_failure_policy_decides_while_redis_is_unreachable() {
     let dir = TempDir::new("redis-policy");
     let config = write_config(dir.path(), "limits.yaml", LIMITS);
     // Nothing listens on the port: every call fails fast.
-    let down = format!("redis://127.0.0.1:{}", support::free_port());
+    let down = format!("redis://127.0.0.1:{}", crate::support::free_port());
     let allow = Ratekeeper::start(&config, &["--store", &down]);
     for _ in 0..20 {
         assert_eq!(ask(allow.http_addr(), "k"), Some(true), "allow: fail open");
@@ -498,7 +496,7 @@ fn a_sentinel_names_the_master_the_store_uses() {
         ),
     )
     .expect("write sentinel.conf");
-    let sentinel = support::Sentinel::start(&sentinel_conf);
+    let sentinel = crate::support::Sentinel::start(&sentinel_conf);
     let config = write_config(dir.path(), "limits.yaml", LIMITS);
     let url = format!("redis-sentinel://127.0.0.1:{}/main", sentinel.port());
     let node = Ratekeeper::start(&config, &["--store", &url]);
@@ -577,7 +575,7 @@ descriptors:
     let http = node.http_addr();
     let nginx = |key: &str| {
         let descriptor = format!("api_key={key}");
-        support::http_get(
+        crate::support::http_get(
             http,
             "/nginx/edge",
             &[("X-Ratelimit-Descriptor", &descriptor)],
@@ -615,7 +613,7 @@ fn counters_counted_in_redis_are_listed_with_their_state() {
     for _ in 0..4 {
         assert_eq!(ask(http, "listed"), Some(true));
     }
-    let response = support::http_get(node.admin_addr(), "/counters/edge", &[]).expect("answers");
+    let response = crate::support::http_get(node.admin_addr(), "/counters/edge", &[]).expect("answers");
     assert_eq!(response.status, 200, "{}", response.body);
     let page: serde_json::Value = serde_json::from_str(&response.body).expect("json");
     let counter = &page["counters"][0];
@@ -718,7 +716,7 @@ fn the_script_refuses_an_unknown_algorithm_and_writes_nothing() {
         push(number);
     }
     let reply: redis::RedisResult<Vec<u8>> = redis::cmd("EVAL")
-        .arg(include_str!("../src/store/redis.lua"))
+        .arg(include_str!("../../src/store/redis.lua"))
         .arg(2)
         .arg("known")
         .arg("unknown")

@@ -5,12 +5,10 @@
 //! hash slot, only that descriptor's keys go). Bad input answers 400 naming the parameter;
 //! an unknown domain 404; `--admin-counters=false` turns the endpoint off.
 
-mod support;
-
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
-use support::{
+use crate::support::{
     Ratekeeper, RedisCluster, RedisServer, TempDir, http_post, http_request, metric, start_cluster,
     write_config,
 };

@@ -1,27 +1,25 @@
 //! DNS discovery in cluster mode, with three real nodes A, B and C, each in its own Linux
-//! network namespace ([`support::Netns`]). No node is given `--peers`: they find each other
+//! network namespace ([`crate::support::Netns`]). No node is given `--peers`: they find each other
 //! only through `--peer-dns rk-peers:8091`, a name that resolves in every namespace to all
 //! three peer addresses, as a Kubernetes headless Service's name does.
 //!
 //! What a user notices, and this test asserts: the nodes form one ring from the DNS answer
 //! at start; C killed with SIGKILL, while the name still resolves to its address (as a
 //! headless Service's does until the endpoint is removed), is taken off A's and B's rings
-//! by the failure detector within 3 s, as in static mode (`tests/cluster.rs`), and every
+//! by the failure detector within 3 s, as in static mode (`tests/it/cluster.rs`), and every
 //! request sent through A and B meanwhile is answered; C restarted on the same address is
 //! back on every ring within 5 s; and the key's counter moves back to C, which decides the
 //! key's requests again, without a fallback.
 //!
-//! Timings are measured and printed (`cargo test --test cluster_dns -- --nocapture`).
+//! Timings are measured and printed (`cargo test --test it cluster_dns:: -- --nocapture`).
 //! Needs root (CAP_NET_ADMIN, and writing `/etc/netns`) and `ip`: without them the test says
 //! SKIPPED on stderr, and why.
-
-mod support;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use support::{
+use crate::support::{
     Load, NODE_PEER_PORT, Netns, Ratekeeper, TempDir, assert_all_within,
     away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
     edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
@@ -143,7 +141,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
     let what = "show ratekeeper_cluster_members 2 after the kill";
     assert_all_within(&detected, DETECT_WITHIN, what, &nodes, &NAMES[..2]);
     for (node, name) in NAMES[..2].iter().enumerate() {
-        let up = support::metric_sample(
+        let up = crate::support::metric_sample(
             nodes[node].http_addr(),
             &format!(r#"ratekeeper_peer_up{{peer="{}"}}"#, full[C]),
         );
@@ -190,7 +188,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
 
     // 6. The key's counter moves back to C, which decides its requests from then on.
     let handed = eventually_some(OBSERVE, || {
-        let received = support::metric(
+        let received = crate::support::metric(
             nodes[C].http_addr(),
             "ratekeeper_cluster_handoff_received_total",
         );
@@ -225,7 +223,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
         "C carries on the survivors' count, counting no hit twice: {settled} of the \
          {since_kill} admitted since the kill"
     );
-    clients[C] = support::grpc_client(&nodes[C]).await;
+    clients[C] = crate::support::grpc_client(&nodes[C]).await;
     let fallbacks = sum(&nodes, "ratekeeper_cluster_fallbacks_total");
     for n in 0..AFTER {
         let node = usize::try_from(n % 3).unwrap_or_default();

@@ -2,13 +2,11 @@
 //! allowed then denied with the JSON answer and `RateLimit-*` headers, `hits`, `wait` in
 //! real time, the same counters as `POST /json`, errors, and metrics.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{
+use crate::support::{
     HttpResponse, Ratekeeper, TempDir, http_get, http_post, http_request, metric, serve_limits,
 };
 

@@ -7,8 +7,6 @@
 //! counts also asserts no fallback happened. `tests/cluster_overload.rs` runs the defaults
 //! on a saturated machine.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -16,7 +14,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use support::{
+use crate::support::{
     Ratekeeper, TempDir, eventually, start_cluster, start_member, wait_for_members, write_config,
 };
 use tonic::transport::Channel;
@@ -33,7 +31,7 @@ fn limits(requests_per_unit: u32) -> String {
 
 /// The value of the first `/metrics` sample of `node` starting with `prefix` (0 if absent).
 fn metric(node: &Ratekeeper, prefix: &str) -> f64 {
-    support::metric(node.http_addr(), prefix)
+    crate::support::metric(node.http_addr(), prefix)
 }
 
 fn request(values: &[&str]) -> RateLimitRequest {
@@ -68,16 +66,16 @@ fn owner(nodes: &[Ratekeeper], value: &str) -> usize {
         .iter()
         .map(|node| node.peer_addr().to_string())
         .collect();
-    support::edge_owner_of(&members, value)
+    crate::support::edge_owner_of(&members, value)
 }
 
 /// The sum of every `/metrics` sample starting with `prefix` (all label sets).
 fn metric_sum(node: &Ratekeeper, prefix: &str) -> f64 {
-    support::metric_sum(node.http_addr(), prefix)
+    crate::support::metric_sum(node.http_addr(), prefix)
 }
 
 fn fallbacks(nodes: &[Ratekeeper]) -> f64 {
-    support::metric_total(nodes, "ratekeeper_cluster_fallbacks_total")
+    crate::support::metric_total(nodes, "ratekeeper_cluster_fallbacks_total")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -85,7 +83,7 @@ async fn one_key_round_robin_is_admitted_exactly_the_limit_in_total() {
     let dir = TempDir::new("cluster-exact");
     write_config(dir.path(), "edge.yaml", &limits(10));
     let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
-    let mut clients = support::grpc_clients(&nodes).await;
+    let mut clients = crate::support::grpc_clients(&nodes).await;
     let mut total = 0;
     for n in 0..30 {
         if admitted(&mut clients[n % 3], "round-robin").await {
@@ -109,7 +107,7 @@ async fn many_keys_spread_over_all_owners_and_each_holds_its_limit() {
     let dir = TempDir::new("cluster-spread");
     write_config(dir.path(), "edge.yaml", &limits(2));
     let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
-    let mut clients = support::grpc_clients(&nodes).await;
+    let mut clients = crate::support::grpc_clients(&nodes).await;
     let values: Vec<String> = (0..120).map(|n| format!("user-{n}")).collect();
     let mut owned = [0usize; 3];
     for value in &values {
@@ -161,7 +159,7 @@ async fn a_request_whose_keys_live_on_different_owners_gets_every_status_right()
     let owners: std::collections::BTreeSet<usize> =
         values.iter().map(|value| owner(&nodes, value)).collect();
     assert_eq!(owners.len(), 3, "the request spans all three owners");
-    let mut clients = support::grpc_clients(&nodes).await;
+    let mut clients = crate::support::grpc_clients(&nodes).await;
     // One extra hit on the first key, through another node, so the statuses differ.
     assert!(admitted(&mut clients[1], values[0]).await);
     for round in 0..3 {
@@ -220,7 +218,7 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
         .map(|n| format!("k-{n}"))
         .find(|value| owner(&nodes, value) == 2)
         .expect("a key owned by node 2");
-    let mut clients = support::grpc_clients(&nodes[..2]).await;
+    let mut clients = crate::support::grpc_clients(&nodes[..2]).await;
     // The victim counts 20 hits, then dies with them (its lost window).
     let mut before = 0;
     for n in 0..20 {
@@ -290,7 +288,7 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
     });
     assert!(handed, "the counters moved back: {}", returned.stderr());
     let mut all = clients;
-    all.extend(support::grpc_clients(std::slice::from_ref(&returned)).await);
+    all.extend(crate::support::grpc_clients(std::slice::from_ref(&returned)).await);
     for client in all.iter_mut() {
         assert!(
             !admitted(client, &value).await,
@@ -309,7 +307,7 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
         .map(|n| format!("h-{n}"))
         .find(|value| owner(&nodes, value) == 2)
         .expect("some key is owned by node 2");
-    let mut clients = support::grpc_clients(&nodes[..2]).await;
+    let mut clients = crate::support::grpc_clients(&nodes[..2]).await;
     let mut total = 0;
     for n in 0..10 {
         total += usize::from(admitted(&mut clients[n % 2], &value).await);
@@ -318,7 +316,7 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
     let restarted_peer = nodes[2].peer_addr();
 
     nodes[2].process().signal("-TERM");
-    let exited = support::eventually_some(WAIT, || nodes[2].process().exited()).expect("exits");
+    let exited = crate::support::eventually_some(WAIT, || nodes[2].process().exited()).expect("exits");
     assert!(exited.success(), "{}", nodes[2].stderr());
     wait_for_members(&nodes[..2], 2);
     let received: f64 = nodes[..2]
@@ -351,7 +349,7 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
         returned.stderr()
     );
     let mut all = clients;
-    all.extend(support::grpc_clients(std::slice::from_ref(&returned)).await);
+    all.extend(crate::support::grpc_clients(std::slice::from_ref(&returned)).await);
     for n in 0..9 {
         total += usize::from(admitted(&mut all[n % 3], &value).await);
     }
@@ -372,7 +370,7 @@ async fn the_http_api_shares_the_cluster_wide_limit() {
     let nodes = start_cluster(dir.path(), 3, PEER_ARGS);
     let mut statuses = Vec::new();
     for n in 0..30 {
-        let response = support::http_post(
+        let response = crate::support::http_post(
             nodes[n % 3].http_addr(),
             "/rate/edge/per_key/over-http",
             &[],
@@ -388,7 +386,7 @@ async fn the_http_api_shares_the_cluster_wide_limit() {
     );
     assert_eq!(statuses.iter().filter(|status| **status == 429).count(), 20);
     // And gRPC sees the same counter: the key is used up.
-    let mut clients = support::grpc_clients(&nodes[..1]).await;
+    let mut clients = crate::support::grpc_clients(&nodes[..1]).await;
     assert!(!admitted(&mut clients[0], "over-http").await);
     assert_eq!(fallbacks(&nodes), 0.0);
 }
@@ -402,7 +400,7 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
         .map(|n| format!("e-{n}"))
         .find(|value| owner(&nodes, value) == 1)
         .expect("a key owned by node 1");
-    let mut clients = support::grpc_clients(&nodes[..1]).await;
+    let mut clients = crate::support::grpc_clients(&nodes[..1]).await;
     for _ in 0..3 {
         assert!(admitted(&mut clients[0], &value).await);
     }
@@ -413,7 +411,7 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
     .to_string();
     let explain = |node: &Ratekeeper| {
         let response =
-            support::http_post(node.admin_addr(), "/debug/explain", &[], &body).expect("answers");
+            crate::support::http_post(node.admin_addr(), "/debug/explain", &[], &body).expect("answers");
         let parsed: serde_json::Value =
             serde_json::from_str(&response.body).expect("a JSON answer");
         (response.status, parsed)
@@ -440,7 +438,7 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
     // The owner weighs the asked hits (Peek carries them): 8 do not fit in the 7 left and
     // pass again when the window resets; 11 never fit.
     for (hits, retry) in [(8, true), (11, false)] {
-        let (_, answer) = support::edge_explain_hits(&nodes[0], &value, Some(hits));
+        let (_, answer) = crate::support::edge_explain_hits(&nodes[0], &value, Some(hits));
         let descriptor = &answer["descriptors"][0];
         assert_eq!(descriptor["would_reject"], true, "{answer}");
         assert_eq!(descriptor["local"], false, "{answer}");
@@ -491,7 +489,7 @@ async fn a_request_failing_at_a_full_owner_consumes_nothing_on_its_other_descrip
             .expect("a key owned by the node")
     };
     let (mine, theirs, new) = (owned_by(0, "m"), owned_by(1, "t"), owned_by(1, "n"));
-    let mut client = support::grpc_client(&nodes[0]).await;
+    let mut client = crate::support::grpc_client(&nodes[0]).await;
     assert!(admitted(&mut client, &theirs).await, "node 1's only key");
     for _ in 0..3 {
         let status = client
@@ -533,7 +531,7 @@ async fn a_live_node_taken_off_the_rings_by_mistake_is_back_within_3s_and_the_li
     assert!(
         healed,
         "{}",
-        support::cluster_diagnosis(&nodes, &["a", "b", "c"])
+        crate::support::cluster_diagnosis(&nodes, &["a", "b", "c"])
     );
     eprintln!("back on every ring {took:?} after it was reachable");
     assert!(
@@ -542,7 +540,7 @@ async fn a_live_node_taken_off_the_rings_by_mistake_is_back_within_3s_and_the_li
     );
     // The handoffs that follow the ring change land; then a fresh key holds its limit
     // exactly across the three nodes.
-    let mut clients = support::grpc_clients(&nodes).await;
+    let mut clients = crate::support::grpc_clients(&nodes).await;
     for value in ["fresh-0", "fresh-1", "fresh-2"] {
         let mut total = 0;
         for n in 0..3 * LIMIT {

@@ -3,15 +3,13 @@
 //! files, counting in the same Redis, and `DEBUG_PORT` answers `/rlconfig`; a variable
 //! ratekeeper cannot honour stops the start naming it, a harmless one is a warning.
 
-mod support;
-
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use support::{
+use crate::support::{
     Ratekeeper, RedisServer, TempDir, away_from_the_top_of_the_hour, edge_decide, free_port,
     grpc_client, http_get, ratekeeper_command, run_to_end, write_config,
 };

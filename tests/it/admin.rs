@@ -4,13 +4,11 @@
 //! admin request needs the bearer token (401 otherwise), a rotated file takes effect without
 //! a restart, and an admin listener others could reach without a token refuses to start.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{
+use crate::support::{
     HttpResponse, Ratekeeper, TempDir, eventually, http_get, http_request, run_ratekeeper,
     serve_limits, write_config,
 };

@@ -1,8 +1,6 @@
 //! gRPC on a Unix domain socket (`--grpc-uds`, the reference's `GRPC_UDS`): served instead of
 //! TCP, a stale socket file replaced at start, the file removed at exit.
 
-mod support;
-
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::time::Duration;
@@ -15,7 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
 use ratekeeper::transport::listener::GrpcEndpoint;
-use support::{Ratekeeper, TempDir, eventually, write_config};
+use crate::support::{Ratekeeper, TempDir, eventually, write_config};
 use tonic::transport::{Channel, Endpoint};
 
 const LIMITS: &str = "

@@ -1,7 +1,5 @@
 //! The real gRPC server, driven by a tonic client: what Envoy sees on the wire.
 
-mod support;
-
 use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -14,7 +12,7 @@ use ratekeeper::limiter::LimiterOptions;
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{ServeError, Server, ServerOptions};
 use ratekeeper::store::memory::EngineConfig;
-use support::spawn_server;
+use crate::support::spawn_server;
 use tonic::transport::Channel;
 
 const LIMITS: &str = "
@@ -201,7 +199,7 @@ descriptors:
         )
     };
     let http = running.http;
-    let post = |body: String| support::http_post(http, "/json", &[], &body).expect("answered");
+    let post = |body: String| crate::support::http_post(http, "/json", &[], &body).expect("answered");
     assert_eq!(post(json(3)).status, 200);
     assert_eq!(post(json(u64::MAX)).status, 400);
     assert!(

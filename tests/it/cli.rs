@@ -1,7 +1,5 @@
 //! The `ratekeeper` command line: `validate`, and `serve` failing fast on bad limits.
 
-mod support;
-
 use std::process::Command;
 
 fn ratekeeper(args: &[&str]) -> std::process::Output {
@@ -182,8 +180,8 @@ fn validate_merges_one_domain_across_files_only_when_asked() {
         String::from_utf8_lossy(&refused.stderr).contains("duplicate domain"),
         "{refused:?}"
     );
-    let ratekeeper = support::Ratekeeper::start(&root, &["--merge-domain-config"]);
-    let dump = support::http_get(ratekeeper.http_addr(), "/rlconfig", &[]).expect("GET /rlconfig");
+    let ratekeeper = crate::support::Ratekeeper::start(&root, &["--merge-domain-config"]);
+    let dump = crate::support::http_get(ratekeeper.http_addr(), "/rlconfig", &[]).expect("GET /rlconfig");
     assert!(
         dump.body.contains("edge.api_key:") && dump.body.contains("edge.tenant:"),
         "{dump:#?}"

@@ -6,15 +6,13 @@
 //! certificate is valid for that address only, so one node's certificate cannot speak for
 //! another (the identity rule: README, "Peer security").
 
-mod support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ratekeeper::store::cluster::proto::v1 as wire;
 use ratekeeper::store::cluster::proto::v1::peer_client::PeerClient;
-use support::{
+use crate::support::{
     Leaf, Ratekeeper, TempDir, TestCa, cluster_members, edge_decide, eventually, grpc_clients,
     metric_sum, start_member, wait_for_members, write_config,
 };
@@ -278,7 +276,7 @@ async fn under_mtls_a_leave_for_another_node_is_refused_and_the_ring_stays() {
 async fn without_mtls_a_spoofed_leave_heals_within_3s_and_the_limit_is_exact_again() {
     let dir = TempDir::new("cluster-spoofed-leave");
     write_config(dir.path(), "edge.yaml", LIMITS);
-    let nodes = support::start_cluster(dir.path(), 3, &["--peer-timeout", "2s"]);
+    let nodes = crate::support::start_cluster(dir.path(), 3, &["--peer-timeout", "2s"]);
     let b = nodes[1].peer_addr();
 
     // Anything that reaches the peer port: A and C drop B, which is alive.
@@ -299,7 +297,7 @@ async fn without_mtls_a_spoofed_leave_heals_within_3s_and_the_limit_is_exact_aga
     assert!(
         healed,
         "B is not back on every ring {took:?} after the spoofed leave:\n{}",
-        support::cluster_diagnosis(&nodes, &["A", "B", "C"])
+        crate::support::cluster_diagnosis(&nodes, &["A", "B", "C"])
     );
     eprintln!("healed {took:?} after the spoofed leave");
     // Let the rebalance after the heal land, then one limit across all nodes again.
@@ -367,7 +365,7 @@ fn a_peer_listener_off_loopback_without_mtls_needs_the_insecure_opt_in() {
         args.extend_from_slice(extra);
         args.into_iter().map(str::to_owned).collect()
     };
-    let (status, _, stderr) = support::run_ratekeeper(&args(&["--advertise", "127.0.0.1:1"]));
+    let (status, _, stderr) = crate::support::run_ratekeeper(&args(&["--advertise", "127.0.0.1:1"]));
     assert!(!status.success(), "started without mTLS on 0.0.0.0");
     for flag in [
         "--peer-tls-cert",

@@ -2,12 +2,10 @@
 //! limits and their counters' state without consuming, every no-limit reason, errors that
 //! name the field, and the command line's readable output and failures.
 
-mod support;
-
 use std::net::SocketAddr;
 
 use serde_json::{Value, json};
-use support::{Ratekeeper, TempDir, http_post, run_ratekeeper, serve_limits};
+use crate::support::{Ratekeeper, TempDir, http_post, run_ratekeeper, serve_limits};
 
 const LIMITS: &str = "\
 domain: edge
@@ -345,7 +343,7 @@ fn the_command_fails_clearly() {
         "{stderr}"
     );
     // A port nobody listens on: bind one, note it, let it go.
-    let free = support::free_port();
+    let free = crate::support::free_port();
     let nowhere = format!("http://127.0.0.1:{free}");
     let (status, _, stderr) = explain(&["--addr", &nowhere, "--descriptor", "api_key=a"]);
     assert!(!status.success());

@@ -18,8 +18,6 @@
 //! A new store adds one `Subject` here (see ARCHITECTURE.md, "Where a new kind of thing
 //! goes").
 
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -33,7 +31,7 @@ use ratekeeper::store::cluster::{Cluster, ClusterOptions, Fallback};
 use ratekeeper::store::failure::FailurePolicy;
 use ratekeeper::store::memory::{Engine, EngineConfig, MemoryStore};
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
-use support::{RedisCluster, RedisServer, TempDir};
+use crate::support::{RedisCluster, RedisServer, TempDir};
 
 /// A manual clock of its own (tests run in parallel), starting at `start`.
 fn clock_at(start: u64) -> (Clock, &'static AtomicU64) {
@@ -354,7 +352,7 @@ async fn every_store_stands_in_alike_when_its_backend_is_gone() {
     let (clock, _) = clock_at(START);
     for policy in [FailurePolicy::Deny, FailurePolicy::Allow] {
         // Redis: nothing listens on the port.
-        let down = format!("redis://127.0.0.1:{}", support::free_port());
+        let down = format!("redis://127.0.0.1:{}", crate::support::free_port());
         let mut options = redis_options(&down);
         options.failure = policy;
         options.cooldown = Duration::from_secs(3);
@@ -362,7 +360,7 @@ async fn every_store_stands_in_alike_when_its_backend_is_gone() {
         stands_in_by_policy("redis", &redis, policy, Duration::from_secs(3)).await;
         // A cluster node whose only peer never answers (nothing listens there).
         let mut options = ClusterOptions::new("127.0.0.1:1");
-        options.peers = vec![format!("127.0.0.1:{}", support::free_port())];
+        options.peers = vec![format!("127.0.0.1:{}", crate::support::free_port())];
         options.fallback = Fallback::Policy(policy);
         options.timeout = Duration::from_millis(200);
         let node = Cluster::join(memory(clock), options);

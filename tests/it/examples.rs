@@ -5,8 +5,6 @@
 //! paused clock: per-IP counters, the VIP override, wildcard paths, shadow mode, the token
 //! bucket's burst and refill, the wait queue, and two limits on one key.
 
-mod support;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::process::Command;
@@ -23,7 +21,7 @@ use ratekeeper::limiter::{Limiter, LimiterOptions};
 use ratekeeper::limits::Limits;
 use ratekeeper::metrics::MetricsOptions;
 use ratekeeper::store::memory::{Engine, EngineConfig};
-use support::{repo_path, run_ratekeeper, run_to_end};
+use crate::support::{repo_path, run_ratekeeper, run_to_end};
 use tokio::time::{Instant, advance};
 
 /// The example files, one use case each. A new file needs a behaviour test below.

@@ -3,8 +3,6 @@
 //! enforces them over gRPC, follows updates, NACKs a bad one (keeping the old limits) and
 //! reconnects when the server comes back.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -194,7 +192,7 @@ impl XdsServer {
     async fn answer_to(&self, version: &str) -> DiscoveryRequest {
         let nonce = format!("nonce-{version}");
         let mut found = None;
-        let came = support::eventually_async(WAIT, || {
+        let came = crate::support::eventually_async(WAIT, || {
             found = self
                 .requests()
                 .into_iter()
@@ -264,7 +262,7 @@ async fn start_ratekeeper(xds: &XdsServer) -> Running {
     let server = Server::bind(&options, limits, 0).await.expect("binds");
     let grpc = server.grpc_addr().expect("tcp");
     let stats = Arc::clone(server.xds_stats());
-    let (stop, _) = support::spawn_server(server);
+    let (stop, _) = crate::support::spawn_server(server);
     let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
         .await
         .expect("connects");
@@ -439,14 +437,14 @@ async fn ratekeeper_reconnects_when_the_server_comes_back() {
             .load(std::sync::atomic::Ordering::Relaxed)
     };
     assert!(
-        support::eventually_async(WAIT, || std::future::ready(!connected(&ratekeeper))).await,
+        crate::support::eventually_async(WAIT, || std::future::ready(!connected(&ratekeeper))).await,
         "still connected to a stopped server"
     );
 
     let xds = XdsServer::serve(addr, state).await;
     xds.publish("2", &[per_day(6)]);
     // Reconnecting, it tells the server the version it has.
-    let resumed = support::eventually_async(WAIT, || {
+    let resumed = crate::support::eventually_async(WAIT, || {
         std::future::ready(
             xds.requests()
                 .iter()
@@ -472,7 +470,7 @@ async fn the_binary_is_unhealthy_until_the_first_ack_with_healthy_only_with_conf
     let xds = XdsServer::start().await;
     let url = xds.url();
     let process = tokio::task::spawn_blocking(move || {
-        support::Ratekeeper::start_unready(
+        crate::support::Ratekeeper::start_unready(
             std::path::Path::new("/nonexistent/limits"),
             &[
                 "--config-source",
@@ -491,10 +489,10 @@ async fn the_binary_is_unhealthy_until_the_first_ack_with_healthy_only_with_conf
     .expect("starts");
     let http = process.http_addr();
     let health =
-        move || support::http_get(http, "/healthcheck", &[]).map_or(0, |response| response.status);
+        move || crate::support::http_get(http, "/healthcheck", &[]).map_or(0, |response| response.status);
     // It subscribed (with its node), and stays unhealthy with nothing served.
     let subscribed =
-        support::eventually_async(WAIT, || std::future::ready(!xds.requests().is_empty())).await;
+        crate::support::eventually_async(WAIT, || std::future::ready(!xds.requests().is_empty())).await;
     assert!(subscribed, "no subscription: {}", process.stderr());
     let node = xds.requests()[0].node.clone().expect("node");
     assert_eq!(node.id, "node-a");
@@ -507,7 +505,7 @@ async fn the_binary_is_unhealthy_until_the_first_ack_with_healthy_only_with_conf
 
     xds.publish("v1", &[per_day(2)]);
     assert!(xds.answer_to("v1").await.error_detail.is_none());
-    let healthy = support::eventually_async(WAIT, || async move {
+    let healthy = crate::support::eventually_async(WAIT, || async move {
         tokio::task::spawn_blocking(health).await.expect("probe") == 200
     })
     .await;
@@ -516,7 +514,7 @@ async fn the_binary_is_unhealthy_until_the_first_ack_with_healthy_only_with_conf
         "still unhealthy after the ack: {}",
         process.stderr()
     );
-    let metrics = tokio::task::spawn_blocking(move || support::http_get(http, "/metrics", &[]))
+    let metrics = tokio::task::spawn_blocking(move || crate::support::http_get(http, "/metrics", &[]))
         .await
         .expect("scrape")
         .expect("metrics");

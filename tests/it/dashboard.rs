@@ -6,15 +6,13 @@
 //! ring members healthy, the reload error, and the explain form's answer. A screenshot is
 //! kept under `<target>/test-artifacts/`.
 
-mod support;
-
 use std::fs;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{
+use crate::support::{
     Ratekeeper, TempDir, artifacts_dir, dump_dom, eventually, http_get, http_post, metric,
     screenshot, write_config,
 };

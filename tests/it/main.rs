@@ -1,0 +1,42 @@
+//! The integration tests, one crate (so `tests/support` and the dependencies are compiled
+//! and linked once): each module is one area, run against the real binary and the real
+//! tools it works with (Envoy, nginx, redis-server, chromium, network namespaces), which
+//! `support` installs when missing. `tests/cluster_overload.rs` stays a binary of its own:
+//! it saturates both cores on purpose and must not share them with other tests.
+//!
+//! A fast loop: `cargo test --lib` (unit tests), or one area: `cargo test --test it
+//! cluster::` (a module), `cargo test --test it -- --skip envoy` and so on.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod admin;
+mod architecture;
+mod cli;
+mod cluster;
+mod cluster_dns;
+mod cluster_partition;
+mod cluster_security;
+mod counters;
+mod dashboard;
+mod deploy;
+mod envoy_e2e;
+mod envoy_metadata;
+mod examples;
+mod explain;
+mod grafana;
+mod grpc;
+mod http_api;
+mod istio;
+mod limits_shipped_config;
+mod nginx_e2e;
+mod operations;
+mod redis_store;
+mod reference_env;
+mod reset;
+mod response_headers;
+mod store_contract;
+mod tls;
+mod otlp_tracing;
+mod uds;
+mod xds;
