@@ -7,11 +7,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use crate::support::{
     HttpResponse, Ratekeeper, TempDir, eventually, http_get, http_request, run_ratekeeper,
     serve_limits, write_config,
 };
+use serde_json::{Value, json};
 
 const LIMITS: &str = "\
 domain: edge

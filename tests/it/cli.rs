@@ -181,7 +181,8 @@ fn validate_merges_one_domain_across_files_only_when_asked() {
         "{refused:?}"
     );
     let ratekeeper = crate::support::Ratekeeper::start(&root, &["--merge-domain-config"]);
-    let dump = crate::support::http_get(ratekeeper.http_addr(), "/rlconfig", &[]).expect("GET /rlconfig");
+    let dump =
+        crate::support::http_get(ratekeeper.http_addr(), "/rlconfig", &[]).expect("GET /rlconfig");
     assert!(
         dump.body.contains("edge.api_key:") && dump.body.contains("edge.tenant:"),
         "{dump:#?}"

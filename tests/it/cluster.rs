@@ -9,14 +9,14 @@
 
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    Ratekeeper, TempDir, eventually, start_cluster, start_member, wait_for_members, write_config,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use crate::support::{
-    Ratekeeper, TempDir, eventually, start_cluster, start_member, wait_for_members, write_config,
-};
 use tonic::transport::Channel;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -316,7 +316,8 @@ async fn sigterm_hands_counters_over_and_a_rolling_restart_keeps_the_limit() {
     let restarted_peer = nodes[2].peer_addr();
 
     nodes[2].process().signal("-TERM");
-    let exited = crate::support::eventually_some(WAIT, || nodes[2].process().exited()).expect("exits");
+    let exited =
+        crate::support::eventually_some(WAIT, || nodes[2].process().exited()).expect("exits");
     assert!(exited.success(), "{}", nodes[2].stderr());
     wait_for_members(&nodes[..2], 2);
     let received: f64 = nodes[..2]
@@ -410,8 +411,8 @@ async fn explain_reports_the_owners_counter_and_fails_rather_than_guess_without_
     })
     .to_string();
     let explain = |node: &Ratekeeper| {
-        let response =
-            crate::support::http_post(node.admin_addr(), "/debug/explain", &[], &body).expect("answers");
+        let response = crate::support::http_post(node.admin_addr(), "/debug/explain", &[], &body)
+            .expect("answers");
         let parsed: serde_json::Value =
             serde_json::from_str(&response.body).expect("a JSON answer");
         (response.status, parsed)

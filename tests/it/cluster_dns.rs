@@ -18,7 +18,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::support::{
     Load, NODE_PEER_PORT, Netns, Ratekeeper, TempDir, assert_all_within,
     away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
@@ -26,6 +25,7 @@ use crate::support::{
     edge_owner_of as owner_of, eventually, eventually_some, first_times, grpc_clients as clients,
     metric_total as sum, write_config,
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// 10 000 per hour: more than the test sends, also on one node's fallback share (a third),
 /// so every request must be admitted.

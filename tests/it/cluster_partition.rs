@@ -16,7 +16,6 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::support::{
     LOAD_PHASES, Load, Netns, Ratekeeper, Tally, TempDir, assert_all_within,
     away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
@@ -24,6 +23,7 @@ use crate::support::{
     edge_owner_of as owner_of, eventually, first_times, grpc_clients as clients,
     metric_total as sum, write_config,
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// The limit of every key: 100 per hour.
 const LIMIT: u64 = 100;

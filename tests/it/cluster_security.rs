@@ -10,12 +10,12 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ratekeeper::store::cluster::proto::v1 as wire;
-use ratekeeper::store::cluster::proto::v1::peer_client::PeerClient;
 use crate::support::{
     Leaf, Ratekeeper, TempDir, TestCa, cluster_members, edge_decide, eventually, grpc_clients,
     metric_sum, start_member, wait_for_members, write_config,
 };
+use ratekeeper::store::cluster::proto::v1 as wire;
+use ratekeeper::store::cluster::proto::v1::peer_client::PeerClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -365,7 +365,8 @@ fn a_peer_listener_off_loopback_without_mtls_needs_the_insecure_opt_in() {
         args.extend_from_slice(extra);
         args.into_iter().map(str::to_owned).collect()
     };
-    let (status, _, stderr) = crate::support::run_ratekeeper(&args(&["--advertise", "127.0.0.1:1"]));
+    let (status, _, stderr) =
+        crate::support::run_ratekeeper(&args(&["--advertise", "127.0.0.1:1"]));
     assert!(!status.success(), "started without mTLS on 0.0.0.0");
     for flag in [
         "--peer-tls-cert",

@@ -8,11 +8,11 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use crate::support::{
     Ratekeeper, TempDir, http_get, http_post, http_request, serve_limits, start_cluster,
     write_config,
 };
+use serde_json::{Value, json};
 
 const LIMITS: &str = "\
 domain: edge

@@ -11,11 +11,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use crate::support::{
     Ratekeeper, TempDir, artifacts_dir, dump_dom, eventually, http_get, http_post, metric,
     screenshot, write_config,
 };
+use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(20);
 /// Virtual time for the page's scripts: the first poll, the explain call, and a few polls

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::Value;
 use crate::support::{
     Process, START_TIMEOUT, TempDir, envoy_validate, eventually, http_get, metric, python_tool,
     ratekeeper_command, read_repo_file, repo_path, run_ratekeeper, run_to_end, write_config,
     yaml_document, yaml_documents,
 };
+use serde_json::Value;
 
 const MANIFESTS: &str = "deploy/kubernetes";
 /// The oldest Kubernetes the manifests support: the kubelet's own `preStop: sleep` action

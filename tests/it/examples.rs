@@ -10,6 +10,7 @@ use std::fs;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::support::{repo_path, run_ratekeeper, run_to_end};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -21,7 +22,6 @@ use ratekeeper::limiter::{Limiter, LimiterOptions};
 use ratekeeper::limits::Limits;
 use ratekeeper::metrics::MetricsOptions;
 use ratekeeper::store::memory::{Engine, EngineConfig};
-use crate::support::{repo_path, run_ratekeeper, run_to_end};
 use tokio::time::{Instant, advance};
 
 /// The example files, one use case each. A new file needs a behaviour test below.

@@ -4,8 +4,8 @@
 
 use std::net::SocketAddr;
 
-use serde_json::{Value, json};
 use crate::support::{Ratekeeper, TempDir, http_post, run_ratekeeper, serve_limits};
+use serde_json::{Value, json};
 
 const LIMITS: &str = "\
 domain: edge

@@ -9,9 +9,9 @@
 
 use std::collections::BTreeSet;
 
+use crate::support::{Ratekeeper, TempDir, http_get, http_post, read_repo_file, write_config};
 use promql_parser::parser::{self, Expr};
 use serde_json::Value;
-use crate::support::{Ratekeeper, TempDir, http_get, http_post, read_repo_file, write_config};
 
 const DASHBOARD: &str = "deploy/grafana/ratekeeper-dashboard.json";
 

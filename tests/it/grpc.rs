@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::support::spawn_server;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -12,7 +13,6 @@ use ratekeeper::limiter::LimiterOptions;
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{ServeError, Server, ServerOptions};
 use ratekeeper::store::memory::EngineConfig;
-use crate::support::spawn_server;
 use tonic::transport::Channel;
 
 const LIMITS: &str = "
@@ -199,7 +199,8 @@ descriptors:
         )
     };
     let http = running.http;
-    let post = |body: String| crate::support::http_post(http, "/json", &[], &body).expect("answered");
+    let post =
+        |body: String| crate::support::http_post(http, "/json", &[], &body).expect("answered");
     assert_eq!(post(json(3)).status, 200);
     assert_eq!(post(json(u64::MAX)).status, 400);
     assert!(

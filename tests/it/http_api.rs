@@ -5,10 +5,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
 use crate::support::{
     HttpResponse, Ratekeeper, TempDir, http_get, http_post, http_request, metric, serve_limits,
 };
+use serde_json::{Value, json};
 
 /// Token buckets, so no window boundary can reset a count mid-test. `paced` and friends
 /// gain one token every 3 s, with a bucket of one.

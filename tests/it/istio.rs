@@ -10,8 +10,10 @@
 use std::collections::BTreeSet;
 use std::fs;
 
+use crate::support::{
+    TempDir, envoy_validate, read_repo_file, repo_path, write_config, yaml_document,
+};
 use serde_json::{Value, json};
-use crate::support::{TempDir, envoy_validate, read_repo_file, repo_path, write_config, yaml_document};
 
 const DIR: &str = "deploy/istio";
 
@@ -302,7 +304,10 @@ fn kubernetes_documents() -> Vec<Value> {
         let name = name.to_string_lossy().into_owned();
         if name.ends_with(".yaml") && name != "kustomization.yaml" {
             let path = format!("deploy/kubernetes/{name}");
-            documents.extend(crate::support::yaml_documents(&path, &read_repo_file(&path)));
+            documents.extend(crate::support::yaml_documents(
+                &path,
+                &read_repo_file(&path),
+            ));
         }
     }
     documents

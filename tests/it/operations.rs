@@ -10,14 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use crate::support::{
+    Ratekeeper, TempDir, eventually, eventually_async, http_get, metric, serve_limits, write_config,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use crate::support::{
-    Ratekeeper, TempDir, eventually, eventually_async, http_get, metric, serve_limits, write_config,
-};
 use tonic::transport::Channel;
 
 const WAIT: Duration = Duration::from_secs(15);

@@ -10,16 +10,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_get, http_post, metric,
+    metric_sample, run_ratekeeper, write_config,
+};
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
-use crate::support::{
-    Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_get, http_post, metric,
-    metric_sample, run_ratekeeper, write_config,
-};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -613,7 +613,8 @@ fn counters_counted_in_redis_are_listed_with_their_state() {
     for _ in 0..4 {
         assert_eq!(ask(http, "listed"), Some(true));
     }
-    let response = crate::support::http_get(node.admin_addr(), "/counters/edge", &[]).expect("answers");
+    let response =
+        crate::support::http_get(node.admin_addr(), "/counters/edge", &[]).expect("answers");
     assert_eq!(response.status, 200, "{}", response.body);
     let page: serde_json::Value = serde_json::from_str(&response.body).expect("json");
     let counter = &page["counters"][0];

@@ -8,11 +8,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use crate::support::{
     Ratekeeper, RedisServer, TempDir, away_from_the_top_of_the_hour, edge_decide, free_port,
     grpc_client, http_get, ratekeeper_command, run_to_end, write_config,
 };
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const LIMITS: &str = "\
 domain: edge

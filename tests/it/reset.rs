@@ -7,11 +7,11 @@
 
 use std::net::SocketAddr;
 
-use serde_json::{Value, json};
 use crate::support::{
     Ratekeeper, RedisCluster, RedisServer, TempDir, http_post, http_request, metric, start_cluster,
     write_config,
 };
+use serde_json::{Value, json};
 
 const LIMITS: &str = "\
 domain: edge
@@ -99,7 +99,7 @@ fn a_bad_reset_is_refused_naming_the_problem() {
         (
             "/counters/edge?descriptor=api_key",
             400,
-            "descriptor: expected key=value",
+            "descriptor.entries[0]: no `=`",
         ),
         (
             "/counters/edge?descriptor=api_key=a&page=2",

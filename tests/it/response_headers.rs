@@ -2,15 +2,15 @@
 //! fields on every front end (gRPC, `/json`, `/nginx`, `/rate`), parsed by an independent
 //! structured-field parser, and the boolean forms that keep draft-03's three headers.
 
+use crate::support::{
+    Ratekeeper, TempDir, http_get, http_post, run_ratekeeper, serve_limits_with_env,
+    structured_list, write_config,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use serde_json::{Value, json};
-use crate::support::{
-    Ratekeeper, TempDir, http_get, http_post, run_ratekeeper, serve_limits_with_env,
-    structured_list, write_config,
-};
 
 /// Token buckets refilling one token every 20 minutes: no window boundary mid-test.
 const LIMITS: &str = "\

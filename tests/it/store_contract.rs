@@ -21,6 +21,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::support::{RedisCluster, RedisServer, TempDir};
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter, Decisions};
 use ratekeeper::clock::Clock;
@@ -31,7 +32,6 @@ use ratekeeper::store::cluster::{Cluster, ClusterOptions, Fallback};
 use ratekeeper::store::failure::FailurePolicy;
 use ratekeeper::store::memory::{Engine, EngineConfig, MemoryStore};
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
-use crate::support::{RedisCluster, RedisServer, TempDir};
 
 /// A manual clock of its own (tests run in parallel), starting at `start`.
 fn clock_at(start: u64) -> (Clock, &'static AtomicU64) {

@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::support::{
+    Leaf, TempDir, TestCa, eventually_async, http_get, spawn_server, write_atomically,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -13,7 +16,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
 use ratekeeper::transport::tls::TlsOptions;
-use crate::support::{Leaf, TempDir, TestCa, eventually_async, http_get, spawn_server, write_atomically};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 const LIMITS: &str = "

@@ -5,6 +5,7 @@ use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::support::{Ratekeeper, TempDir, eventually, write_config};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -13,7 +14,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
 use ratekeeper::transport::listener::GrpcEndpoint;
-use crate::support::{Ratekeeper, TempDir, eventually, write_config};
 use tonic::transport::{Channel, Endpoint};
 
 const LIMITS: &str = "

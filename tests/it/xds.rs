@@ -437,7 +437,8 @@ async fn ratekeeper_reconnects_when_the_server_comes_back() {
             .load(std::sync::atomic::Ordering::Relaxed)
     };
     assert!(
-        crate::support::eventually_async(WAIT, || std::future::ready(!connected(&ratekeeper))).await,
+        crate::support::eventually_async(WAIT, || std::future::ready(!connected(&ratekeeper)))
+            .await,
         "still connected to a stopped server"
     );
 
@@ -488,11 +489,13 @@ async fn the_binary_is_unhealthy_until_the_first_ack_with_healthy_only_with_conf
     .await
     .expect("starts");
     let http = process.http_addr();
-    let health =
-        move || crate::support::http_get(http, "/healthcheck", &[]).map_or(0, |response| response.status);
+    let health = move || {
+        crate::support::http_get(http, "/healthcheck", &[]).map_or(0, |response| response.status)
+    };
     // It subscribed (with its node), and stays unhealthy with nothing served.
     let subscribed =
-        crate::support::eventually_async(WAIT, || std::future::ready(!xds.requests().is_empty())).await;
+        crate::support::eventually_async(WAIT, || std::future::ready(!xds.requests().is_empty()))
+            .await;
     assert!(subscribed, "no subscription: {}", process.stderr());
     let node = xds.requests()[0].node.clone().expect("node");
     assert_eq!(node.id, "node-a");
@@ -514,10 +517,11 @@ async fn the_binary_is_unhealthy_until_the_first_ack_with_healthy_only_with_conf
         "still unhealthy after the ack: {}",
         process.stderr()
     );
-    let metrics = tokio::task::spawn_blocking(move || crate::support::http_get(http, "/metrics", &[]))
-        .await
-        .expect("scrape")
-        .expect("metrics");
+    let metrics =
+        tokio::task::spawn_blocking(move || crate::support::http_get(http, "/metrics", &[]))
+            .await
+            .expect("scrape")
+            .expect("metrics");
     assert!(
         metrics
             .body
