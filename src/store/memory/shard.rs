@@ -41,6 +41,8 @@ use table::Table;
 /// its expiry (and the quarter second of rounding), so memory holds about
 /// `(lifetime + 0.4 s) / lifetime` times what the windows need: 1.007x for a minute window.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
+/// Parts of a shard's key table (see [`table`]): a handoff exports one per lock hold.
+pub const TABLE_PARTS: usize = table::PARTS;
 /// Parts swept in one step at most, when the timer task is late: a late sweep catches up
 /// in steps that release the lock in between, never the whole table at once.
 const SWEEP_CATCH_UP: u64 = 8;
@@ -383,7 +385,22 @@ impl Shard {
 
     /// Removes and returns every counter (and pending handoff) whose route `keep` rejects.
     pub fn export(&mut self, keep: &dyn Fn(u64) -> bool) -> Vec<(KeyId, Slot)> {
-        self.counters.export(keep)
+        let mut out = Vec::new();
+        for part in 0..table::PARTS {
+            self.export_part(part, keep, &mut out);
+        }
+        out
+    }
+
+    /// [`Shard::export`] of one part of the table (a handoff exports a part per lock hold,
+    /// so it never holds the shard for the whole table).
+    pub fn export_part(
+        &mut self,
+        part: usize,
+        keep: &dyn Fn(u64) -> bool,
+        out: &mut Vec<(KeyId, Slot)>,
+    ) {
+        self.counters.export_part(part, keep, out);
     }
 
     /// Takes counters from another node; returns how many were kept.
@@ -580,12 +597,19 @@ impl Counters {
         }
     }
 
-    fn export(&mut self, keep: &dyn Fn(u64) -> bool) -> Vec<(KeyId, Slot)> {
-        let mut out = self.keys.extract(|key, _| !keep(key.route));
-        for (key, handed) in self.pending.extract(|key, _| !keep(key.route)) {
-            out.extend(handed.into_iter().map(|slot| (key, slot)));
+    fn export_part(
+        &mut self,
+        part: usize,
+        keep: &dyn Fn(u64) -> bool,
+        out: &mut Vec<(KeyId, Slot)>,
+    ) {
+        self.keys.extract_part(part, out, |key, _| !keep(key.route));
+        let mut handed = Vec::new();
+        self.pending
+            .extract_part(part, &mut handed, |key, _| !keep(key.route));
+        for (key, slots) in handed {
+            out.extend(slots.into_iter().map(|slot| (key, slot)));
         }
-        out
     }
 
     /// Takes counters from another node: new keys are stored as they are; for keys this

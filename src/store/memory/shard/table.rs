@@ -145,13 +145,26 @@ impl<V> Table<V> {
         removed
     }
 
+    /// Removes the entries of part `index` (mod [`PARTS`]) that `take` accepts, adding them
+    /// to `out`.
+    pub fn extract_part(
+        &mut self,
+        index: usize,
+        out: &mut Vec<(KeyId, V)>,
+        mut take: impl FnMut(&KeyId, &mut V) -> bool,
+    ) {
+        let before = out.len();
+        out.extend(self.parts[index & (PARTS - 1)].extract_if(|key, value| take(key, value)));
+        self.len -= out.len() - before;
+    }
+
     /// Removes and returns every entry `take` accepts.
+    #[cfg(test)]
     pub fn extract(&mut self, mut take: impl FnMut(&KeyId, &mut V) -> bool) -> Vec<(KeyId, V)> {
         let mut out = Vec::new();
-        for part in self.parts.iter_mut() {
-            out.extend(part.extract_if(|key, value| take(key, value)));
+        for part in 0..PARTS {
+            self.extract_part(part, &mut out, &mut take);
         }
-        self.len -= out.len();
         out
     }
 }
