@@ -10,14 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::store_contract::check;
 use crate::support::{
     Ratekeeper, RedisCluster, RedisServer, TempDir, eventually, http_get, http_post, metric,
     metric_sample, run_ratekeeper, write_config,
 };
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
-use ratekeeper::check::{Check, Checks, Counter};
+use ratekeeper::check::Checks;
 use ratekeeper::clock::Clock;
-use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
 
@@ -63,23 +63,6 @@ fn first_key_ttl(server: &RedisServer) -> i64 {
     let keys = server.cli(&["--scan", "--pattern", "rk:*"]);
     let key = keys.lines().next().expect("one counter key").trim();
     server.cli(&["pttl", key]).trim().parse().expect("a ttl")
-}
-
-/// One descriptor (`user` = `user` in `domain`) with a counter per rate.
-fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Check {
-    let mut key = KeyBuilder::new(domain);
-    key.entry("user", user);
-    Check {
-        counters: rates
-            .iter()
-            .map(|rate| Counter {
-                key: key.key(rate),
-                rate: *rate,
-            })
-            .collect(),
-        cost,
-        wait: None,
-    }
 }
 
 /// A Redis store on `server`, on the system clock, with a 5 s deadline.

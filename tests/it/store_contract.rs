@@ -117,8 +117,9 @@ impl Drop for LocalCluster {
     }
 }
 
-/// One descriptor (`user` in `domain`) with a counter per rate.
-fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Check {
+/// One descriptor (`user` in `domain`) with a counter per rate (the other store tests use
+/// it too).
+pub(crate) fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Check {
     let mut key = KeyBuilder::new(domain);
     key.entry("user", user);
     Check {
