@@ -258,9 +258,11 @@ This HTTP listener serves:</p>
 <li><code>POST /json</code>, <code>POST /rate/{{domain}}/{{name}}[/{{value}}]</code>,
 <code>/nginx/{{domain}}</code>: checks over HTTP</li>
 </ul>
-<p>On the admin listener (<code>--admin-addr</code>, {admin_addr}):
-<code>/ui</code> (the dashboard), <code>/counters/{{domain}}</code>,
-<code>POST /debug/explain</code>.</p>
+<p>On the admin listener (<code>--admin-addr</code>, {admin_addr}; the reference
+service's <code>DEBUG_PORT</code>): <code>/ui</code> (the dashboard),
+<code>/counters/{{domain}}</code>, <code>POST /debug/explain</code>, behind its token when
+one is set; and, open, <code>/rlconfig</code>, <code>/stats</code>, <code>/metrics</code>,
+<code>/healthcheck</code>.</p>
 </body></html>
 "#
     )

@@ -316,6 +316,7 @@ fn the_root_lists_the_endpoints_and_logs_to_a_pipe_carry_no_colour_codes() {
         "/json",
         "/ui",
         "/debug/explain",
+        "/stats",
     ] {
         assert!(index.body.contains(path), "{path} in {}", index.body);
     }
