@@ -535,7 +535,7 @@ fn respond(
     let passed_backends = groups
         .iter()
         .filter(|group| !group.over)
-        .filter_map(|group| group.backend.clone())
+        .filter_map(QuotaGroup::backend)
         .collect();
     Verdict {
         statuses,
@@ -550,19 +550,35 @@ fn respond(
 /// The entries that name a quota group (one model behind an AI gateway).
 const QUOTA_GROUP_KEYS: [&str; 2] = ["backend_name", "model_name_override"];
 
-/// One quota group of a request: its descriptors (by index), whether any is reported over,
-/// and its `(backend_name, model_name_override)` when the group is named by them.
+/// What makes one quota group: one model behind an AI gateway (its `backend_name` and
+/// `model_name_override`, either may be empty), or else the descriptor's own entries.
+#[derive(PartialEq, Eq)]
+enum GroupKey<'q> {
+    Model(&'q str, &'q str),
+    Entries(&'q [(&'q str, &'q str)]),
+}
+
+/// One quota group of a request: its descriptors (by index) and whether any is reported over.
 struct QuotaGroup<'q> {
-    name: SmallVec<[(&'q str, &'q str); 4]>,
+    key: GroupKey<'q>,
     members: SmallVec<[usize; 2]>,
     over: bool,
-    backend: Option<(String, String)>,
+}
+
+impl QuotaGroup<'_> {
+    /// The `(backend_name, model_name_override)` of a group named by them.
+    fn backend(&self) -> Option<(String, String)> {
+        match self.key {
+            GroupKey::Model(backend, model) => Some((backend.to_owned(), model.to_owned())),
+            GroupKey::Entries(_) => None,
+        }
+    }
 }
 
 /// The quota groups of `query`'s quota-mode descriptors, in the order they first appear;
 /// `reported[i]`: descriptor `i` is reported over.
 fn quota_groups<'q>(
-    query: &Query<'q>,
+    query: &'q Query<'_>,
     plans: &[Plan<'_>],
     reported: &[bool],
 ) -> SmallVec<[QuotaGroup<'q>; 2]> {
@@ -576,34 +592,26 @@ fn quota_groups<'q>(
                 .entries
                 .iter()
                 .find(|(name, _)| *name == key)
-                .map(|(_, value)| *value)
+                .map_or("", |(_, value)| *value)
         };
         let (backend, model) = (value_of(QUOTA_GROUP_KEYS[0]), value_of(QUOTA_GROUP_KEYS[1]));
-        let named = backend.is_some_and(|b| !b.is_empty()) || model.is_some_and(|m| !m.is_empty());
-        let name: SmallVec<[(&str, &str); 4]> = if named {
-            SmallVec::from_iter([("", backend.unwrap_or("")), ("", model.unwrap_or(""))])
+        let key = if backend.is_empty() && model.is_empty() {
+            GroupKey::Entries(&descriptor.entries)
         } else {
-            descriptor.entries.iter().copied().collect()
+            GroupKey::Model(backend, model)
         };
-        let position = groups.iter().position(|group| group.name == name);
-        let group = match position {
-            Some(position) => &mut groups[position],
+        let position = match groups.iter().position(|group| group.key == key) {
+            Some(position) => position,
             None => {
                 groups.push(QuotaGroup {
-                    backend: named.then(|| {
-                        (
-                            backend.unwrap_or("").to_owned(),
-                            model.unwrap_or("").to_owned(),
-                        )
-                    }),
-                    name,
+                    key,
                     members: SmallVec::new(),
                     over: false,
                 });
-                let last = groups.len() - 1;
-                &mut groups[last]
+                groups.len() - 1
             }
         };
+        let group = &mut groups[position];
         group.members.push(index);
         group.over |= reported.get(index).copied().unwrap_or(false);
     }

@@ -120,15 +120,8 @@ impl ParsedRequest {
                 "quotaModeViolations".to_owned(),
                 json!(verdict.quota_violations.as_slice()),
             );
-            if !verdict.passed_backends.is_empty() {
-                let backends: Vec<Value> = verdict
-                    .passed_backends
-                    .iter()
-                    .map(|(backend, model)| {
-                        json!({"backend_name": backend, "model_name_override": model})
-                    })
-                    .collect();
-                out.insert("passedBackends".to_owned(), Value::Array(backends));
+            if let Some(backends) = verdict.passed_backends_json() {
+                out.insert("passedBackends".to_owned(), backends);
             }
         }
         Value::Object(out)

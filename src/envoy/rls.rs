@@ -132,18 +132,8 @@ pub fn dynamic_metadata(request: &RateLimitRequest, verdict: &Verdict) -> Struct
             .map(|&index| number(index as f64))
             .collect();
         fields.insert("quotaModeViolations".to_owned(), list(violations));
-        if !verdict.passed_backends.is_empty() {
-            let backends = verdict
-                .passed_backends
-                .iter()
-                .map(|(backend, model)| {
-                    structure(HashMap::from([
-                        ("backend_name".to_owned(), string(backend)),
-                        ("model_name_override".to_owned(), string(model)),
-                    ]))
-                })
-                .collect();
-            fields.insert("passedBackends".to_owned(), list(backends));
+        if let Some(backends) = verdict.passed_backends_json() {
+            fields.insert("passedBackends".to_owned(), json_value(&backends));
         }
     }
     Struct { fields }

@@ -96,6 +96,22 @@ impl Verdict {
             .max()
     }
 
+    /// `passedBackends` of the dynamic metadata (every front end's): the quota groups with
+    /// room, `{backend_name, model_name_override}` each; `None` when there are none.
+    pub fn passed_backends_json(&self) -> Option<serde_json::Value> {
+        if self.passed_backends.is_empty() {
+            return None;
+        }
+        let backends = self
+            .passed_backends
+            .iter()
+            .map(|(backend, model)| {
+                serde_json::json!({"backend_name": backend, "model_name_override": model})
+            })
+            .collect();
+        Some(serde_json::Value::Array(backends))
+    }
+
     /// The `metadata` of the descriptors that still have room, merged in request order as
     /// the reference service merges it: the first value of a name wins, except that two
     /// maps under one name are merged the same way, name by name.

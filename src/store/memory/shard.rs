@@ -383,17 +383,9 @@ impl Shard {
         }
     }
 
-    /// Removes and returns every counter (and pending handoff) whose route `keep` rejects.
-    pub fn export(&mut self, keep: &dyn Fn(u64) -> bool) -> Vec<(KeyId, Slot)> {
-        let mut out = Vec::new();
-        for part in 0..table::PARTS {
-            self.export_part(part, keep, &mut out);
-        }
-        out
-    }
-
-    /// [`Shard::export`] of one part of the table (a handoff exports a part per lock hold,
-    /// so it never holds the shard for the whole table).
+    /// Removes the counters (and pending handoffs) of one part of the table (see
+    /// [`TABLE_PARTS`]) whose route `keep` rejects, adding them to `out`: a handoff exports
+    /// a part per lock hold, so it never holds the shard for the whole table.
     pub fn export_part(
         &mut self,
         part: usize,
