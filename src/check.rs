@@ -53,6 +53,26 @@ pub struct WaitPolicy {
     pub max_queue: u32,
 }
 
+/// What a store may ask of the configured rules (the limits in force), by a key's rule tag
+/// ([`KeyId::rule`]): the in-memory store keeps each rule's live keys within a budget
+/// (see `store::memory::shard`).
+pub trait Rules: Send + Sync {
+    /// The rule's own `max_keys`, if it set one.
+    fn max_keys(&self, rule: u32) -> Option<u32>;
+    /// How logs and metrics name the rule (`edge > remote_address`), if it is configured.
+    fn name(&self, rule: u32) -> Option<Arc<str>>;
+}
+
+/// One rule's keys in a store (on one shard, or summed over a node's shards).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleKeys {
+    pub live: u64,
+    /// Requests refused because they needed a new key of the rule while it held its budget.
+    pub refused: u64,
+    /// The budget: the most live keys the rule may hold.
+    pub budget: u64,
+}
+
 /// The limits of one request descriptor, decided together.
 #[derive(Clone, Debug)]
 pub struct Check {

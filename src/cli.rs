@@ -330,6 +330,11 @@ pub struct ServeArgs {
     /// Live keys kept at most, across all shards.
     #[arg(long, env = "RATEKEEPER_MAX_KEYS", default_value_t = EngineConfig::default().max_keys)]
     pub max_keys: usize,
+    /// The share of --max-keys one rule (one limit of the limits files) may hold when it
+    /// sets no `max_keys` of its own: from 0.001 to 1. A flood of new values on one rule
+    /// then leaves the rest of the table to the others.
+    #[arg(long, env = "RATEKEEPER_RULE_KEY_SHARE", default_value_t = EngineConfig::default().rule_key_share, value_parser = share)]
+    pub rule_key_share: f64,
     /// Add rate limit headers to gRPC and /json responses: alone (or `true`), draft-03's
     /// RateLimit-Limit, -Remaining and -Reset; `ietf`, the current IETF draft's
     /// RateLimit-Policy and RateLimit on every front end instead; `false`, none.
@@ -627,6 +632,7 @@ impl ServeArgs {
     pub fn server_options(&self) -> ServerOptions {
         let mut engine = EngineConfig {
             max_keys: self.max_keys,
+            rule_key_share: self.rule_key_share,
             ..EngineConfig::default()
         };
         if let Some(shards) = self.shards {
@@ -707,6 +713,16 @@ fn explicitly_given<'a>(top: &'a ArgMatches, serve: &'a ArgMatches) -> BTreeSet<
         })
         .map(|id| id.as_str())
         .collect()
+}
+
+/// `--rule-key-share`: a fraction of the key cap, from 0.001 to 1.
+fn share(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(share) if (0.001..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!(
+            "expected a share from 0.001 to 1 (0.5 is half of --max-keys), got {text:?}"
+        )),
+    }
 }
 
 fn store(text: &str) -> Result<StoreArg, String> {

@@ -98,6 +98,15 @@ impl Error {
 pub enum StoreError {
     #[error("shard {shard} is full: it holds its maximum of {max_keys} keys")]
     KeyCapacity { shard: usize, max_keys: usize },
+    /// A rule's new key past its key budget (see `store::memory::shard`).
+    #[error(
+        "rule {rule:08x} holds its budget of {max_keys} keys on shard {shard}: its new keys are refused until some expire"
+    )]
+    RuleKeyBudget {
+        shard: usize,
+        rule: u32,
+        max_keys: usize,
+    },
     #[error("the store stopped")]
     Stopped,
     /// An external store (Redis) could not answer; only explanations see this (requests
@@ -114,7 +123,7 @@ pub enum StoreError {
 impl StoreError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            StoreError::KeyCapacity { .. } => ErrorKind::Full,
+            StoreError::KeyCapacity { .. } | StoreError::RuleKeyBudget { .. } => ErrorKind::Full,
             StoreError::Stopped | StoreError::Remote { .. } => ErrorKind::Unavailable,
             StoreError::Unsupported { .. } => ErrorKind::Internal,
             StoreError::Cluster(error) => error.kind(),

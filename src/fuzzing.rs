@@ -95,6 +95,7 @@ fn engine(runtime: &tokio::runtime::Runtime) -> Engine {
         shards: 2,
         max_keys: 10_000,
         max_waiters: 16,
+        rule_key_share: 1.0,
     };
     runtime.block_on(async { Engine::spawn(config, Clock::system()) })
 }

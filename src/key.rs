@@ -7,7 +7,10 @@
 //!   mode, the owning pod), so all limits of one descriptor land on the same shard and are
 //!   decided together, and a key keeps its owner across windows (the window is state, not
 //!   part of the key);
-//! - `id`: FNV-1a 128 over the same bytes plus the slot: the counter's identity.
+//! - `id`: FNV-1a 128 over the same bytes plus the slot: the counter's identity, except
+//!   that its low 32 bits are the tag of the rule (the configured limit) the key counts
+//!   for ([`KeyId::rule`]), so a shard can keep each rule's keys within its budget without
+//!   storing anything more per key. 96 bits of hash remain for the identity.
 //!
 //! Every field is length-prefixed, so `("ab", "c")` and `("a", "bc")` never collide.
 //! FNV's low bits are weak for `% n`, so routing mixes the hash with murmur3's `fmix64`
@@ -17,7 +20,7 @@ use std::hash::{BuildHasher, Hash, Hasher};
 
 use crate::algorithm::Rate;
 
-const FNV64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const FNV64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV64_PRIME: u64 = 0x0000_0100_0000_01b3;
 const FNV128_OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
 const FNV128_PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
@@ -58,6 +61,12 @@ pub struct KeyId {
 }
 
 impl KeyId {
+    /// The tag of the rule this key counts for (see [`KeyBuilder::rule_key`]); 0 for a
+    /// key of no configured rule (a request's own limit).
+    pub fn rule(&self) -> u32 {
+        self.id[1] as u32
+    }
+
     /// The shard (of `shards`) that owns this key.
     pub fn shard(&self, shards: usize) -> usize {
         shard_of(self.route, shards)
@@ -135,13 +144,23 @@ impl KeyBuilder {
         self.route
     }
 
-    /// The key of one limit of this descriptor.
+    /// The key of one limit of this descriptor, of no configured rule (tag 0).
     pub fn key(&self, rate: &Rate) -> KeyId {
+        self.rule_key(rate, 0)
+    }
+
+    /// The key of one limit of this descriptor, counting for the rule tagged `rule`
+    /// ([`Limit::rule`](crate::limits::Limit::rule)): the tag replaces the low 32 bits of
+    /// the id.
+    pub fn rule_key(&self, rate: &Rate, rule: u32) -> KeyId {
         let slot = [rate.unit.to_proto() as u8, rate.algorithm as u8];
         let id = fnv1a128(self.id, &slot);
         KeyId {
             route: self.route,
-            id: [(id >> 64) as u64, id as u64],
+            id: [
+                (id >> 64) as u64,
+                (id as u64 & !0xffff_ffff) | u64::from(rule),
+            ],
         }
     }
 }

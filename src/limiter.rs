@@ -24,7 +24,7 @@ use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
 use crate::algorithm::Rate;
-use crate::check::{Check, Checks, Counter, Decision, WaitPolicy};
+use crate::check::{Check, Checks, Counter, Decision, RuleKeys, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
 use crate::limits::{Domain, Limit, Limits, Node, Walk};
@@ -172,6 +172,12 @@ impl Limiter {
             .collect()
     }
 
+    /// Each rule's live keys on this node against its key budget, by rule tag (empty with a
+    /// store that keeps no budgets).
+    pub fn rule_keys(&self) -> std::collections::HashMap<u32, RuleKeys> {
+        self.store.all_rule_keys().into_iter().collect()
+    }
+
     pub fn options(&self) -> &LimiterOptions {
         &self.options
     }
@@ -310,10 +316,11 @@ impl Limiter {
             let key = counter_key(query.domain, &descriptor.entries, walk.as_ref());
             let counters = limits
                 .iter()
-                .filter_map(|limit| limit.rate)
-                .map(|rate| Counter {
-                    key: key.key(&rate),
-                    rate,
+                .filter_map(|limit| {
+                    limit.rate.map(|rate| Counter {
+                        key: key.rule_key(&rate, limit.rule),
+                        rate,
+                    })
                 })
                 .collect();
             // Quota-mode limits let an over request pass (mostly): nothing waits for them.
@@ -677,6 +684,10 @@ fn override_limit(limit: LimitOverride) -> Limit {
         max_wait: None,
         max_queue: 0,
         replaces: Box::default(),
+        // A request's own limit belongs to no configured rule: its keys share the default
+        // budget of tag 0.
+        rule: 0,
+        max_keys: None,
     }
 }
 
@@ -796,6 +807,7 @@ impl Limiter {
                 shards: 2,
                 max_keys: 1000,
                 max_waiters: 10,
+                rule_key_share: 1.0,
             },
             crate::clock::Clock::starting_at(start),
         );

@@ -28,8 +28,11 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
-use crate::check::Capabilities;
+use arc_swap::ArcSwap;
+
+use crate::check::{Capabilities, Rules};
 
 pub use self::compile::{DEFAULT_MAX_QUEUE, MAX_QUEUE_CEILING, MAX_WAIT_CEILING};
 pub use self::error::{ConfigError, ConfigErrors, Position};
@@ -48,6 +51,17 @@ pub struct Source {
 pub struct Limits {
     domains: BTreeMap<Box<str>, Domain>,
     limit_count: usize,
+    /// Every limit with a rate, by its rule tag ([`Limit::rule`]).
+    rules: HashMap<u32, Rule>,
+}
+
+/// One configured limit as the stores see it: by its tag, with its key budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rule {
+    /// The entry's place (`edge > remote_address`), with the limit's name, or its unit and
+    /// algorithm, when the entry has several limits.
+    pub name: Arc<str>,
+    pub max_keys: Option<u32>,
 }
 
 /// How files become one configuration.
@@ -190,6 +204,7 @@ impl Limits {
             }
         }
         if errors.is_empty() {
+            limits.rules = limits.collect_rules();
             Ok(limits)
         } else {
             Err(ConfigErrors::new(errors))
@@ -205,10 +220,53 @@ impl Limits {
         self.domains.values()
     }
 
+    /// The limit tagged `rule` ([`Limit::rule`]), if one is configured.
+    pub fn rule(&self, rule: u32) -> Option<&Rule> {
+        self.rules.get(&rule)
+    }
+
+    fn collect_rules(&self) -> HashMap<u32, Rule> {
+        let mut rules = HashMap::new();
+        for domain in self.domains.values() {
+            let mut nodes = Vec::new();
+            tree::visit(&domain.root, &domain.name, &mut nodes);
+            for (_, node) in nodes {
+                let several = node.limits.len() > 1;
+                for limit in &node.limits {
+                    let Some(rate) = limit.rate else { continue };
+                    let name = match (&limit.name, several) {
+                        (Some(name), true) => format!("{} [{name}]", node.path),
+                        (None, true) => format!("{} [{} {}]", node.path, rate.unit, rate.algorithm),
+                        (_, false) => node.path.to_string(),
+                    };
+                    rules.insert(
+                        limit.rule,
+                        Rule {
+                            name: name.into(),
+                            max_keys: limit.max_keys,
+                        },
+                    );
+                }
+            }
+        }
+        rules
+    }
+
     /// How many limits are configured: each `rate_limit` and each `rate_limits` item,
     /// unlimited ones included.
     pub fn limit_count(&self) -> usize {
         self.limit_count
+    }
+}
+
+/// The limits in force answer the stores' questions about rules.
+impl Rules for ArcSwap<Limits> {
+    fn max_keys(&self, rule: u32) -> Option<u32> {
+        self.load().rule(rule).and_then(|rule| rule.max_keys)
+    }
+
+    fn name(&self, rule: u32) -> Option<Arc<str>> {
+        self.load().rule(rule).map(|rule| Arc::clone(&rule.name))
     }
 }
 

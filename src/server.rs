@@ -323,6 +323,11 @@ impl Server {
         let grpc_endpoint = grpc.endpoint().clone();
         let (http, http_addr) = bind(options.http_addr).await?;
         let (admin_listener, admin_addr) = bind(options.admin_addr).await?;
+        let limits = Arc::new(ArcSwap::from_pointee(limits));
+        // The memory store reads the rules' key budgets (and names) from the limits in force.
+        let rules: Arc<dyn crate::check::Rules> = Arc::clone(&limits) as _;
+        let engine =
+            || Engine::spawn_with_rules(options.engine, Clock::system(), Some(Arc::clone(&rules)));
         // Only the selected store is built, and only its metrics registered.
         let mut registry = Metrics::registry();
         let (store, cluster, peer): (Arc<dyn Store>, _, _) = match (
@@ -340,7 +345,7 @@ impl Server {
                 (Arc::new(store), None, None)
             }
             (None, None) => {
-                let memory = MemoryStore::new(Engine::spawn(options.engine, Clock::system()));
+                let memory = MemoryStore::new(engine());
                 memory.register_metrics(&mut registry);
                 (Arc::new(memory), None, None)
             }
@@ -359,7 +364,7 @@ impl Server {
                     }
                     cluster_options.advertise = bound.to_string();
                 }
-                let memory = MemoryStore::new(Engine::spawn(options.engine, Clock::system()));
+                let memory = MemoryStore::new(engine());
                 memory.register_metrics(&mut registry);
                 let cluster = Cluster::join_with(memory, cluster_options, peer_tls.clone());
                 cluster.register_metrics(&mut registry);
@@ -395,7 +400,6 @@ impl Server {
                 .register_metrics_as(tls::PEER.what, &mut registry);
         }
         let metrics = Arc::new(Metrics::new(options.metrics, registry));
-        let limits = Arc::new(ArcSwap::from_pointee(limits));
         let watcher = match &options.watch {
             Some(path) => Some(reload::watch(
                 path.clone(),

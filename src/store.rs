@@ -35,7 +35,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-pub use crate::check::Capabilities;
+pub use crate::check::{Capabilities, RuleKeys};
 use crate::check::{Checks, Decisions};
 use crate::error::StoreError;
 use crate::key::KeyId;
@@ -98,6 +98,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// that would stand in for an unreachable owner answers an error instead, so the state
     /// reported is always the real one.
     fn peek(&self, checks: Checks) -> Checked<'_>;
+
+    /// The live keys of the rule tagged `rule` ([`KeyId::rule`]) on this node, against its
+    /// budget; `None` for a store that keeps no budgets (Redis: its own memory policy and
+    /// the keys' TTLs bound it).
+    fn rule_keys(&self, _rule: u32) -> Option<RuleKeys> {
+        None
+    }
+
+    /// [`Store::rule_keys`] of every rule with keys (or refusals) on this node.
+    fn all_rule_keys(&self) -> Vec<(u32, RuleKeys)> {
+        Vec::new()
+    }
 
     /// Forgets the counters of `keys` (all limits of one descriptor: one route) wherever
     /// they live, so the descriptor starts afresh; answers how many existed. An owner that

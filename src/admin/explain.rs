@@ -13,8 +13,13 @@
 //!   "limits": [{"name": "per_key", "requests_per_unit": 5, "unit": "minute",
 //!               "algorithm": "fixed_window", "burst": 5, "used": 2, "remaining": 3,
 //!               "reset_after_ms": 41200, "would_reject": false, "retry_after_ms": null,
-//!               "max_wait_ms": null}]}]}
+//!               "max_wait_ms": null,
+//!               "keys": {"live": 1834, "budget": 2000000, "refused": 0}}]}]}
 //! ```
+//!
+//! `keys` is the limit's rule on this node: its live keys, its key budget (`max_keys`, or
+//! its share of `--max-keys`) and the requests refused because it held its budget; `null`
+//! with a store that keeps no budgets (Redis).
 //!
 //! `retry_after_ms` (a limit's, and the descriptor's: the longest of its rejecting limits)
 //! is, when the hits would be rejected now, how long until they would be admitted if nothing
@@ -113,6 +118,11 @@ pub(super) fn limit(state: &LimitState) -> Value {
         "would_reject": state.rejects,
         "retry_after_ms": state.retry_after.map(millis),
         "max_wait_ms": state.max_wait.map(millis),
+        "keys": state.keys.map(|keys| json!({
+            "live": keys.live,
+            "budget": keys.budget,
+            "refused": keys.refused,
+        })),
     })
 }
 

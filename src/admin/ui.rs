@@ -155,6 +155,7 @@ fn in_config_order(snapshot: &Limits) -> Vec<(&Domain, Vec<&Node>)> {
 fn limits(limiter: &Limiter, snapshot: &Limits) -> Value {
     let mut rows = Vec::new();
     let mut truncated = 0usize;
+    let keys = limiter.rule_keys();
     for (domain, nodes) in in_config_order(snapshot) {
         let totals = limiter.limit_totals(domain.name());
         if rows.len() >= MAX_ROWS {
@@ -186,6 +187,9 @@ fn limits(limiter: &Limiter, snapshot: &Limits) -> Value {
                         "rate": rate,
                         "hits": hits,
                         "over_limit": over,
+                        "keys": keys.get(&limit.rule).map(|keys| keys.live).unwrap_or(0),
+                        "key_budget": keys.get(&limit.rule).map(|keys| keys.budget),
+                        "key_refusals": keys.get(&limit.rule).map(|keys| keys.refused).unwrap_or(0),
                     })
                 })
                 .collect();

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Rate;
-use crate::check::{Check, Decision};
+use crate::check::{Check, Decision, RuleKeys};
 use crate::error::Error;
 use crate::limits::{Limit, Node};
 use crate::store::Placement;
@@ -90,6 +90,9 @@ pub struct LimitState {
     /// when it does not reject.
     pub retry_after: Option<Duration>,
     pub max_wait: Option<Duration>,
+    /// The rule's live keys on this node against its key budget (stores that keep
+    /// budgets: memory, cluster).
+    pub keys: Option<RuleKeys>,
 }
 
 /// What one descriptor would meet.
@@ -213,7 +216,10 @@ impl Limiter {
                     explained.limits = limits
                         .iter()
                         .zip(ours)
-                        .filter_map(|(limit, decision)| limit_state(limit, decision))
+                        .filter_map(|(limit, decision)| {
+                            let keys = self.store.rule_keys(limit.rule);
+                            limit_state(limit, decision, keys)
+                        })
                         .collect();
                     if node.is_some() {
                         Matched::Limited
@@ -231,7 +237,7 @@ impl Limiter {
     }
 }
 
-fn limit_state(limit: &Limit, decision: &Decision) -> Option<LimitState> {
+fn limit_state(limit: &Limit, decision: &Decision, keys: Option<RuleKeys>) -> Option<LimitState> {
     let rate = limit.rate?;
     Some(LimitState {
         name: limit.name.clone(),
@@ -247,6 +253,7 @@ fn limit_state(limit: &Limit, decision: &Decision) -> Option<LimitState> {
             .flatten()
             .map(Duration::from_nanos),
         max_wait: limit.max_wait,
+        keys,
     })
 }
 

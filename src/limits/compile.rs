@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Rate, Unit};
 use crate::check::Capabilities;
+use crate::key::{FNV64_OFFSET, fnv1a64};
 
 use super::error::{ConfigError, join, name};
 use super::glob::Glob;
@@ -173,6 +174,10 @@ impl Compiler<'_> {
                 Some(value) => format!("{path} > {}={}", name(&key), name(value)),
                 None => format!("{path} > {}", name(&key)),
             };
+            let mut limits = limits;
+            for limit in limits.iter_mut() {
+                limit.rule = rule_tag(&node_path, limit.rate.as_ref());
+            }
             let key_path = if keys.is_empty() {
                 key.clone()
             } else {
@@ -313,6 +318,7 @@ impl Compiler<'_> {
                 ("burst", raw.burst.is_some()),
                 ("max_wait", raw.max_wait.is_some()),
                 ("max_queue", raw.max_queue.is_some()),
+                ("max_keys", raw.max_keys.is_some()),
             ];
             for (name, set) in extensions {
                 if set {
@@ -377,6 +383,13 @@ impl Compiler<'_> {
             }
         };
 
+        if raw.max_keys == Some(0) {
+            self.error(
+                field("max_keys"),
+                "max_keys must be at least 1 (a limit that may hold no key refuses every new client)",
+            );
+        }
+
         let own_name: Option<Arc<str>> = raw.name.filter(|name| !name.is_empty()).map(Arc::from);
         let mut replaces = Vec::new();
         for (index, replace) in raw.replaces.unwrap_or_default().into_iter().enumerate() {
@@ -402,6 +415,9 @@ impl Compiler<'_> {
             max_wait,
             max_queue,
             replaces: replaces.into_boxed_slice(),
+            // Set by `level` once the entry's path is known.
+            rule: 0,
+            max_keys: raw.max_keys,
         })
     }
 
@@ -515,6 +531,19 @@ fn depth(value: &serde_json::Value) -> usize {
 }
 
 /// `descriptors[3] (key api_key, value vip)`.
+/// The tag of the rule at `path` with `rate` ([`Limit::rule`]): FNV-1a over the path and the
+/// counter's slot, folded to 32 bits, never 0 (the tag of keys of no configured rule).
+fn rule_tag(path: &str, rate: Option<&Rate>) -> u32 {
+    let slot = rate.map_or([0, 0], |rate| {
+        [rate.unit.to_proto() as u8, rate.algorithm as u8]
+    });
+    let hash = fnv1a64(fnv1a64(FNV64_OFFSET, path.as_bytes()), &slot);
+    match (hash ^ (hash >> 32)) as u32 {
+        0 => 1,
+        tag => tag,
+    }
+}
+
 fn descriptor_place(index: usize, key: &str, value: Option<&str>) -> String {
     match value {
         Some(value) => format!(

@@ -79,6 +79,8 @@ pub(crate) struct RawLimit {
     pub max_wait: Option<String>,
     #[serde(default, deserialize_with = "whole_number")]
     pub max_queue: Option<u32>,
+    #[serde(default, deserialize_with = "whole_number")]
+    pub max_keys: Option<u32>,
 }
 
 /// One `replaces` item.

@@ -1,6 +1,7 @@
 //! Tests of the limits module: validation messages, matching, loading from disk.
 
 mod bounds;
+mod key_budgets;
 pub(crate) mod loading;
 mod matching;
 mod newer_keys;

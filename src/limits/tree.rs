@@ -180,6 +180,15 @@ pub struct Limit {
     pub max_queue: u32,
     /// Names of limits this one drops from the same request.
     pub replaces: Box<[Arc<str>]>,
+    /// The rule's tag, stamped into each of its keys ([`KeyBuilder::rule_key`]): a hash of
+    /// the entry's place in the config (its `path`) and the limit's unit and algorithm, so
+    /// it stays the same across reloads and on every node loading the same files. Never 0.
+    ///
+    /// [`KeyBuilder::rule_key`]: crate::key::KeyBuilder::rule_key
+    pub rule: u32,
+    /// `max_keys`: the most live keys this limit may hold on one node (its key budget);
+    /// `None`: the store's default share of its key cap.
+    pub max_keys: Option<u32>,
 }
 
 impl Limit {

@@ -71,7 +71,7 @@ use crate::key::KeyId;
 use crate::store::failure::FailurePolicy;
 use crate::store::memory::MemoryStore;
 use crate::store::memory::engine::Engine;
-use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
+use crate::store::{Capabilities, Checked, Placement, ResetFuture, RuleKeys, Store};
 use crate::transport::tls::{Tls, TlsOptions};
 
 /// What a node does with a check whose owner cannot answer.
@@ -361,6 +361,15 @@ impl Store for Cluster {
             owner,
             local,
         }
+    }
+
+    /// This node's keys of the rule: each node keeps its own budget for the keys it owns.
+    fn all_rule_keys(&self) -> Vec<(u32, RuleKeys)> {
+        self.node.memory.all_rule_keys()
+    }
+
+    fn rule_keys(&self, rule: u32) -> Option<RuleKeys> {
+        self.node.memory.rule_keys(rule)
     }
 
     /// This node's own checks read on its engine; the others asked of their owners

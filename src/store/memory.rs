@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 pub use self::engine::{Engine, EngineConfig};
 use crate::check::Checks;
 use crate::key::{KeyId, shard_of};
-use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
+use crate::store::{Capabilities, Checked, Placement, ResetFuture, RuleKeys, Store};
 
 /// One node's counters: its engine's shards. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -73,6 +73,14 @@ impl Store for MemoryStore {
         Checked::Ready(Ok(self.engine.peek(&checks)))
     }
 
+    fn all_rule_keys(&self) -> Vec<(u32, RuleKeys)> {
+        self.engine.rule_keys()
+    }
+
+    fn rule_keys(&self, rule: u32) -> Option<RuleKeys> {
+        Some(self.engine.rule(rule))
+    }
+
     fn reset(&self, keys: Vec<KeyId>) -> ResetFuture<'_> {
         Box::pin(std::future::ready(Ok(self.engine.reset(&keys))))
     }
@@ -93,6 +101,7 @@ pub(crate) mod tests {
             shards: 2,
             max_keys: 100,
             max_waiters: 10,
+            rule_key_share: 1.0,
         };
         Engine::spawn(config, Clock::starting_at(1_704_326_400 * NANOS_PER_SEC))
     }

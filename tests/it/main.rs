@@ -28,6 +28,7 @@ mod grafana;
 mod grpc;
 mod http_api;
 mod istio;
+mod key_budgets;
 mod limits_shipped_config;
 mod nginx_e2e;
 mod operations;

@@ -48,6 +48,7 @@ fn memory(clock: Clock) -> MemoryStore {
             shards: 2,
             max_keys: 100_000,
             max_waiters: 10,
+            rule_key_share: 1.0,
         },
         clock,
     ))

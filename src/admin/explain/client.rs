@@ -267,6 +267,16 @@ pub fn render(answer: &Value) -> String {
                 limit["remaining"],
                 seconds(limit["reset_after_ms"].as_u64().unwrap_or(0))
             );
+            let keys = &limit["keys"];
+            if let (Some(live), Some(budget)) = (keys["live"].as_u64(), keys["budget"].as_u64()) {
+                out += &format!("    keys of this rule here: {live} of its budget of {budget}");
+                match keys["refused"].as_u64() {
+                    Some(refused) if refused > 0 => {
+                        out += &format!(", {refused} requests refused at the budget\n")
+                    }
+                    _ => out += "\n",
+                }
+            }
             if limit["would_reject"] == true {
                 out += &match limit["retry_after_ms"].as_u64() {
                     Some(wait) => format!(

@@ -319,6 +319,7 @@ fn engine_at(unix_secs: u64, max_keys: usize) -> Engine {
             shards: 1,
             max_keys,
             max_waiters: 10,
+            rule_key_share: 1.0,
         },
         Clock::starting_at(unix_secs * NANOS_PER_SEC),
     )

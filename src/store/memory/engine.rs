@@ -17,7 +17,7 @@
 
 mod metrics;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use prometheus_client::registry::Registry;
@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use super::shard::{Shard, ShardConfig, ShardStats, Stepped, WaitReply};
 use crate::algorithm::{LendPolicy, Lent};
-use crate::check::{Check, Checks, Counter, Decisions, KeepRoute, Slot};
+use crate::check::{Check, Checks, Counter, Decisions, KeepRoute, RuleKeys, Rules, Slot};
 use crate::clock::Clock;
 use crate::error::StoreError;
 use crate::key::KeyId;
@@ -40,7 +40,14 @@ pub struct EngineConfig {
     pub max_keys: usize,
     /// Checks waiting in FIFO queues across all shards.
     pub max_waiters: usize,
+    /// The share of `max_keys` one rule may hold when it sets no `max_keys` of its own
+    /// (its key budget; see `shard`).
+    pub rule_key_share: f64,
 }
+
+/// [`EngineConfig::rule_key_share`] by default: a flood of new values on one rule takes at
+/// most half the table; the other rules keep the rest.
+pub const DEFAULT_RULE_KEY_SHARE: f64 = 0.5;
 
 impl Default for EngineConfig {
     fn default() -> EngineConfig {
@@ -48,6 +55,7 @@ impl Default for EngineConfig {
             shards: std::thread::available_parallelism().map_or(2, |n| n.get()),
             max_keys: 4_000_000,
             max_waiters: 100_000,
+            rule_key_share: DEFAULT_RULE_KEY_SHARE,
         }
     }
 }
@@ -83,6 +91,9 @@ impl Cell {
 struct Inner {
     cells: Box<[Arc<Cell>]>,
     clock: Clock,
+    rules: Option<Arc<dyn Rules>>,
+    /// When a refusal for a rule's key budget was last logged (Unix nanoseconds).
+    budget_logged: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -118,6 +129,16 @@ pub struct ShardFigures {
     pub waiters: usize,
 }
 
+/// The name of the rule tagged `rule` in `rules` (the key's rule tag in hex when it is not
+/// configured: a retired rule whose keys have not expired yet, or 0: requests' own limits).
+pub(super) fn rule_name(rules: Option<&dyn Rules>, rule: u32) -> Arc<str> {
+    match rules.and_then(|rules| rules.name(rule)) {
+        Some(name) => name,
+        None if rule == 0 => Arc::from("(request limits)"),
+        None => Arc::from(format!("(rule {rule:08x})")),
+    }
+}
+
 /// The checks of `checks` on shard `index`, `shards[i]` being the shard of `checks[i]`.
 fn on_shard<'c>(
     index: usize,
@@ -132,18 +153,38 @@ fn on_shard<'c>(
 }
 
 impl Engine {
-    /// Builds the shards and spawns their timer tasks on the current tokio runtime.
+    /// Builds the shards and spawns their timer tasks on the current tokio runtime. Every
+    /// rule has the default key budget ([`Engine::spawn_with_rules`] reads the rules' own).
     pub fn spawn(config: EngineConfig, clock: Clock) -> Engine {
+        Engine::spawn_with_rules(config, clock, None)
+    }
+
+    /// [`Engine::spawn`], with the rules in force: their own `max_keys`, and their names
+    /// for logs and metrics.
+    pub fn spawn_with_rules(
+        config: EngineConfig,
+        clock: Clock,
+        rules: Option<Arc<dyn Rules>>,
+    ) -> Engine {
         let count = config.shards.max(1);
+        let max_keys = config.max_keys.div_ceil(count).max(1);
+        let share = config.rule_key_share.clamp(0.0, 1.0);
         let shard_config = ShardConfig {
-            max_keys: config.max_keys.div_ceil(count).max(1),
+            max_keys,
             max_waiters: config.max_waiters.div_ceil(count),
+            rule_max_keys: ((max_keys as f64 * share).ceil() as usize).max(1),
+            shards: count,
         };
         let cells: Box<[Arc<Cell>]> = (0..count)
             .map(|index| {
                 let stats = Arc::new(ShardStats::default());
                 Arc::new(Cell {
-                    shard: Mutex::new(Shard::new(index, shard_config, Arc::clone(&stats))),
+                    shard: Mutex::new(Shard::new(
+                        index,
+                        shard_config,
+                        rules.clone(),
+                        Arc::clone(&stats),
+                    )),
                     wake: Notify::new(),
                     closed: AtomicBool::new(false),
                     stats,
@@ -154,7 +195,12 @@ impl Engine {
             tokio::spawn(run_timers(Arc::clone(cell), clock));
         }
         Engine {
-            inner: Arc::new(Inner { cells, clock }),
+            inner: Arc::new(Inner {
+                cells,
+                clock,
+                rules,
+                budget_logged: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -181,6 +227,62 @@ impl Engine {
                 }
             })
             .collect()
+    }
+
+    /// Each rule's live keys, refusals and budget on this node (summed over the shards;
+    /// takes each shard's lock briefly), by rule tag.
+    pub fn rule_keys(&self) -> Vec<(u32, RuleKeys)> {
+        let mut rules: std::collections::BTreeMap<u32, RuleKeys> = Default::default();
+        for cell in self.inner.cells.iter() {
+            let shard = cell.lock();
+            for (rule, keys) in shard.rule_keys() {
+                let sum = rules.entry(rule).or_default();
+                sum.live += keys.live;
+                sum.refused += keys.refused;
+                sum.budget += keys.budget;
+            }
+        }
+        rules.into_iter().collect()
+    }
+
+    /// One rule's live keys, refusals and budget on this node.
+    pub fn rule(&self, rule: u32) -> RuleKeys {
+        let mut sum = RuleKeys::default();
+        for cell in self.inner.cells.iter() {
+            let shard = cell.lock();
+            let keys = shard.rule_keys_of(rule);
+            sum.live += keys.live;
+            sum.refused += keys.refused;
+            sum.budget += keys.budget;
+        }
+        sum
+    }
+
+    /// How logs and metrics name the rule tagged `rule`.
+    pub fn rule_name(&self, rule: u32) -> Arc<str> {
+        rule_name(self.inner.rules.as_deref(), rule)
+    }
+
+    /// Logs a refusal for a rule's key budget, at most once a minute (the metric
+    /// `ratekeeper_rule_key_refusals_total` counts every one).
+    fn log_budget(&self, rule: u32, max_keys: usize, now: u64) {
+        const EVERY: u64 = 60 * crate::algorithm::NANOS_PER_SEC;
+        let last = self.inner.budget_logged.load(Ordering::Relaxed);
+        if now < last.saturating_add(EVERY) && last != 0 {
+            return;
+        }
+        if self
+            .inner
+            .budget_logged
+            .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::warn!(
+                rule = %self.rule_name(rule),
+                budget_per_shard = max_keys,
+                "a rule holds its key budget: requests that need a new key of it are answered UNAVAILABLE until some of its keys expire (raise its max_keys or --rule-key-share if this is not a flood; logged at most once a minute)"
+            );
+        }
     }
 
     /// Registers the shards' metrics (read at scrape time) in `registry`.
@@ -255,8 +357,12 @@ impl Engine {
                     }
                 }
                 Err(error) => {
+                    let now = *now;
                     drop(held);
                     self.undo(checks, consumed, waits);
+                    if let StoreError::RuleKeyBudget { rule, max_keys, .. } = error {
+                        self.log_budget(rule, max_keys, now);
+                    }
                     return Err(error);
                 }
             }

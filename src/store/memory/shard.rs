@@ -12,6 +12,12 @@
 //!   admits the cost and all consume it, or none consumes anything.
 //! - The number of live keys never exceeds `max_keys`; the number of waiting checks never
 //!   exceeds `max_waiters` (and each key's queue its own `max_queue`).
+//! - No rule holds more live keys than its budget ([`ShardConfig::rule_max_keys`], or the
+//!   rule's own `max_keys` divided among the shards): a rule's new key past its budget is
+//!   refused ([`StoreError::RuleKeyBudget`]) as a key past `max_keys` is, so a flood of new
+//!   values on one rule cannot take the table from the others. `rules` counts each rule's
+//!   live keys (by the tag in the key, [`KeyId::rule`]) and follows every insert and
+//!   removal.
 //! - A key is kept while its state can still change an answer ([`algorithm::lifetime`]:
 //!   until its window ends, the following window for a sliding window, or its bucket is
 //!   full again), rounded up to an [`expiry`] tick (a quarter second), then forgotten
@@ -22,6 +28,7 @@
 //!   one already queued on the same key.
 
 use std::cmp::Reverse;
+use std::collections::hash_map::Entry;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +37,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::algorithm::{self, State};
-use crate::check::{self, Check, Counter, Decisions, Slot, States, expiry};
+use crate::check::{self, Check, Counter, Decisions, RuleKeys, Rules, Slot, States, expiry};
 use crate::error::StoreError;
 use crate::histogram::AtomicHistogram;
 use crate::key::{KeyHasher, KeyId};
@@ -52,6 +59,11 @@ const SWEEP_CATCH_UP: u64 = 8;
 pub struct ShardConfig {
     pub max_keys: usize,
     pub max_waiters: usize,
+    /// The most live keys of one rule on this shard, for a rule without its own
+    /// `max_keys`.
+    pub rule_max_keys: usize,
+    /// Shards of the engine: a rule's own `max_keys` is divided among them.
+    pub shards: usize,
 }
 
 /// Counters a shard keeps for scrapes.
@@ -90,7 +102,39 @@ struct Counters {
     /// when its rate is known. Bounded by `max_keys`.
     pending: Table<Vec<Slot>>,
     max_keys: usize,
+    /// Live keys (and refusals) per rule tag; an entry goes when both are 0. Bounded by the
+    /// live keys.
+    rules: HashMap<u32, RuleCount>,
+    budgets: Budgets,
     stats: Arc<ShardStats>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct RuleCount {
+    live: u32,
+    refused: u32,
+}
+
+/// How a shard finds a rule's budget.
+#[derive(Clone)]
+pub struct Budgets {
+    /// The rules in force (their own `max_keys`); `None`: every rule has the default.
+    pub rules: Option<Arc<dyn Rules>>,
+    /// The budget of a rule without its own `max_keys`.
+    pub default: usize,
+    pub shards: usize,
+}
+
+impl Budgets {
+    /// The most live keys the rule tagged `rule` may hold on one shard: its own `max_keys`
+    /// divided among the shards (rounded up), or the default share.
+    pub fn per_shard(&self, rule: u32) -> usize {
+        let own = self.rules.as_ref().and_then(|rules| rules.max_keys(rule));
+        match own {
+            Some(max_keys) => (max_keys as usize).div_ceil(self.shards.max(1)),
+            None => self.default,
+        }
+    }
 }
 
 struct Waiter {
@@ -140,13 +184,24 @@ pub enum Stepped {
 }
 
 impl Shard {
-    pub fn new(shard: usize, config: ShardConfig, stats: Arc<ShardStats>) -> Shard {
+    pub fn new(
+        shard: usize,
+        config: ShardConfig,
+        rules: Option<Arc<dyn Rules>>,
+        stats: Arc<ShardStats>,
+    ) -> Shard {
         Shard {
             counters: Counters {
                 shard,
                 keys: Table::new(),
                 pending: Table::new(),
                 max_keys: config.max_keys,
+                rules: HashMap::new(),
+                budgets: Budgets {
+                    rules,
+                    default: config.rule_max_keys.max(1),
+                    shards: config.shards,
+                },
                 stats,
             },
             max_waiters: config.max_waiters,
@@ -170,6 +225,30 @@ impl Shard {
 
     pub fn waiters(&self) -> usize {
         self.waiting
+    }
+
+    /// One rule's live keys and refusals here, with its budget on this shard.
+    pub fn rule_keys_of(&self, rule: u32) -> RuleKeys {
+        let count = self.counters.rules.get(&rule).copied().unwrap_or_default();
+        RuleKeys {
+            live: u64::from(count.live),
+            refused: u64::from(count.refused),
+            budget: self.counters.budgets.per_shard(rule) as u64,
+        }
+    }
+
+    /// Each rule's live keys and refusals here, with its budget on this shard.
+    pub fn rule_keys(&self) -> impl Iterator<Item = (u32, RuleKeys)> + '_ {
+        self.counters.rules.iter().map(|(&rule, count)| {
+            (
+                rule,
+                RuleKeys {
+                    live: u64::from(count.live),
+                    refused: u64::from(count.refused),
+                    budget: self.counters.budgets.per_shard(rule) as u64,
+                },
+            )
+        })
     }
 
     /// Looks up the counters of `checks` without changing anything, so that the steps that
@@ -367,10 +446,14 @@ impl Shard {
         let now_tick = expiry::tick(now);
         let part = self.sweep_part;
         self.sweep_part = (part + 1) % table::PARTS;
-        let expired = self
-            .counters
-            .keys
-            .retain_part(part, |_, slot| slot.expires > now_tick);
+        let Counters { keys, rules, .. } = &mut self.counters;
+        let expired = keys.retain_part(part, |key, slot| {
+            let keep = slot.expires > now_tick;
+            if !keep {
+                forget(rules, key.rule());
+            }
+            keep
+        });
         self.counters.pending.retain_part(part, |_, slots| {
             slots.retain(|slot| slot.expires > now_tick);
             !slots.is_empty()
@@ -464,7 +547,7 @@ impl Shard {
     pub fn reset(&mut self, keys: &[KeyId]) -> usize {
         keys.iter()
             .filter(|key| {
-                let held = self.counters.keys.remove(key).is_some();
+                let held = self.counters.remove(key);
                 let pending = self.counters.pending.remove(key).is_some();
                 held || pending
             })
@@ -538,12 +621,8 @@ impl Counters {
         if check.cost == 0 {
             return Ok(Outcome::Admitted);
         }
-        if new_keys > 0 && self.keys.len() + new_keys > self.max_keys {
-            self.stats.key_capacity_hits.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::KeyCapacity {
-                shard: self.shard,
-                max_keys: self.max_keys,
-            });
+        if new_keys > 0 {
+            self.room_for(check)?;
         }
         // Admitted: `decide` pushed each counter's decision, in order.
         for ((counter, state), decision) in check.counters.iter().zip(states).zip(&out[first..]) {
@@ -551,7 +630,7 @@ impl Counters {
                 now,
                 algorithm::lifetime(&counter.rate, decision.reset_after),
             );
-            self.keys.insert(
+            self.insert(
                 counter.key,
                 Slot {
                     a: state.a,
@@ -561,6 +640,53 @@ impl Counters {
             );
         }
         Ok(Outcome::Admitted)
+    }
+
+    /// Whether the keys of `check` this shard lacks fit: under `max_keys`, and each under
+    /// its rule's budget (a check's counters are of different rules: one per limit).
+    fn room_for(&mut self, check: &Check) -> Result<(), StoreError> {
+        let new = || {
+            check
+                .counters
+                .iter()
+                .filter(|counter| !self.keys.contains_key(&counter.key))
+        };
+        if self.keys.len() + new().count() > self.max_keys {
+            self.stats.key_capacity_hits.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::KeyCapacity {
+                shard: self.shard,
+                max_keys: self.max_keys,
+            });
+        }
+        let over = new().map(|counter| counter.key.rule()).find(|&rule| {
+            let live = self.rules.get(&rule).map_or(0, |count| count.live as usize);
+            live >= self.budgets.per_shard(rule)
+        });
+        let Some(rule) = over else { return Ok(()) };
+        let count = self.rules.entry(rule).or_default();
+        count.refused = count.refused.saturating_add(1);
+        Err(StoreError::RuleKeyBudget {
+            shard: self.shard,
+            rule,
+            max_keys: self.budgets.per_shard(rule),
+        })
+    }
+
+    /// Stores a key's state, counting a new key against its rule.
+    fn insert(&mut self, key: KeyId, slot: Slot) {
+        if self.keys.insert(key, slot).is_none() {
+            let count = self.rules.entry(key.rule()).or_default();
+            count.live = count.live.saturating_add(1);
+        }
+    }
+
+    /// Forgets a key's state; answers whether there was one.
+    fn remove(&mut self, key: &KeyId) -> bool {
+        let held = self.keys.remove(key).is_some();
+        if held {
+            forget(&mut self.rules, key.rule());
+        }
+        held
     }
 
     /// Merges a handed-over counter for `counter`'s key into this shard's own.
@@ -595,7 +721,11 @@ impl Counters {
         keep: &dyn Fn(u64) -> bool,
         out: &mut Vec<(KeyId, Slot)>,
     ) {
+        let before = out.len();
         self.keys.extract_part(part, out, |key, _| !keep(key.route));
+        for (key, _) in &out[before..] {
+            forget(&mut self.rules, key.rule());
+        }
         let mut handed = Vec::new();
         self.pending
             .extract_part(part, &mut handed, |key, _| !keep(key.route));
@@ -615,8 +745,14 @@ impl Counters {
                     self.pending.get_or_insert_with(key, Vec::new).push(slot);
                 }
                 room
-            } else if self.keys.len() < self.max_keys {
-                self.keys.insert(key, slot);
+            } else if self.keys.len() < self.max_keys
+                && self
+                    .rules
+                    .get(&key.rule())
+                    .map_or(0, |count| count.live as usize)
+                    < self.budgets.per_shard(key.rule())
+            {
+                self.insert(key, slot);
                 true
             } else {
                 false
@@ -652,6 +788,17 @@ impl Counters {
                 b: slot.b,
             },
             None => algorithm::init(&counter.rate, now),
+        }
+    }
+}
+
+/// Counts one key of `rule` gone; a rule with no keys and no refusals left is dropped.
+fn forget(rules: &mut HashMap<u32, RuleCount>, rule: u32) {
+    if let Entry::Occupied(mut entry) = rules.entry(rule) {
+        let count = entry.get_mut();
+        count.live = count.live.saturating_sub(1);
+        if count.live == 0 && count.refused == 0 {
+            entry.remove();
         }
     }
 }

@@ -7,6 +7,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 
 use super::Engine;
+use crate::check::RuleKeys;
 use crate::metrics::{encode_counter, encode_gauge};
 use crate::store::memory::shard::ShardStats;
 
@@ -76,6 +77,34 @@ impl Collector for EngineCollector {
                 let labels = shard_label(index);
                 encode_counter(family.encode_family(&labels)?, read(shard))?;
             }
+        }
+        let rules = self.engine.rule_keys();
+        let rule_label = |rule: u32| [("rule", self.engine.rule_name(rule).to_string())];
+        type Keys = fn(&RuleKeys) -> u64;
+        let rule_gauges: [(&str, &str, Keys); 2] = [
+            ("rule_keys", "Live keys of each rule on this node", |k| {
+                k.live
+            }),
+            (
+                "rule_key_budget",
+                "The most live keys each rule may hold on this node (max_keys, or its share of --max-keys)",
+                |k| k.budget,
+            ),
+        ];
+        for (name, help, read) in rule_gauges {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (rule, keys) in &rules {
+                encode_gauge(family.encode_family(&rule_label(*rule))?, read(keys))?;
+            }
+        }
+        let mut refusals = encoder.encode_descriptor(
+            "rule_key_refusals",
+            "Requests answered UNAVAILABLE because they needed a new key of a rule that held its key budget",
+            None,
+            MetricType::Counter,
+        )?;
+        for (rule, keys) in &rules {
+            encode_counter(refusals.encode_family(&rule_label(*rule))?, keys.refused)?;
         }
         let mut wait = encoder.encode_descriptor(
             "shard_lock_wait_seconds",

@@ -23,6 +23,7 @@ fn engine(shards: usize) -> Engine {
             shards,
             max_keys: 10_000,
             max_waiters: 10,
+            rule_key_share: 1.0,
         },
         Clock::starting_at(1_704_326_400 * crate::algorithm::NANOS_PER_SEC),
     )

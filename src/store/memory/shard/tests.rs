@@ -20,6 +20,7 @@ fn engine_at(start: u64, max_keys: usize) -> Engine {
             shards: 1,
             max_keys,
             max_waiters: 100,
+            rule_key_share: 1.0,
         },
         Clock::starting_at(start),
     )
@@ -390,4 +391,153 @@ async fn what_a_request_consumed_is_given_back_in_the_windows_it_was_counted_in(
         !allowed(&engine, check(vec![counter("late", window)], 1, None)).await,
         "the new window's limit of 2 holds"
     );
+}
+
+/// Two rules as the limits files would tag them: "flood" without a `max_keys` of its own,
+/// "capped" with `max_keys: 3`.
+struct TwoRules;
+
+const FLOOD: u32 = 0xf100d;
+const CAPPED: u32 = 0xcab;
+
+impl Rules for TwoRules {
+    fn max_keys(&self, rule: u32) -> Option<u32> {
+        (rule == CAPPED).then_some(3)
+    }
+
+    fn name(&self, rule: u32) -> Option<Arc<str>> {
+        match rule {
+            FLOOD => Some(Arc::from("edge > remote_address")),
+            CAPPED => Some(Arc::from("edge > api_key")),
+            _ => None,
+        }
+    }
+}
+
+fn rule_counter(rule: u32, value: &str, rate: Rate) -> Counter {
+    Counter {
+        key: KeyBuilder::new("edge")
+            .entry("k", &format!("{rule}:{value}"))
+            .rule_key(&rate, rule),
+        rate,
+    }
+}
+
+fn budget_engine(start: u64, max_keys: usize, share: f64) -> Engine {
+    Engine::spawn_with_rules(
+        EngineConfig {
+            shards: 1,
+            max_keys,
+            max_waiters: 100,
+            rule_key_share: share,
+        },
+        Clock::starting_at(start),
+        Some(Arc::new(TwoRules)),
+    )
+}
+
+async fn admit(engine: &Engine, rule: u32, value: &str, rate: Rate) -> Result<bool, StoreError> {
+    let decisions = engine
+        .check(smallvec![check(
+            vec![rule_counter(rule, value, rate)],
+            1,
+            None
+        )])
+        .await?;
+    Ok(decisions.iter().all(|decision| decision.allowed))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_new_values_on_one_rule_leaves_the_other_rules_their_room() {
+    // 10 keys in all; a rule without max_keys may hold half of them.
+    let engine = budget_engine(MIDNIGHT, 10, 0.5);
+    let rate = Rate::fixed(2, Unit::Minute);
+    for n in 0..5 {
+        assert_eq!(admit(&engine, FLOOD, &n.to_string(), rate).await, Ok(true));
+    }
+    for n in 5..50 {
+        assert_eq!(
+            admit(&engine, FLOOD, &n.to_string(), rate).await,
+            Err(StoreError::RuleKeyBudget {
+                shard: 0,
+                rule: FLOOD,
+                max_keys: 5
+            }),
+            "the flooded rule's new keys are refused at its budget"
+        );
+    }
+    // Its known keys still count, and exactly.
+    assert_eq!(admit(&engine, FLOOD, "0", rate).await, Ok(true));
+    assert_eq!(admit(&engine, FLOOD, "0", rate).await, Ok(false));
+    // Another rule's new clients are admitted and limited exactly; its own max_keys of 3
+    // binds before the table's cap.
+    for user in ["ann", "bob", "cat"] {
+        assert_eq!(admit(&engine, CAPPED, user, rate).await, Ok(true));
+        assert_eq!(admit(&engine, CAPPED, user, rate).await, Ok(true));
+        assert_eq!(admit(&engine, CAPPED, user, rate).await, Ok(false));
+    }
+    assert!(matches!(
+        admit(&engine, CAPPED, "dan", rate).await,
+        Err(StoreError::RuleKeyBudget {
+            rule: CAPPED,
+            max_keys: 3,
+            ..
+        })
+    ));
+    let keys = engine.rule_keys();
+    assert_eq!(
+        keys,
+        vec![
+            (
+                CAPPED,
+                RuleKeys {
+                    live: 3,
+                    refused: 1,
+                    budget: 3
+                }
+            ),
+            (
+                FLOOD,
+                RuleKeys {
+                    live: 5,
+                    refused: 45,
+                    budget: 5
+                }
+            ),
+        ]
+    );
+    assert_eq!(&*engine.rule_name(FLOOD), "edge > remote_address");
+    // The window ends: the rule's keys go, and with them its use of the budget.
+    tokio::time::sleep(Duration::from_millis(60_600)).await;
+    assert_eq!(engine.rule(FLOOD).live, 0);
+    assert_eq!(engine.rule(CAPPED).live, 0);
+    assert_eq!(admit(&engine, FLOOD, "new", rate).await, Ok(true));
+    assert_eq!(engine.rule(FLOOD).live, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rules_key_count_follows_resets_handoffs_and_imports() {
+    let engine = budget_engine(MIDNIGHT, 100, 1.0);
+    let rate = Rate::fixed(5, Unit::Hour);
+    for user in ["ann", "bob", "cat"] {
+        assert_eq!(admit(&engine, CAPPED, user, rate).await, Ok(true));
+    }
+    let ann = rule_counter(CAPPED, "ann", rate).key;
+    assert_eq!(engine.reset(&[ann]), 1);
+    assert_eq!(engine.rule(CAPPED).live, 2);
+    assert_eq!(admit(&engine, CAPPED, "dan", rate).await, Ok(true));
+    // A handoff takes every key away, and its rule's count with it.
+    let exported = engine.export(Arc::new(|_| false));
+    assert_eq!(exported.len(), 3);
+    assert_eq!(engine.rule(CAPPED).live, 0);
+    // Taken back, they count again; past the rule's budget an import keeps no more.
+    let mut more = exported.clone();
+    let extra = rule_counter(CAPPED, "eve", rate).key;
+    more.push((extra, exported[0].1));
+    assert_eq!(
+        engine.import(more),
+        3,
+        "the rule's budget of 3 holds on import too"
+    );
+    assert_eq!(engine.rule(CAPPED).live, 3);
 }
