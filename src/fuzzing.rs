@@ -466,6 +466,7 @@ impl PeerFixture {
                 }],
                 cost: 1,
                 wait: None,
+                charge: crate::check::Charge::Admitted,
             };
             PeerFixture {
                 runtime,
@@ -545,6 +546,7 @@ pub fn redis_reply(data: &[u8]) {
             counters,
             cost: u64::from(input.byte() % 8),
             wait: None,
+            charge: crate::check::Charge::Admitted,
         });
     }
     let now = input.u64();

@@ -132,6 +132,7 @@ pub(crate) fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Chec
             .collect(),
         cost,
         wait: None,
+        charge: ratekeeper::check::Charge::Admitted,
     }
 }
 

@@ -194,7 +194,10 @@ impl Shard {
         now: u64,
         out: &mut Decisions,
     ) -> Result<Stepped, StoreError> {
-        let policy = check.wait.filter(|_| check.cost > 0);
+        // Only a check that consumes nothing when rejected may wait (see `Check::wait`).
+        let policy = check
+            .wait
+            .filter(|_| check.cost > 0 && check.charge == check::Charge::Admitted);
         // First in, first out: don't overtake checks already waiting on one of our keys.
         let queued_key = policy.and_then(|_| {
             check
@@ -473,8 +476,9 @@ impl Shard {
 }
 
 impl Counters {
-    /// Decides `check` at `now`, consuming on every counter if all admit. Pushes one
-    /// decision per counter onto `out`.
+    /// Decides `check` at `now`, consuming on every counter if all admit (and, as its
+    /// charge says, counting a rejected check or giving back a refund: [`Check::writes`]).
+    /// Pushes one decision per counter onto `out`.
     fn evaluate(
         &mut self,
         check: &Check,
@@ -494,15 +498,10 @@ impl Counters {
                 a: slot.a,
                 b: slot.b,
             };
-            let decision = algorithm::decide(&counter.rate, &mut state, now, check.cost);
+            let decision =
+                algorithm::apply(&counter.rate, &mut state, now, check.cost, check.charge);
             out.push(decision);
-            if !decision.allowed {
-                return Ok(Outcome::Denied {
-                    key: counter.key,
-                    retry_after: decision.retry_after,
-                });
-            }
-            if check.cost > 0 {
+            if check.writes(decision.allowed) {
                 *slot = Slot {
                     a: state.a,
                     b: state.b,
@@ -511,6 +510,12 @@ impl Counters {
                         algorithm::lifetime(&counter.rate, decision.reset_after),
                     ),
                 };
+            }
+            if !decision.allowed {
+                return Ok(Outcome::Denied {
+                    key: counter.key,
+                    retry_after: decision.retry_after,
+                });
             }
             return Ok(Outcome::Admitted);
         }
@@ -530,13 +535,17 @@ impl Counters {
             })
             .collect();
         let first = out.len();
-        if let Some((index, retry_after)) = check.decide(&mut states, now, out) {
+        let denied = check.decide(&mut states, now, out);
+        let outcome = match denied {
             // `decide` answers the index of one of the check's counters.
-            let key = check.counters[index].key;
-            return Ok(Outcome::Denied { key, retry_after });
-        }
-        if check.cost == 0 {
-            return Ok(Outcome::Admitted);
+            Some((index, retry_after)) => Outcome::Denied {
+                key: check.counters[index].key,
+                retry_after,
+            },
+            None => Outcome::Admitted,
+        };
+        if !check.writes(denied.is_none()) {
+            return Ok(outcome);
         }
         if new_keys > 0 && self.keys.len() + new_keys > self.max_keys {
             self.stats.key_capacity_hits.fetch_add(1, Ordering::Relaxed);
@@ -545,7 +554,7 @@ impl Counters {
                 max_keys: self.max_keys,
             });
         }
-        // Admitted: `decide` pushed each counter's decision, in order.
+        // Charged: `decide` pushed each counter's decision, in order.
         for ((counter, state), decision) in check.counters.iter().zip(states).zip(&out[first..]) {
             let expires = expires(
                 now,
@@ -560,7 +569,7 @@ impl Counters {
                 },
             );
         }
-        Ok(Outcome::Admitted)
+        Ok(outcome)
     }
 
     /// Merges a handed-over counter for `counter`'s key into this shard's own.

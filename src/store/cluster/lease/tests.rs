@@ -10,6 +10,7 @@ fn check(value: &str, rate: Rate, cost: u64) -> Check {
         }],
         cost,
         wait: None,
+        charge: crate::check::Charge::Admitted,
     }
 }
 

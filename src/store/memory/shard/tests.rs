@@ -37,6 +37,7 @@ fn check(counters: Vec<Counter>, cost: u64, wait: Option<WaitPolicy>) -> Check {
         counters: counters.into(),
         cost,
         wait,
+        charge: crate::check::Charge::Admitted,
     }
 }
 
