@@ -547,7 +547,10 @@ impl Counters {
         if !check.writes(denied.is_none()) {
             return Ok(outcome);
         }
-        if new_keys > 0 && self.keys.len() + new_keys > self.max_keys {
+        // A refund has nothing to give back to a key not held (its state stays a fresh
+        // one's): it creates no key, so it never meets the key cap.
+        let creates = check.charge != check::Charge::Refund;
+        if creates && new_keys > 0 && self.keys.len() + new_keys > self.max_keys {
             self.stats.key_capacity_hits.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::KeyCapacity {
                 shard: self.shard,
@@ -556,6 +559,9 @@ impl Counters {
         }
         // Charged: `decide` pushed each counter's decision, in order.
         for ((counter, state), decision) in check.counters.iter().zip(states).zip(&out[first..]) {
+            if !creates && !self.keys.contains_key(&counter.key) {
+                continue;
+            }
             let expires = expires(
                 now,
                 algorithm::lifetime(&counter.rate, decision.reset_after),

@@ -123,6 +123,22 @@ async fn a_counted_rejection_charges_every_limit_and_a_refund_gives_back_to_each
     );
 }
 
+/// A refund to keys the shard does not hold gives nothing back and creates no key, so a
+/// full shard still answers it.
+#[tokio::test(start_paused = true)]
+async fn a_refund_to_an_unknown_key_creates_none_even_when_the_shard_is_full() {
+    let engine = engine_at(MIDNIGHT, 1);
+    let rate = Rate::fixed(5, Unit::Hour);
+    assert!(allowed(&engine, check(vec![counter("held", rate)], 1, None)).await);
+    let refund = Check {
+        charge: Charge::Refund,
+        ..check(vec![counter("other", rate)], 3, None)
+    };
+    let decisions = engine.check(smallvec![refund]).await.expect("answered");
+    assert_eq!((decisions[0].allowed, decisions[0].remaining), (true, 5));
+    assert_eq!(engine.figures()[0].live_keys, 1, "no key created");
+}
+
 #[tokio::test(start_paused = true)]
 async fn zero_cost_checks_do_not_create_keys() {
     let engine = engine_at(MIDNIGHT, 1000);
