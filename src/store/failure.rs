@@ -109,4 +109,18 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn a_refund_is_answered_as_allow_answers_under_either_policy() {
+        let mut refund = checks();
+        refund[0].charge = crate::check::Charge::Refund;
+        let cooldown = Duration::from_secs(2);
+        for policy in [FailurePolicy::Allow, FailurePolicy::Deny] {
+            assert_eq!(
+                policy.decide(&refund, cooldown),
+                FailurePolicy::Allow.decide(&checks(), cooldown),
+                "{policy:?}"
+            );
+        }
+    }
 }
