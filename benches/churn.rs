@@ -143,6 +143,7 @@ fn check(limit: &Limit, key: &str, value: u64) -> Check {
         .collect(),
         cost: 1,
         wait: None,
+        charge: ratekeeper::check::Charge::Admitted,
     }
 }
 

@@ -62,6 +62,7 @@ impl Workload {
                 }],
                 cost: 1,
                 wait: None,
+                charge: ratekeeper::check::Charge::Admitted,
             })
             .collect()
     }

@@ -48,6 +48,7 @@ fn check(index: usize, cost: u64) -> Checks {
         }],
         cost,
         wait: None,
+        charge: ratekeeper::check::Charge::Admitted,
     }]
 }
 

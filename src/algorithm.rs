@@ -6,7 +6,11 @@
 //!
 //! Invariants:
 //! - A denied request consumes nothing (a rejected call never eats quota that a later,
-//!   smaller call could have used).
+//!   smaller call could have used), unless it is charged [`Charge::Always`] (the reference
+//!   service's way): then it takes what is left, up to its cost, and never more: a limit
+//!   ends exhausted at worst, never in debt.
+//! - A refund ([`Charge::Refund`]) is always answered allowed and never leaves a counter
+//!   below zero used or above its capacity.
 //! - `requests_per_unit == 0` denies everything.
 //! - The per-key [`State`] is 12 bytes; its meaning depends on the algorithm, which is part
 //!   of the key's identity, so one key's state is always read by the algorithm that wrote it.
@@ -279,6 +283,101 @@ impl State {
             b: current,
         }
     }
+}
+
+/// What deciding a check does to a counter.
+///
+/// - [`Charge::Admitted`] (the default): admitted hits are counted, a rejected request
+///   consumes nothing.
+/// - [`Charge::Always`] (`--count-rejected-hits`; the reference service's default,
+///   `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`): a rejected request is counted too. It
+///   takes what is left of the limit, up to its cost, so the limit ends exhausted: a fixed
+///   window's count reaches the limit (the reference's Redis `INCRBY` goes past it, which
+///   answers every later hit of the window alike), a sliding window's current count fills
+///   up, a token bucket empties, GCRA's arrival time moves to `now + burst` intervals. No
+///   limit goes into debt: it recovers as after an admitted request that used it up (the
+///   window ends, the bucket refills).
+/// - [`Charge::Refund`] (Envoy's `is_negative_hits`): the cost is given back instead of
+///   taken; see [`give_back`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Charge {
+    #[default]
+    Admitted,
+    Always,
+    Refund,
+}
+
+impl Charge {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Charge::Admitted => "admitted",
+            Charge::Always => "always",
+            Charge::Refund => "refund",
+        }
+    }
+}
+
+/// [`decide`] as `charge` says: a plain decision ([`Charge::Admitted`]), one that counts a
+/// rejected request too ([`Charge::Always`]: it takes what is left, up to its cost, and is
+/// answered as the limit then stands, denied), or a refund ([`give_back`]).
+pub fn apply(rate: &Rate, state: &mut State, now: u64, cost: u64, charge: Charge) -> Decision {
+    match charge {
+        Charge::Admitted => decide(rate, state, now, cost),
+        Charge::Always => {
+            let decision = decide(rate, state, now, cost);
+            if decision.allowed || rate.requests_per_unit == 0 {
+                return decision;
+            }
+            // Denied: `cost` is more than what remains, which is taken (and is admitted).
+            let left = u64::from(decision.remaining);
+            if left > 0 {
+                decide(rate, state, now, left);
+            }
+            // Reported as the limit stands now, for this cost (on a copy: denied again).
+            let mut after = *state;
+            decide(rate, &mut after, now, cost)
+        }
+        Charge::Refund => give_back(rate, state, now, cost),
+    }
+}
+
+/// Gives back `cost` hits at `now` (a refund: Envoy's `is_negative_hits`), answered allowed
+/// with what remains after it. The counter as it stands now takes them back, never below
+/// zero used nor above capacity: a window's current count (hits counted in a window that
+/// has ended are gone anyway, and a refund cannot name its window), a token bucket's tokens
+/// up to its burst, GCRA's arrival time back to `now` at most (a fraction of an interval
+/// included, as a partly refilled bucket keeps its fraction). A limit that denies
+/// everything has nothing to give back.
+pub fn give_back(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
+    if rate.requests_per_unit == 0 {
+        return Decision {
+            allowed: true,
+            remaining: 0,
+            reset_after: until_window_end(rate.unit, now),
+            retry_after: Some(0),
+        };
+    }
+    // Bring the state to `now` (window rotation, refill) without consuming.
+    decide(rate, state, now, 0);
+    match rate.algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+            state.b -= clamp_u32(cost.min(u64::from(state.b)));
+        }
+        Algorithm::TokenBucket => {
+            let burst = u64::from(rate.burst);
+            let tokens = u64::from(state.b).min(burst);
+            state.b = clamp_u32(tokens.saturating_add(cost).min(burst));
+        }
+        Algorithm::Gcra => {
+            let tat = state.a.max(now);
+            let back = cost.saturating_mul(rate.emission_interval()).min(tat - now);
+            state.a = tat - back;
+        }
+    }
+    let mut decision = decide(rate, state, now, 0);
+    decision.allowed = true;
+    decision.retry_after = Some(0);
+    decision
 }
 
 /// The state of a key seen for the first time at `now`.

@@ -11,14 +11,16 @@
 //!   they live together and are decided together: all admit and consume, or none consumes.
 //! - A store answers one [`Decision`] per counter, in the order of the checks and of their
 //!   counters.
+//! - A check's [`Charge`] travels with it to wherever it is decided (a peer, Redis's
+//!   script), so every store counts rejected hits and refunds alike.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
 
-pub use crate::algorithm::Decision;
 use crate::algorithm::{self, Rate, State};
+pub use crate::algorithm::{Charge, Decision};
 use crate::key::KeyId;
 
 /// The most hits one check may cost: a limit counts at most `u32::MAX`, so a larger cost
@@ -78,15 +80,34 @@ pub struct RuleKeys {
 pub struct Check {
     /// All with the same `key.route`.
     pub counters: Counters,
-    /// Hits to consume; 0 checks without consuming.
+    /// Hits to consume (or give back, as `charge` says); 0 checks without consuming.
     pub cost: u64,
+    /// Never set with a `charge` other than [`Charge::Admitted`]: only a request that
+    /// consumes nothing when rejected can wait for room.
     pub wait: Option<WaitPolicy>,
+    /// What deciding the check does to its counters: take admitted hits (the default),
+    /// count rejected ones too, or give the cost back.
+    pub charge: Charge,
 }
 
 impl Check {
     /// The route hash of the check's counters (they all share it); 0 for an empty check.
     pub fn route(&self) -> u64 {
         self.counters.first().map_or(0, |counter| counter.key.route)
+    }
+
+    /// Whether deciding the check changed its counters' states, given whether it was
+    /// `admitted`: what a store writes back. An admitted check with a cost, a rejected one
+    /// that counts rejected hits ([`Charge::Always`]), and a refund with a cost.
+    pub fn writes(&self, admitted: bool) -> bool {
+        self.cost > 0 && (admitted || self.charge == Charge::Always)
+    }
+
+    /// Whether the check, admitted, took hits: what to give back if its request fails
+    /// elsewhere (a refund took none; a rejected check that counted is not given back: it
+    /// was rejected either way).
+    pub fn takes(&self) -> bool {
+        self.cost > 0 && self.charge != Charge::Refund
     }
 }
 
@@ -97,15 +118,32 @@ impl Check {
     /// counter onto `out`.
     ///
     /// When every counter admits, `states` become the consumed states and it returns `None`.
-    /// Otherwise nothing is consumed (`states` stay), the decisions report each counter as
-    /// it stands without this request, and it returns the denying counter with the longest
-    /// wait (a wait of "never" is the longest) and that wait.
+    /// Otherwise it returns the denying counter with the longest wait (a wait of "never" is
+    /// the longest) and that wait; with [`Charge::Admitted`] nothing is consumed (`states`
+    /// stay) and the decisions report each counter as it stands without this request.
+    ///
+    /// [`Charge::Always`] and [`Charge::Refund`] charge every counter on its own
+    /// ([`algorithm::apply`]), admitted or not, as the reference service increments each
+    /// limit's key: `states` always become the charged states, and each decision reports
+    /// its counter after the charge ([`Check::writes`] says when to store them).
     pub fn decide(
         &self,
         states: &mut [State],
         now: u64,
         out: &mut Decisions,
     ) -> Option<(usize, Option<u64>)> {
+        if self.charge != Charge::Admitted {
+            let mut denied = None;
+            for (index, (counter, state)) in self.counters.iter().zip(states.iter_mut()).enumerate()
+            {
+                let decision = algorithm::apply(&counter.rate, state, now, self.cost, self.charge);
+                if !decision.allowed {
+                    denied = longest(denied, index, decision.retry_after);
+                }
+                out.push(decision);
+            }
+            return denied;
+        }
         let start = out.len();
         let mut denied: Option<(usize, Option<u64>)> = None;
         let mut consumed: States = SmallVec::with_capacity(states.len());
@@ -114,12 +152,7 @@ impl Check {
             let decision = algorithm::decide(&counter.rate, &mut state, now, self.cost);
             consumed.push(state);
             if !decision.allowed {
-                denied = match (denied, decision.retry_after) {
-                    (None, retry) => Some((index, retry)),
-                    (Some((_, Some(old))), Some(new)) if new > old => Some((index, Some(new))),
-                    (Some((_, Some(_))), None) => Some((index, None)),
-                    (kept, _) => kept,
-                };
+                denied = longest(denied, index, decision.retry_after);
             }
             out.push(decision);
         }
@@ -138,6 +171,21 @@ impl Check {
             decision.retry_after = retry_after;
         }
         denied
+    }
+}
+
+/// The denying counter with the longest wait so far, `denied`, against counter `index`
+/// denying with `retry`: a wait of "never" (`None`) is the longest; the first wins ties.
+fn longest(
+    denied: Option<(usize, Option<u64>)>,
+    index: usize,
+    retry: Option<u64>,
+) -> Option<(usize, Option<u64>)> {
+    match (denied, retry) {
+        (None, retry) => Some((index, retry)),
+        (Some((_, Some(old))), Some(new)) if new > old => Some((index, Some(new))),
+        (Some((_, Some(_))), None) => Some((index, None)),
+        (kept, _) => kept,
     }
 }
 

@@ -372,6 +372,12 @@ pub struct ServeArgs {
     /// (reported in the dynamic metadata) unless every quota-mode descriptor is over.
     #[arg(long, env = "RATEKEEPER_QUOTA_MODE")]
     pub quota_mode: bool,
+    /// Count rejected hits too, as the reference service does by default (its
+    /// STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false): a rejected request takes what is left
+    /// of each of its limits, up to its cost, so they end exhausted. By default a rejected
+    /// request consumes nothing. No request waits for room (max_wait) with this on.
+    #[arg(long, env = "RATEKEEPER_COUNT_REJECTED_HITS")]
+    pub count_rejected_hits: bool,
     /// Return what was decided in the gRPC response's dynamic metadata (domain, descriptors,
     /// quota-mode violations, the matched entries' `metadata`).
     #[arg(long, env = "RATEKEEPER_RESPONSE_DYNAMIC_METADATA")]
@@ -664,6 +670,7 @@ impl ServeArgs {
                 shadow_mode: self.shadow_mode,
                 counter_names: self.counter_names,
                 quota_mode: self.quota_mode,
+                count_rejected_hits: self.count_rejected_hits,
                 response_dynamic_metadata: self.response_dynamic_metadata,
                 header_names: HeaderNames {
                     limit: self.header_limit.as_str().into(),

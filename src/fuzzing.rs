@@ -467,6 +467,7 @@ impl PeerFixture {
                 }],
                 cost: 1,
                 wait: None,
+                charge: crate::check::Charge::Admitted,
             };
             PeerFixture {
                 runtime,
@@ -542,10 +543,18 @@ pub fn redis_reply(data: &[u8]) {
                 }
             })
             .collect();
+        let cost = input.byte();
+        // The high bits pick the charge: refunds and counted rejections read alike.
+        let charge = match cost >> 6 {
+            0 | 1 => crate::check::Charge::Admitted,
+            2 => crate::check::Charge::Always,
+            _ => crate::check::Charge::Refund,
+        };
         checks.push(Check {
             counters,
-            cost: u64::from(input.byte() % 8),
+            cost: u64::from(cost % 8),
             wait: None,
+            charge,
         });
     }
     let now = input.u64();

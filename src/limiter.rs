@@ -24,7 +24,7 @@ use arc_swap::ArcSwap;
 use smallvec::SmallVec;
 
 use crate::algorithm::Rate;
-use crate::check::{Check, Checks, Counter, Decision, RuleKeys, WaitPolicy};
+use crate::check::{Charge, Check, Checks, Counter, Decision, RuleKeys, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
 use crate::limits::{Domain, Limit, Limits, Node, Walk};
@@ -73,6 +73,10 @@ pub struct LimiterOptions {
     /// Keep the descriptor values of up to this many live counters, for
     /// `GET /counters/{domain}` (0: keep none).
     pub counter_names: usize,
+    /// A rejected request is counted too, as the reference service counts it by default
+    /// (`--count-rejected-hits`; its `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`): see
+    /// [`Charge::Always`](crate::check::Charge::Always). No check then waits (`max_wait`).
+    pub count_rejected_hits: bool,
 }
 
 /// Decides queries against the live limits.
@@ -323,8 +327,16 @@ impl Limiter {
                     })
                 })
                 .collect();
-            // Quota-mode limits let an over request pass (mostly): nothing waits for them.
-            let wait = if shadow || quota || !can_wait {
+            let charge = if descriptor.refund {
+                Charge::Refund
+            } else if self.options.count_rejected_hits {
+                Charge::Always
+            } else {
+                Charge::Admitted
+            };
+            // Quota-mode limits let an over request pass (mostly): nothing waits for them;
+            // nor does a check that counts when rejected, or a refund (never rejected).
+            let wait = if shadow || quota || !can_wait || charge != Charge::Admitted {
                 None
             } else {
                 wait_policy(&limits, query.max_wait)
@@ -345,6 +357,7 @@ impl Limiter {
                 counters,
                 cost: descriptor.cost,
                 wait,
+                charge,
             });
         }
         Planned {
@@ -375,6 +388,10 @@ impl Limiter {
             else {
                 continue;
             };
+            if descriptor.refund {
+                // Hits given back, not hits: the hit counters do not count them.
+                continue;
+            }
             let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
             let admitted = ours.iter().all(|decision| decision.allowed);
             for (limit, decision) in limits.iter().zip(ours) {

@@ -29,6 +29,9 @@ struct JsonDescriptor {
     hits_addend: Option<u64>,
     #[serde(default)]
     limit: Option<JsonOverride>,
+    /// Envoy 1.38's refunds: `hits_addend` is given back instead of taken.
+    #[serde(default, alias = "isNegativeHits")]
+    is_negative_hits: bool,
 }
 
 #[derive(Deserialize)]
@@ -65,7 +68,9 @@ impl ParsedRequest {
                 .iter()
                 .map(|entry| (entry.key.as_str(), entry.value.as_str()));
             let cost = descriptor.hits_addend.unwrap_or(request_cost);
-            query.descriptor(entries, cost).limit = *limit;
+            let added = query.descriptor(entries, cost);
+            added.limit = *limit;
+            added.refund = descriptor.is_negative_hits;
         }
         query
     }

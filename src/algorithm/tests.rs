@@ -573,6 +573,76 @@ fn a_bucket_takes_a_loan_back_at_any_time_as_if_it_had_never_been_taken() {
 mod model;
 
 #[test]
+fn a_counted_rejection_takes_what_is_left_and_ends_like_an_exhausted_limit() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 5, Unit::Hour, Some(5));
+        let mut state = init(&limit, THURSDAY);
+        assert!(apply(&limit, &mut state, THURSDAY, 3, Charge::Always).allowed);
+        let rejected = apply(&limit, &mut state, THURSDAY, 4, Charge::Always);
+        assert!(!rejected.allowed, "{algorithm}");
+        assert_eq!(rejected.remaining, 0, "{algorithm}: the 2 left were taken");
+        assert!(
+            rejected.retry_after.is_some(),
+            "{algorithm}: 4 can pass later"
+        );
+        // By default the 2 left would still pass; counted, a hit of 1 is rejected too.
+        assert!(
+            !decide(&limit, &mut state, THURSDAY, 1).allowed,
+            "{algorithm}"
+        );
+        // No debt: exactly the state of a limit that admitted 5.
+        let mut exhausted = init(&limit, THURSDAY);
+        assert!(decide(&limit, &mut exhausted, THURSDAY, 5).allowed);
+        assert_eq!(state, exhausted, "{algorithm}");
+        // A cost no limit admits is counted alike, and still never passes.
+        let mut fresh = init(&limit, THURSDAY);
+        let never = apply(&limit, &mut fresh, THURSDAY, u64::MAX, Charge::Always);
+        assert_eq!(
+            (never.allowed, never.retry_after),
+            (false, None),
+            "{algorithm}"
+        );
+        assert_eq!(fresh, exhausted, "{algorithm}");
+    }
+}
+
+#[test]
+fn a_refund_is_allowed_and_gives_back_never_below_zero_used_nor_above_capacity() {
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 5, Unit::Hour, Some(5));
+        let mut state = init(&limit, THURSDAY);
+        assert!(decide(&limit, &mut state, THURSDAY, 4).allowed);
+        let refund = apply(&limit, &mut state, THURSDAY + 1, 3, Charge::Refund);
+        assert!(refund.allowed, "{algorithm}");
+        assert_eq!(refund.retry_after, Some(0), "{algorithm}");
+        assert_eq!(refund.remaining, 4, "{algorithm}: 1 left, 3 given back");
+        let all = apply(&limit, &mut state, THURSDAY + 1, u64::MAX, Charge::Refund);
+        assert_eq!(all.remaining, 5, "{algorithm}: never above capacity");
+        assert_eq!(
+            run(&limit, &mut state, THURSDAY + 1, 1, 6),
+            [true, true, true, true, true, false],
+            "{algorithm}: exactly the capacity passes after a refund of 2^64 - 1"
+        );
+    }
+    // A window gives back only what the current window counted.
+    let limit = Rate::fixed(5, Unit::Minute);
+    let mut state = init(&limit, THURSDAY);
+    assert!(decide(&limit, &mut state, THURSDAY, 5).allowed);
+    assert!(decide(&limit, &mut state, THURSDAY + 60 * S, 2).allowed);
+    let refund = apply(&limit, &mut state, THURSDAY + 61 * S, 4, Charge::Refund);
+    assert_eq!(
+        refund.remaining, 5,
+        "the 5 of the window before are gone anyway"
+    );
+    // A limit that denies everything has nothing to give back, and stays shut.
+    let shut = Rate::fixed(0, Unit::Minute);
+    let mut state = init(&shut, THURSDAY);
+    let refund = apply(&shut, &mut state, THURSDAY, 3, Charge::Refund);
+    assert!(refund.allowed && refund.remaining == 0);
+    assert!(!decide(&shut, &mut state, THURSDAY, 1).allowed);
+}
+
+#[test]
 fn a_cost_no_limit_can_admit_is_denied_and_consumes_nothing_with_hits_already_counted() {
     // The finding: hits_addend 2^64 - 1 against 5/hour with 3 used wrapped to 2 and passed.
     let huge = [

@@ -1,7 +1,7 @@
 //! The Envoy adapter: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
 //!
 //! The only module that knows Envoy's rate limit protobufs. It checks what only the proto
-//! can get wrong (an unknown unit, negative hits), turns a `RateLimitRequest` into a
+//! can get wrong (an unknown unit), turns a `RateLimitRequest` into a
 //! [`Query`] (borrowing its strings), asks the [`Limiter`], and renders the [`Verdict`] as a
 //! `RateLimitResponse` (one `DescriptorStatus` per descriptor, `RateLimit-*` headers and
 //! dynamic metadata when enabled); errors become a `Status` through their
@@ -181,12 +181,6 @@ pub fn query(request: &RateLimitRequest) -> Result<Query<'_>, Error> {
     let mut query = Query::new(&request.domain);
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let field = |name: &str| format!("descriptors[{index}].{name}");
-        if descriptor.is_negative_hits {
-            return Err(Error::invalid(
-                field("is_negative_hits"),
-                "negative hits are not supported",
-            ));
-        }
         let limit = match &descriptor.limit {
             None => None,
             Some(limit) => {
@@ -207,7 +201,10 @@ pub fn query(request: &RateLimitRequest) -> Result<Query<'_>, Error> {
             .entries
             .iter()
             .map(|entry| (entry.key.as_str(), entry.value.as_str()));
-        query.descriptor(entries, cost).limit = limit;
+        let added = query.descriptor(entries, cost);
+        added.limit = limit;
+        // Envoy 1.38's refunds: the hits are given back instead of taken.
+        added.refund = descriptor.is_negative_hits;
     }
     Ok(query)
 }

@@ -41,6 +41,9 @@ pub struct Descriptor<'a> {
     /// Hits to count (0 reports without consuming).
     pub cost: u64,
     pub limit: Option<LimitOverride>,
+    /// The cost is given back instead of taken (Envoy's `is_negative_hits`): answered OK,
+    /// it consumes nothing and leaves each counter no lower than zero used.
+    pub refund: bool,
 }
 
 /// What a front end asks: may these descriptors pass in `domain`?
@@ -72,6 +75,7 @@ impl<'a> Query<'a> {
             entries: entries.into_iter().collect(),
             cost,
             limit: None,
+            refund: false,
         });
         let last = self.descriptors.len() - 1;
         &mut self.descriptors[last]

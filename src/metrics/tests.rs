@@ -39,6 +39,36 @@ fn sample(text: &str, prefix: &str) -> Option<f64> {
         .and_then(|value| value.parse().ok())
 }
 
+/// A refund (Envoy's `is_negative_hits`) gives hits back: it is not a hit, so the hit
+/// counters stay as they were, and the hits it gave back pass again.
+#[tokio::test(start_paused = true)]
+async fn refunds_are_not_counted_as_hits() {
+    let limiter = limiter(MetricsOptions::default());
+    for _ in 0..6 {
+        hit(&limiter, "api_key", "bob").await;
+    }
+    let mut refund = Query::new("edge");
+    refund.descriptor([("api_key", "bob")], 3).refund = true;
+    let verdict = limiter.decide(&refund).await.expect("answers");
+    assert!(!verdict.is_over(), "a refund is answered OK");
+    let text = limiter.metrics().encode();
+    let labels = r#"{domain="edge",limit="api_key",unit="hour"}"#;
+    let value = |name: &str| sample(&text, &format!("ratekeeper_limit_{name}_total{labels}"));
+    assert_eq!(value("total_hits"), Some(6.0), "{text}");
+    assert_eq!(value("within_limit"), Some(5.0));
+    assert_eq!(value("over_limit"), Some(1.0));
+    for _ in 0..3 {
+        hit(&limiter, "api_key", "bob").await;
+    }
+    let text = limiter.metrics().encode();
+    let value = |name: &str| sample(&text, &format!("ratekeeper_limit_{name}_total{labels}"));
+    assert_eq!(
+        value("within_limit"),
+        Some(8.0),
+        "the 3 given back passed: {text}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn per_limit_counters_move_with_requests() {
     let limiter = limiter(MetricsOptions::default());

@@ -8,10 +8,13 @@
 //! - [`FailurePolicy::Deny`]: over the limit, 0 remaining, retry after `cooldown` (when the
 //!   store will try again: its breaker's cooldown), so clients back off instead of
 //!   hammering, and `Retry-After` is sent.
+//!
+//! A refund ([`Charge::Refund`]) is answered as `allow` answers under either policy: it
+//! gates no traffic (the hits it would have given back stay counted).
 
 use std::time::Duration;
 
-use crate::check::{Checks, Decision, Decisions};
+use crate::check::{Charge, Checks, Decision, Decisions};
 
 /// `--store-failure` (Redis) and the `allow` / `deny` values of `--peer-fallback` (cluster).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,8 +37,14 @@ impl FailurePolicy {
         let cooldown = u64::try_from(cooldown.as_nanos()).unwrap_or(u64::MAX);
         checks
             .iter()
-            .flat_map(|check| check.counters.iter())
-            .map(|counter| match self {
+            .flat_map(|check| {
+                let policy = match check.charge {
+                    Charge::Refund => FailurePolicy::Allow,
+                    Charge::Admitted | Charge::Always => self,
+                };
+                check.counters.iter().map(move |counter| (policy, counter))
+            })
+            .map(|(policy, counter)| match policy {
                 FailurePolicy::Allow => Decision {
                     allowed: true,
                     remaining: u32::try_from(counter.rate.capacity()).unwrap_or(u32::MAX),
@@ -74,6 +83,7 @@ mod tests {
             ],
             cost: 1,
             wait: None,
+            charge: crate::check::Charge::Admitted,
         }]
     }
 
@@ -96,6 +106,20 @@ mod tests {
                 decision.retry_after,
                 Some(2_000_000_000),
                 "Retry-After is sent"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refund_is_answered_as_allow_answers_under_either_policy() {
+        let mut refund = checks();
+        refund[0].charge = crate::check::Charge::Refund;
+        let cooldown = Duration::from_secs(2);
+        for policy in [FailurePolicy::Allow, FailurePolicy::Deny] {
+            assert_eq!(
+                policy.decide(&refund, cooldown),
+                FailurePolicy::Allow.decide(&checks(), cooldown),
+                "{policy:?}"
             );
         }
     }

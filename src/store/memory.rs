@@ -116,6 +116,7 @@ pub(crate) mod tests {
             }],
             cost: 1,
             wait: None,
+            charge: crate::check::Charge::Admitted,
         }
     }
 

@@ -2,9 +2,15 @@
 --
 -- ARGV: now_s, now_n (the caller's clock: Unix seconds and nanoseconds), margin_ms (how long
 -- a key outlives the moment its state stops mattering: --store-ttl-margin), then the checks
--- packed in one string of little-endian doubles: per check: cost, counters, then per
+-- packed in one string of little-endian doubles: per check: cost, charge, counters, then per
 -- counter: algorithm (0 fixed_window, 1 sliding_window, 2 token_bucket, 3 gcra),
 -- requests_per_unit, unit (seconds), burst, interval (ns per token, buckets only).
+--
+-- The charge says what deciding the check does (src/algorithm.rs, `Charge`): 0, admitted
+-- hits are counted and a rejected check writes nothing; 1, a rejected check is counted
+-- too: each counter takes what it has left, up to the cost (`remaining` below; the limit
+-- ends exhausted, never in debt); 2, a refund: each counter gives the cost back, never
+-- below zero used nor above its capacity, and the check is admitted.
 -- KEYS: one per counter, in the same order.
 --
 -- A key holds little-endian doubles (struct.pack '<d...'): the time it was last written
@@ -58,8 +64,11 @@ local pending, pending_ttl = {}, {}
 local at, key = 1, 1
 local size = #checks
 while at <= size do
-  local cost, count
-  cost, count, at = unpack('<dd', checks, at)
+  local cost, charge, count
+  cost, charge, count, at = unpack('<ddd', checks, at)
+  if charge ~= 0 and charge ~= 1 and charge ~= 2 then
+    return redis.error_reply('ratekeeper: unknown charge code ' .. charge)
+  end
   -- Read every counter of the check; decide at the latest time among them and now.
   local es, en = now_s, now_n
   for i = 1, count do
@@ -85,7 +94,10 @@ while at <= size do
     local raw = raws[i]
     local state, ttl = nil, nil
     if rpu <= 0 then
-      admitted = false
+      -- Denies everything; a refund is admitted and has nothing to give back.
+      if charge ~= 2 then
+        admitted = false
+      end
     elseif algorithm == 0 then
       local w = (es - fmod(es, unit)) / unit
       local used = 0
@@ -95,10 +107,20 @@ while at <= size do
           used = stored
         end
       end
-      if used + cost > rpu then
+      local c = cost
+      if charge == 2 then
+        c = -min(cost, used)
+      elseif used + cost > rpu then
         admitted = false
-      else
-        state = pack('<ddd', es, en, used + cost)
+        c = nil
+        if charge == 1 and used < rpu then
+          c = rpu - used
+        elseif charge == 1 then
+          c = 0
+        end
+      end
+      if c then
+        state = pack('<ddd', es, en, used + c)
         ttl = floor((((w + 1) * unit - es) * E9 - en) / 1000000) + 1 + MARGIN_MS
       end
     elseif algorithm == 1 then
@@ -128,10 +150,22 @@ while at <= size do
       if yr > 0 or xr > 0 then
         weight = weight + 1
       end
-      if room < 0 or weight > room then
+      local c = cost
+      if charge == 2 then
+        c = -min(cost, cur)
+      elseif room < 0 or weight > room then
         admitted = false
-      else
-        state = pack('<dddd', es, en, prev, cur + cost)
+        c = nil
+        if charge == 1 then
+          -- What is left: the limit less the current count and the previous one's weight.
+          c = rpu - cur - weight
+          if c < 0 then
+            c = 0
+          end
+        end
+      end
+      if c then
+        state = pack('<dddd', es, en, prev, cur + c)
         ttl = floor((lh * E9 + ll) / 1000000) + 1 + MARGIN_MS + unit * 1000
       end
     elseif algorithm == 2 then
@@ -157,10 +191,22 @@ while at <= size do
           ls, ln = plus(ls, ln, earned * interval)
         end
       end
-      if cost > tokens then
+      local write = true
+      if charge == 2 then
+        tokens = min(burst, tokens + cost)
+        if tokens == burst then
+          -- Full: its clock restarts now, as a full bucket's does.
+          ls, ln = es, en
+        end
+      elseif cost > tokens then
         admitted = false
+        -- Counting a rejected check: it takes every token left.
+        write = charge == 1
+        tokens = 0
       else
         tokens = tokens - cost
+      end
+      if write then
         local refill = (burst - tokens) * interval - ((es - ls) * E9 + (en - ln))
         state = pack('<ddddd', es, en, tokens, ls, ln)
         ttl = floor(refill / 1000000) + 1 + MARGIN_MS
@@ -173,11 +219,32 @@ while at <= size do
           ts, tn = s, n
         end
       end
-      local ahead = (ts - es) * E9 + (tn - en) + interval * cost
-      if cost > burst or ahead > interval * burst then
+      local ahead0 = (ts - es) * E9 + (tn - en)
+      local ahead = ahead0 + interval * cost
+      local ns, nn = nil, nil
+      if charge == 2 then
+        -- Back to `es` at most; cost * interval is exact below burst * interval.
+        local back = ahead0
+        if cost < burst then
+          back = min(cost * interval, ahead0)
+        end
+        ahead = ahead0 - back
+        ns, nn = plus(es, en, ahead)
+      elseif cost > burst or ahead > interval * burst then
         admitted = false
+        if charge == 1 then
+          -- Counting a rejected check: it takes the whole intervals left.
+          local room = interval * burst - ahead0
+          if room < 0 then
+            room = 0
+          end
+          ahead = ahead0 + (room - fmod(room, interval))
+          ns, nn = plus(es, en, ahead)
+        end
       else
-        local ns, nn = plus(ts, tn, interval * cost)
+        ns, nn = plus(ts, tn, interval * cost)
+      end
+      if ns then
         state = pack('<dddd', es, en, ns, nn)
         ttl = floor(ahead / 1000000) + 1 + MARGIN_MS
       end
@@ -188,10 +255,12 @@ while at <= size do
     end
     states[i], ttls[i] = state, ttl
   end
-  if admitted and cost > 0 then
+  if cost > 0 and (admitted or charge == 1) then
     for i = 1, count do
       local name = KEYS[key + i - 1]
-      pending[name], pending_ttl[name] = states[i], ttls[i]
+      if states[i] then
+        pending[name], pending_ttl[name] = states[i], ttls[i]
+      end
     end
   end
   o = o + 1

@@ -25,6 +25,12 @@
 //! policy (`allow` by default, like Envoy's fail-open; or `deny`), counted in metrics, with
 //! one log line per breaker change. Never a hang, never a panic.
 //!
+//! Refunds and counted rejections ([`Charge`](crate::check::Charge)) are decided by the
+//! script like any check (it writes the charged state; Rust derives the answer from the
+//! state read). A refund always goes to Redis and drops this process's blocked entries for
+//! its keys; another process's blocked entry does not see it until that entry expires
+//! (when its counter would have had room anyway), an under-admission bounded by that.
+//!
 //! Not offered: `max_wait` (Redis cannot hold a request in a queue); limits the script
 //! cannot count exactly in doubles (see [`CAPABILITIES`]). Both are refused at load.
 
@@ -243,6 +249,7 @@ impl Store for RedisStore {
             .map(|check| Check {
                 cost: 0,
                 wait: None,
+                charge: check::Charge::Admitted,
                 ..check
             })
             .collect();
@@ -451,8 +458,8 @@ impl Caller {
         let (count, keys) = checks.clone().fold((0, 0), |(count, keys), check| {
             (count + 1, keys + check.counters.len())
         });
-        // Doubles: cost and counters per check, five per counter.
-        let mut packed = Vec::with_capacity(8 * (2 * count + 5 * keys));
+        // Doubles: cost, charge and counters per check, five per counter.
+        let mut packed = Vec::with_capacity(8 * (3 * count + 5 * keys));
         // EVALSHA, the hash, the key count, the keys, three numbers and `packed`.
         let mut command = redis::Cmd::with_capacity(7 + keys, 128 + keys * KEY_LEN);
         command.arg("EVALSHA").arg(self.script.get_hash()).arg(keys);
@@ -462,6 +469,7 @@ impl Caller {
                 command.arg(&redis_key_bytes(&counter.key)[..]);
             }
             push(check::bounded_cost(check.cost));
+            push(charge_code(check.charge));
             push(check.counters.len() as u64);
             for counter in &check.counters {
                 let rate = &counter.rate;
@@ -605,6 +613,15 @@ fn redis_key_bytes(key: &KeyId) -> [u8; KEY_LEN] {
         }
     }
     out
+}
+
+/// A check's charge as the script names it (see `redis.lua`).
+fn charge_code(charge: check::Charge) -> u64 {
+    match charge {
+        check::Charge::Admitted => 0,
+        check::Charge::Always => 1,
+        check::Charge::Refund => 2,
+    }
 }
 
 fn algorithm_code(algorithm: Algorithm) -> u8 {

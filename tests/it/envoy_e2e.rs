@@ -651,3 +651,168 @@ fn example_limits_pass_ratekeeper_validation() {
     );
     assert!(stdout.contains("(edge)"), "domain edge expected: {stdout}");
 }
+
+/// An Envoy 1.40 config for refunds, the AI gateway's way: each request reserves
+/// `x-reserve` hits on the request path, and when its stream is done (`apply_on_stream_done`)
+/// gives `x-refund` of them back (`hits_addend` with `is_negative_hits: true`, Envoy 1.38's
+/// refunds, which reach ratekeeper as the descriptor's `is_negative_hits`). Envoy takes a
+/// rate limit's `hits_addend` only from the route's `typed_per_filter_config`
+/// (`RateLimitPerRoute.rate_limits`), not from `route.rate_limits`, hence this config of its
+/// own rather than a variant of `examples/envoy.yaml`. A gateway would read the refund from
+/// the response (`%RESP(x-unused-tokens)%`, set by the model server); the test upstream sets
+/// no header, so the client names it in the request (`%REQ(...)%`, evaluated at stream end
+/// all the same).
+fn refund_envoy_config(ratekeeper: SocketAddr, upstream: SocketAddr) -> String {
+    format!(
+        r#"
+admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: 0 }}
+static_resources:
+  listeners:
+    - name: edge
+      address:
+        socket_address: {{ address: 127.0.0.1, port_value: 0 }}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: edge
+                route_config:
+                  name: edge
+                  virtual_hosts:
+                    - name: app
+                      domains: ["*"]
+                      routes:
+                        - match: {{ prefix: "/" }}
+                          route: {{ cluster: app }}
+                          typed_per_filter_config:
+                            envoy.filters.http.ratelimit:
+                              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                              rate_limits:
+                                - actions:
+                                    - request_headers: {{ header_name: x-api-key, descriptor_key: api_key }}
+                                  hits_addend: {{ format: "%REQ(x-reserve)%" }}
+                                - actions:
+                                    - request_headers: {{ header_name: x-api-key, descriptor_key: api_key }}
+                                  hits_addend: {{ format: "%REQ(x-refund)%", is_negative_hits: true }}
+                                  apply_on_stream_done: true
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: edge
+                      failure_mode_deny: true
+                      timeout: 5s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service:
+                          envoy_grpc: {{ cluster_name: ratekeeper }}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: app
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: app
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: {{ address: 127.0.0.1, port_value: {upstream} }}
+    - name: ratekeeper
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config:
+            http2_protocol_options: {{}}
+      load_assignment:
+        cluster_name: ratekeeper
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: {{ address: 127.0.0.1, port_value: {ratekeeper} }}
+"#,
+        upstream = upstream.port(),
+        ratekeeper = ratekeeper.port(),
+    )
+}
+
+/// Envoy 1.38's refunds through a real Envoy 1.40: a request reserves 4 of the 5 tokens an
+/// hour allows and gives 3 back when its stream is done, so the next request can reserve 4
+/// again. Before refunds were supported, ratekeeper refused Envoy's refund call
+/// (INVALID_ARGUMENT, which Envoy ignores at stream end) and the second reservation was
+/// denied: only 1 token was left.
+#[test]
+fn envoy_gives_reserved_hits_back_when_the_stream_is_done() {
+    let dir = TempDir::new("envoy-refund");
+    let limits = "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit: {algorithm: token_bucket, unit: hour, requests_per_unit: 5, burst: 5}
+";
+    let limits = write_config(dir.path(), "limits.yaml", limits);
+    let ratekeeper = Ratekeeper::start(&limits, &[]);
+    let upstream = Upstream::start();
+    let envoy_yaml = write_config(
+        dir.path(),
+        "envoy.yaml",
+        &refund_envoy_config(ratekeeper.grpc_addr(), upstream.addr()),
+    );
+    let mut envoy = Envoy::start(&envoy_yaml, dir.path());
+    let listener = envoy.listener_addr("edge");
+    let through = eventually(START_TIMEOUT, || {
+        http_get(listener, "/", &[]).is_ok_and(|response| response.status == 200)
+    });
+    assert!(through, "Envoy never proxied GET /: {}", envoy.stderr());
+    let baseline = upstream.requests();
+    // What ratekeeper's counter has left, read without consuming (`/json`, 0 hits).
+    let remaining = || {
+        let body = r#"{"domain": "edge", "descriptors": [{"hits_addend": 0, "entries": [{"key": "api_key", "value": "gateway"}]}]}"#;
+        let answer = crate::support::http_post(ratekeeper.http_addr(), "/json", &[], body)
+            .expect("ratekeeper answers /json");
+        let json: serde_json::Value = serde_json::from_str(&answer.body).expect("json");
+        json["statuses"][0]["limitRemaining"].as_u64()
+    };
+    let reserve = |refund: &str| {
+        let headers = [
+            ("x-api-key", "gateway"),
+            ("x-reserve", "4"),
+            ("x-refund", refund),
+        ];
+        http_get(listener, "/", &headers).expect("Envoy answers")
+    };
+    let first = reserve("3");
+    assert_status(&first, 200, "4 of 5 reserved");
+    // The refund is Envoy's fire-and-forget call at stream end: wait for it to land.
+    let refunded = eventually(Duration::from_secs(10), || remaining() == Some(4));
+    assert!(
+        refunded,
+        "the 3 unused never came back (left: {:?})\nenvoy ratelimit stats:\n{}\nratekeeper stderr:\n{}",
+        remaining(),
+        envoy.stats("cluster.app.ratelimit."),
+        ratekeeper.stderr()
+    );
+    let second = reserve("0");
+    assert_status(&second, 200, "4 reserved again after the refund");
+    let third = reserve("0");
+    assert_status(&third, 429, "0 left, nothing given back");
+    assert_eq!(upstream.requests() - baseline, 2, "the two reservations");
+    let errors: u64 = envoy
+        .stats("cluster.app.ratelimit.error")
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("cluster.app.ratelimit.error: ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    assert_eq!(errors, 0, "every rate limit call answered");
+}

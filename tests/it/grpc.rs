@@ -662,3 +662,172 @@ descriptors:
     );
     running.shutdown().await;
 }
+
+const CHARGED_LIMITS: &str = "
+domain: charged
+descriptors:
+  - {key: fixed_window, rate_limit: {unit: hour, requests_per_unit: 5}}
+  - {key: sliding_window, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window}}
+  - {key: token_bucket, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}}
+  - {key: gcra, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: gcra, burst: 5}}
+";
+
+const ALGORITHMS: [&str; 4] = ["fixed_window", "sliding_window", "token_bucket", "gcra"];
+
+/// One descriptor `key = value` of `charged` costing `hits`, given back when `refund`
+/// (Envoy 1.38's `is_negative_hits`); answers the overall code and what remains.
+async fn charged_call(
+    client: &mut RateLimitServiceClient<Channel>,
+    key: &str,
+    value: &str,
+    hits: u64,
+    refund: bool,
+) -> (Code, u32) {
+    let mut request = request_of("charged", &[(key, value)]);
+    request.descriptors[0].hits_addend =
+        Some(envoy_types::pb::google::protobuf::UInt64Value { value: hits });
+    request.descriptors[0].is_negative_hits = refund;
+    let answer = client
+        .should_rate_limit(request)
+        .await
+        .unwrap_or_else(|status| panic!("{key} {hits} refund={refund}: {status:?}"))
+        .into_inner();
+    let status = &answer.statuses[0];
+    assert_eq!(
+        answer.overall_code, status.code,
+        "{key}: one descriptor, its code is the overall one"
+    );
+    let code = Code::try_from(answer.overall_code).expect("a known code");
+    (code, status.limit_remaining)
+}
+
+/// Envoy 1.38's refunds (`is_negative_hits`: the descriptor's `hits_addend` is given back
+/// instead of taken), over gRPC on every algorithm and every store: one node in memory, a
+/// 3-node cluster (each call through the next node, so refunds are forwarded to the
+/// owner) and Redis. A refund is answered OK with what remains after it; it never lifts a
+/// limit above its capacity, and a refund larger than any limit is refused like such a
+/// hit. Before, every refund was INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_gives_hits_back_on_every_algorithm_and_store() {
+    use crate::support::{Ratekeeper, RedisServer, TempDir, grpc_clients, start_cluster};
+    let dir = TempDir::new("grpc-refunds");
+    crate::support::write_config(dir.path(), "charged.yaml", CHARGED_LIMITS);
+    let redis_dir = TempDir::new("grpc-charged-redis");
+    let redis = RedisServer::start(redis_dir.path(), &[]);
+    let url = redis.url();
+    let setups: Vec<(&str, Vec<Ratekeeper>)> = vec![
+        ("memory", vec![Ratekeeper::start(dir.path(), &[])]),
+        (
+            "cluster",
+            start_cluster(dir.path(), 3, &["--peer-timeout", "2s"]),
+        ),
+        (
+            "redis",
+            vec![Ratekeeper::start(dir.path(), &["--store", url.as_str()])],
+        ),
+    ];
+    for (store, nodes) in &setups {
+        let mut clients = grpc_clients(nodes).await;
+        let mut turn = 0;
+        let mut call = async |key: &str, hits: u64, refund: bool| {
+            turn += 1;
+            let client = &mut clients[turn % nodes.len()];
+            charged_call(client, key, store, hits, refund).await
+        };
+        for key in ALGORITHMS {
+            assert_eq!(call(key, 5, false).await, (Code::Ok, 0), "{store} {key}");
+            assert_eq!(
+                call(key, 1, false).await.0,
+                Code::OverLimit,
+                "{store} {key}"
+            );
+            assert_eq!(
+                call(key, 3, true).await,
+                (Code::Ok, 3),
+                "{store} {key}: 3 given back"
+            );
+            assert_eq!(
+                call(key, u64::from(u32::MAX), true).await,
+                (Code::Ok, 5),
+                "{store} {key}: never above the limit"
+            );
+            assert_eq!(call(key, 5, false).await, (Code::Ok, 0), "{store} {key}");
+            assert_eq!(
+                call(key, 1, false).await.0,
+                Code::OverLimit,
+                "{store} {key}: and no more"
+            );
+        }
+        // A refund beyond what any limit counts is refused like such a hit.
+        let mut request = request_of("charged", &[("gcra", "huge")]);
+        request.descriptors[0].hits_addend =
+            Some(envoy_types::pb::google::protobuf::UInt64Value { value: 1 << 32 });
+        request.descriptors[0].is_negative_hits = true;
+        let status = clients[0]
+            .should_rate_limit(request)
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{store}");
+        assert_eq!(
+            status.message(),
+            "descriptors[0].hits_addend: 4294967296 given, at most 4294967295 allowed"
+        );
+    }
+}
+
+/// `--count-rejected-hits` (the reference service's default): a rejected request is
+/// counted, taking what was left, on every algorithm and store; by default the hits left
+/// still pass after a rejection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counting_rejected_hits_takes_what_was_left_on_every_algorithm_and_store() {
+    use crate::support::{Ratekeeper, RedisServer, TempDir, grpc_clients, start_cluster};
+    let dir = TempDir::new("grpc-counted");
+    crate::support::write_config(dir.path(), "charged.yaml", CHARGED_LIMITS);
+    let redis_dir = TempDir::new("grpc-charged-redis");
+    let redis = RedisServer::start(redis_dir.path(), &[]);
+    let url = redis.url();
+    let counting = ["--count-rejected-hits"];
+    let setups: Vec<(&str, bool, Vec<Ratekeeper>)> = vec![
+        ("memory", false, vec![Ratekeeper::start(dir.path(), &[])]),
+        (
+            "memory",
+            true,
+            vec![Ratekeeper::start(dir.path(), &counting)],
+        ),
+        (
+            "cluster",
+            true,
+            start_cluster(
+                dir.path(),
+                3,
+                &["--peer-timeout", "2s", "--count-rejected-hits"],
+            ),
+        ),
+        (
+            "redis",
+            true,
+            vec![Ratekeeper::start_with_env(
+                dir.path(),
+                &["--store", url.as_str()],
+                &[("RATEKEEPER_COUNT_REJECTED_HITS", "true")],
+            )],
+        ),
+    ];
+    for (store, counted, nodes) in &setups {
+        let clients = grpc_clients(nodes).await;
+        let value = format!("{store}-{counted}");
+        for (turn, key) in ALGORITHMS.into_iter().enumerate() {
+            let client = |n: usize| clients[(turn + n) % nodes.len()].clone();
+            let used = charged_call(&mut client(0), key, &value, 3, false).await;
+            assert_eq!(used, (Code::Ok, 2), "{store} {key}");
+            let rejected = charged_call(&mut client(1), key, &value, 4, false).await;
+            assert_eq!(rejected.0, Code::OverLimit, "{store} {key}");
+            let last = charged_call(&mut client(2), key, &value, 2, false).await;
+            let expected = if *counted { Code::OverLimit } else { Code::Ok };
+            assert_eq!(
+                last.0, expected,
+                "{store} {key}: the 2 left, taken by the rejection when counted"
+            );
+        }
+    }
+}

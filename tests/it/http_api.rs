@@ -325,3 +325,35 @@ fn the_root_lists_the_endpoints_and_logs_to_a_pipe_carry_no_colour_codes() {
     assert!(logs.contains("serving"), "{logs}");
     assert!(!logs.contains('\u{1b}'), "no ANSI escape codes: {logs:?}");
 }
+
+/// A refund over `/json` as over gRPC (`is_negative_hits`, or `isNegativeHits` in
+/// protobuf's JSON mapping): answered 200 with what remains after it, never above the limit.
+#[test]
+fn a_json_refund_gives_hits_back() {
+    let (_dir, server) = start();
+    let http = server.http_addr();
+    let (response, _) = post(http, "/rate/api/per_user/dora?hits=3");
+    assert_eq!(response.status, 200);
+    let (response, _) = post(http, "/rate/api/per_user/dora");
+    assert_eq!(response.status, 429);
+    for (name, hits, remaining) in [("is_negative_hits", 2, 2), ("isNegativeHits", 9, 3)] {
+        let refund = json!({
+            "domain": "api",
+            "descriptors": [{
+                "entries": [{"key": "user", "value": "dora"}],
+                "hits_addend": hits,
+                name: true
+            }]
+        });
+        let answer = http_post(http, "/json", &[], &refund.to_string()).expect("answers");
+        let body: Value = serde_json::from_str(&answer.body).expect("JSON");
+        assert_eq!(answer.status, 200, "{body}");
+        assert_eq!(body["overallCode"], "OK", "{body}");
+        assert_eq!(
+            body["statuses"][0]["limitRemaining"], remaining,
+            "{name}: {body}"
+        );
+    }
+    let (response, body) = post(http, "/rate/api/per_user/dora?hits=3");
+    assert_eq!((response.status, &body["remaining"]), (200, &json!(0)));
+}

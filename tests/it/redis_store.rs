@@ -691,12 +691,13 @@ fn the_script_refuses_an_unknown_algorithm_and_writes_nothing() {
     let mut connection = client.get_connection().expect("connects");
     let mut packed = Vec::new();
     let mut push = |number: f64| packed.extend_from_slice(&number.to_le_bytes());
-    // Check 1: cost 1, one counter: fixed window, 5 per 60 s (admitted).
-    for number in [1.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
+    // Check 1: cost 1, charge 0 (admitted hits), one counter: fixed window, 5 per 60 s
+    // (admitted).
+    for number in [1.0, 0.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
         push(number);
     }
-    // Check 2: cost 1, one counter with algorithm code 7.
-    for number in [1.0, 1.0, 7.0, 5.0, 60.0, 5.0, 0.0] {
+    // Check 2: cost 1, charge 0, one counter with algorithm code 7.
+    for number in [1.0, 0.0, 1.0, 7.0, 5.0, 60.0, 5.0, 0.0] {
         push(number);
     }
     let reply: redis::RedisResult<Vec<u8>> = redis::cmd("EVAL")
@@ -716,6 +717,46 @@ fn the_script_refuses_an_unknown_algorithm_and_writes_nothing() {
     );
     let exists: u32 = redis::cmd("EXISTS")
         .arg("known")
+        .arg("unknown")
+        .query(&mut connection)
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "nothing written");
+}
+
+/// Likewise a charge code it does not know: refused naming it, nothing written (a check
+/// that counts rejections or a refund is never decided as another charge).
+#[test]
+fn the_script_refuses_an_unknown_charge_and_writes_nothing() {
+    let dir = TempDir::new("redis-unknown-charge");
+    let server = RedisServer::start(dir.path(), &[]);
+    let client = redis::Client::open(server.url()).expect("a redis url");
+    let mut connection = client.get_connection().expect("connects");
+    let mut packed = Vec::new();
+    let mut push = |number: f64| packed.extend_from_slice(&number.to_le_bytes());
+    // Check 1: a refund of 1 (charge 2), fixed window, 5 per 60 s; check 2: charge 3.
+    for number in [1.0, 2.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
+        push(number);
+    }
+    for number in [1.0, 3.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
+        push(number);
+    }
+    let reply: redis::RedisResult<Vec<u8>> = redis::cmd("EVAL")
+        .arg(include_str!("../../src/store/redis.lua"))
+        .arg(2)
+        .arg("refunded")
+        .arg("unknown")
+        .arg(1_704_326_400)
+        .arg(0)
+        .arg(1000)
+        .arg(packed)
+        .query(&mut connection);
+    let error = reply.expect_err("an unknown charge is an error");
+    assert!(
+        error.to_string().contains("unknown charge code 3"),
+        "{error}"
+    );
+    let exists: u32 = redis::cmd("EXISTS")
+        .arg("refunded")
         .arg("unknown")
         .query(&mut connection)
         .expect("EXISTS");

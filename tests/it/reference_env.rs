@@ -146,10 +146,6 @@ fn a_variable_ratekeeper_cannot_honour_stops_the_start_naming_it() {
             "BACKEND_TYPE: ratekeeper has no memcache",
         ),
         (
-            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")],
-            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: false asks for rejected hits to be counted",
-        ),
-        (
             &[("REDIS_PERSECOND", "true")],
             "REDIS_PERSECOND: ratekeeper has no separate Redis",
         ),
@@ -192,4 +188,49 @@ fn a_harmless_variable_starts_with_a_warning_and_our_flags_win() {
             && stderr.contains("won over PORT (--http-addr)"),
         "{stderr}"
     );
+}
+
+/// `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false` (the reference's default) counts
+/// rejected hits, as the reference does: 2 of 3 used, a request of 2 is rejected and takes
+/// the last one, so a request of 1 is rejected too. Unset, ratekeeper's default: the
+/// rejected request consumed nothing and the 1 passes. Before, false stopped the start.
+#[tokio::test(flavor = "multi_thread")]
+async fn stop_cache_key_increment_when_overlimit_false_counts_rejected_hits() {
+    let dir = TempDir::new("reference-env-stop");
+    write_config(dir.path(), "limits.yaml", LIMITS);
+    away_from_the_top_of_the_hour(Duration::from_secs(30)).await;
+    for (env, counted) in [
+        (
+            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")][..],
+            true,
+        ),
+        (&[][..], false),
+        (
+            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")][..],
+            false,
+        ),
+    ] {
+        let node = Ratekeeper::start_with_env(dir.path(), &[], env);
+        if counted {
+            let stderr = node.stderr();
+            assert!(
+                stderr.contains("applied the reference service's environment: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"),
+                "{stderr}"
+            );
+        }
+        let mut client = grpc_client(&node).await;
+        assert_eq!(edge_decide(&mut client, "k").await, Code::Ok);
+        assert_eq!(edge_decide(&mut client, "k").await, Code::Ok);
+        let mut two = crate::support::edge_request("k");
+        two.hits_addend = 2;
+        let rejected = client.should_rate_limit(two).await.expect("answered");
+        assert_eq!(
+            rejected.into_inner().overall_code,
+            Code::OverLimit as i32,
+            "{env:?}"
+        );
+        let last = edge_decide(&mut client, "k").await;
+        let expected = if counted { Code::OverLimit } else { Code::Ok };
+        assert_eq!(last, expected, "{env:?}: the one left after the rejection");
+    }
 }

@@ -3,13 +3,16 @@
 //! redis-server and a real 3-master Redis Cluster.
 //!
 //! 1. **Answers.** A seeded random sequence of requests (every algorithm, several limits on
-//!    one descriptor, several descriptors per call, costs from 0 to 2^64 - 1, clock steps
-//!    within and across windows) is answered by the store exactly as by the in-memory store
+//!    one descriptor, several descriptors per call, costs from 0 to 2^64 - 1, each check
+//!    charged as by default, counting a rejection (`--count-rejected-hits`) or as a refund
+//!    (Envoy's `is_negative_hits`), clock steps within and across windows) is answered by the store exactly as by the in-memory store
 //!    on the same clock: the in-memory store is the reference (its algorithms are checked
 //!    against a model in `src/algorithm/tests/model.rs`), so every store counts alike.
 //! 2. **All or nothing.** A descriptor whose second limit is exhausted consumes nothing on
 //!    its first; a cost above every capacity consumes nothing.
-//! 3. **Peek** reads without consuming and agrees with the next check.
+//! 3. **Peek** reads without consuming and agrees with the next check. **Charges:** a refund
+//!    gives back, is allowed, and never lifts a counter above its capacity (nor below zero
+//!    used); a counted rejection takes what is left.
 //! 4. **Reset** forgets a descriptor's counters wherever they live.
 //! 5. **The failure policy** (`store::failure`): with what it counts on gone (Redis down, a
 //!    key's owner unreachable), `deny` answers over the limit with the store's cooldown as
@@ -23,7 +26,7 @@ use std::time::Duration;
 
 use crate::support::{RedisCluster, RedisServer, TempDir};
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
-use ratekeeper::check::{Check, Checks, Counter, Decisions};
+use ratekeeper::check::{Charge, Check, Checks, Counter, Decisions};
 use ratekeeper::clock::Clock;
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
@@ -133,6 +136,15 @@ pub(crate) fn check(domain: &str, user: &str, rates: &[Rate], cost: u64) -> Chec
             .collect(),
         cost,
         wait: None,
+        charge: Charge::Admitted,
+    }
+}
+
+/// [`check`] charged as `charge` says.
+fn charged(domain: &str, user: &str, rates: &[Rate], cost: u64, charge: Charge) -> Check {
+    Check {
+        charge,
+        ..check(domain, user, rates, cost)
     }
 }
 
@@ -214,7 +226,12 @@ async fn answers_like_the_reference(
             }
             used.push((which, user.clone()));
             let cost = costs[steps.next(costs.len() as u64) as usize];
-            checks.push(check(name, &user, &descriptors[which], cost));
+            let charge = match steps.next(5) {
+                0..=2 => Charge::Admitted,
+                3 => Charge::Always,
+                _ => Charge::Refund,
+            };
+            checks.push(charged(name, &user, &descriptors[which], cost, charge));
         }
         let expected = decide(reference, checks.clone()).await;
         let subject = subjects[step % subjects.len()];
@@ -269,6 +286,7 @@ async fn properties(name: &str, store: &dyn Store, via: &[&dyn Store]) {
     }
     let next = decide(store, [check(name, "c", &[hour], 1)]).await;
     assert_eq!((next[0].allowed, next[0].remaining), (true, 0), "{name}");
+    charges(name, store, via).await;
     // Reset forgets the descriptor's counters.
     let keys: Vec<_> = [check(name, "c", &[hour], 1)][0]
         .counters
@@ -279,6 +297,65 @@ async fn properties(name: &str, store: &dyn Store, via: &[&dyn Store]) {
     assert_eq!(held, 1, "{name}: one counter was held");
     let fresh = decide(via[0], [check(name, "c", &[hour], 3)]).await;
     assert!(fresh[0].allowed, "{name}: all 3 back after the reset");
+}
+
+/// Part 3, charges: refunds and counted rejections, on every algorithm; through `via` at times.
+async fn charges(name: &str, store: &dyn Store, via: &[&dyn Store]) {
+    let other = via[via.len() - 1];
+    for algorithm in Algorithm::ALL {
+        let rate = Rate::new(algorithm, 3, Unit::Hour, Some(3));
+        let user = format!("refund-{algorithm}");
+        let take = |cost| check(name, &user, &[rate], cost);
+        let refund = |cost| charged(name, &user, &[rate], cost, Charge::Refund);
+        let spent = decide(store, [take(3)]).await;
+        assert_eq!(
+            (spent[0].allowed, spent[0].remaining),
+            (true, 0),
+            "{name} {algorithm}"
+        );
+        // Exhausted (a Redis store now answers it from its blocked cache): the refund
+        // still reaches the counter.
+        assert!(
+            !decide(store, [take(1)]).await[0].allowed,
+            "{name} {algorithm}"
+        );
+        let back = decide(other, [refund(2)]).await;
+        assert_eq!(
+            (back[0].allowed, back[0].remaining),
+            (true, 2),
+            "{name} {algorithm}: a refund is allowed and gives back"
+        );
+        let all = decide(store, [refund(u64::MAX)]).await;
+        assert_eq!(
+            (all[0].allowed, all[0].remaining),
+            (true, 3),
+            "{name} {algorithm}: never above capacity"
+        );
+        let mut again = Vec::new();
+        for cost in [2, 1, 1] {
+            again.push(decide(store, [take(cost)]).await[0].allowed);
+        }
+        assert_eq!(
+            again,
+            [true, true, false],
+            "{name} {algorithm}: 3 left, no more"
+        );
+        // Counting a rejection: 1 left, a cost of 2 takes it.
+        let user = format!("counted-{algorithm}");
+        assert!(decide(store, [check(name, &user, &[rate], 2)]).await[0].allowed);
+        let counted = charged(name, &user, &[rate], 2, Charge::Always);
+        let rejected = decide(other, [counted]).await;
+        assert_eq!(
+            (rejected[0].allowed, rejected[0].remaining),
+            (false, 0),
+            "{name} {algorithm}: the rejected hit took what was left"
+        );
+        let one = decide(store, [check(name, &user, &[rate], 1)]).await;
+        assert!(
+            !one[0].allowed,
+            "{name} {algorithm}: the 1 left was counted"
+        );
+    }
 }
 
 /// Part 5: `store` stands in by `policy` for a backend that is gone, with `cooldown`.

@@ -1,5 +1,6 @@
-//! Property tests: random sequences of hits (addends from 0 to 2^64 - 1), loans, refunds and
-//! clock steps, run through each algorithm and through a small reference model of it written
+//! Property tests: random sequences of hits (addends from 0 to 2^64 - 1), hits that count
+//! when rejected ([`Charge::Always`]), refunds of hits ([`Charge::Refund`]), loans, loan
+//! refunds and clock steps, run through each algorithm and through a small reference model of it written
 //! in plain `u128` arithmetic (no packing, no clamping). Every decision must equal the
 //! model's, and independently of the model, nothing may pass more than the limit allows:
 //! per epoch-aligned window for the windows, `burst` plus what refilled for the buckets.
@@ -12,6 +13,10 @@ use super::*;
 #[derive(Clone, Debug)]
 enum Op {
     Hit(u64),
+    /// A hit charged [`Charge::Always`]: counted when rejected too.
+    Counted(u64),
+    /// Hits given back ([`Charge::Refund`], Envoy's `is_negative_hits`).
+    GiveBack(u64),
     /// Advance the clock by this many nanoseconds.
     Step(u64),
     /// Lend as much as `policy(most, share)` allows.
@@ -43,6 +48,8 @@ fn ops(limit: u32, unit: Unit) -> impl Strategy<Value = Vec<Op>> {
     let len = unit.nanos();
     let op = prop_oneof![
         4 => cost(limit).prop_map(Op::Hit),
+        2 => cost(limit).prop_map(Op::Counted),
+        2 => cost(limit).prop_map(Op::GiveBack),
         2 => prop_oneof![0..len / 10, 0..3 * len].prop_map(Op::Step),
         1 => (prop_oneof![Just(u64::MAX), 1..8u64], 1..4u64)
             .prop_map(|(most, share)| Op::Lend { most, share }),
@@ -140,6 +147,50 @@ impl Model {
         true
     }
 
+    /// [`Model::take`] for a hit that counts when rejected: one that does not fit takes
+    /// what remains. Answers whether it fit.
+    fn take_counting(&mut self, rate: &Rate, now: u64, cost: u64) -> bool {
+        if self.take(rate, now, cost) {
+            return true;
+        }
+        if rate.requests_per_unit > 0 {
+            let left = u64::try_from(self.remaining(rate, now)).expect("below the limit");
+            assert!(self.take(rate, now, left), "what remains fits");
+        }
+        false
+    }
+
+    /// Gives back `cost` hits at `now` (a refund); answers how much it gave back: hits for
+    /// the windows, nanoseconds of refill for the buckets.
+    fn refund_hits(&mut self, rate: &Rate, now: u64, cost: u64) -> u128 {
+        if rate.requests_per_unit == 0 {
+            return 0;
+        }
+        self.weigh(rate, now, 0);
+        let window = now / rate.unit.nanos();
+        let cost = u128::from(cost);
+        let interval = u128::from(rate.emission_interval());
+        match self {
+            Model::Windows(counts) => {
+                let count = counts.entry(window).or_default();
+                let back = cost.min(*count);
+                *count -= back;
+                back
+            }
+            Model::Bucket { level, .. } => {
+                let back = (cost * interval).min(cap(rate) - *level);
+                *level += back;
+                back
+            }
+            Model::Gcra { tat } => {
+                let start = (*tat).max(u128::from(now));
+                let back = (cost * interval).min(start - u128::from(now));
+                *tat = start - back;
+                back
+            }
+        }
+    }
+
     /// Hits that could pass at `now`.
     fn remaining(&mut self, rate: &Rate, now: u64) -> u128 {
         let (used, room) = self.weigh(rate, now, 0);
@@ -189,11 +240,12 @@ fn cap(rate: &Rate) -> u128 {
     u128::from(rate.burst) * u128::from(rate.emission_interval())
 }
 
-/// Hits taken (admitted or lent, less refunds) per window, for the model-free bound.
+/// Hits taken (admitted, counted when rejected, or lent, less refunds) per window, for the
+/// model-free bound.
 #[derive(Default)]
 struct Taken {
     by_window: std::collections::BTreeMap<u64, u128>,
-    /// Buckets: everything taken since the start.
+    /// Buckets: everything taken since the start, in nanoseconds of refill.
     total: u128,
 }
 
@@ -212,6 +264,7 @@ proptest! {
         let mut loans: Vec<Option<Lent>> = Vec::new();
         let mut taken = Taken::default();
         let window_at = |now: u64| now / rate.unit.nanos();
+        let interval = u128::from(rate.emission_interval());
         for op in ops {
             match op {
                 Op::Step(nanos) => now += nanos,
@@ -231,7 +284,46 @@ proptest! {
                     }
                     if admitted {
                         *taken.by_window.entry(window_at(now)).or_default() += u128::from(cost);
-                        taken.total += u128::from(cost);
+                        taken.total += u128::from(cost) * interval;
+                    }
+                }
+                Op::Counted(cost) => {
+                    let before = model.remaining(&rate, now);
+                    let decision = apply(&rate, &mut state, now, cost, Charge::Always);
+                    let admitted = model.take_counting(&rate, now, cost);
+                    prop_assert_eq!(decision.allowed, admitted, "counted cost {} at {}", cost, now - start);
+                    let after = model.remaining(&rate, now);
+                    prop_assert_eq!(
+                        u128::from(decision.remaining),
+                        after.min(u128::from(u32::MAX)),
+                        "remaining after counted cost {} at {}", cost, now - start
+                    );
+                    if !admitted {
+                        prop_assert_eq!(after, 0, "a counted rejection exhausts the limit");
+                        prop_assert_eq!(decision.retry_after.is_none(), cost > rate.capacity());
+                    }
+                    let took = before - after;
+                    *taken.by_window.entry(window_at(now)).or_default() += took;
+                    taken.total += took * interval;
+                }
+                Op::GiveBack(cost) => {
+                    let decision = apply(&rate, &mut state, now, cost, Charge::Refund);
+                    let back = model.refund_hits(&rate, now, cost);
+                    prop_assert!(decision.allowed, "a refund is answered allowed");
+                    prop_assert_eq!(decision.retry_after, Some(0));
+                    prop_assert_eq!(
+                        u128::from(decision.remaining),
+                        model.remaining(&rate, now).min(u128::from(u32::MAX)),
+                        "remaining after a refund of {} at {}", cost, now - start
+                    );
+                    prop_assert!(u64::from(decision.remaining) <= rate.capacity(), "never above capacity");
+                    match rate.algorithm {
+                        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
+                            if let Some(count) = taken.by_window.get_mut(&window_at(now)) {
+                                *count -= back.min(*count);
+                            }
+                        }
+                        Algorithm::TokenBucket | Algorithm::Gcra => taken.total -= back,
                     }
                 }
                 Op::Lend { most, share } => {
@@ -239,7 +331,7 @@ proptest! {
                     if let Some(lent) = lent {
                         prop_assert!(model.take(&rate, now, lent.units), "lent {} the model lacks", lent.units);
                         *taken.by_window.entry(window_at(now)).or_default() += u128::from(lent.units);
-                        taken.total += u128::from(lent.units);
+                        taken.total += u128::from(lent.units) * interval;
                     } else {
                         prop_assert!(
                             rate.requests_per_unit == 0 || model.remaining(&rate, now) / u128::from(share) == 0,
@@ -260,7 +352,7 @@ proptest! {
                         if let Some(count) = taken.by_window.get_mut(&window_at(now)) {
                             *count -= u128::from(back).min(*count);
                         }
-                        taken.total -= u128::from(back);
+                        taken.total -= u128::from(back) * interval;
                     }
                 }
                 Op::Refund(_) => {}
@@ -274,9 +366,9 @@ proptest! {
                     }
                 }
                 Algorithm::TokenBucket | Algorithm::Gcra => {
-                    let refilled = u128::from(now - start) / u128::from(rate.emission_interval());
-                    let most = u128::from(rate.capacity()) + refilled;
-                    prop_assert!(taken.total <= most, "{} taken, at most {}", taken.total, most);
+                    // In nanoseconds of refill: the bucket's capacity plus the time passed.
+                    let most = u128::from(rate.capacity()) * interval + u128::from(now - start);
+                    prop_assert!(taken.total <= most, "{} ns taken, at most {}", taken.total, most);
                 }
             }
         }

@@ -59,14 +59,23 @@ impl Reader<'_> {
                 ),
             }
         }
-        match self.bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT") {
-            // ratekeeper's own behaviour: a rejected request consumes nothing.
-            Some(true) => self.applied("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"),
-            Some(false) => self.refuse(
-                "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-                "false asks for rejected hits to be counted, which ratekeeper does not offer yet \
-                 (a rejected request consumes nothing there): unset it or set it to true",
-            ),
+        // The reference counts rejected hits unless this is true; set but empty is its
+        // default, false. Unset keeps ratekeeper's default (a rejected request consumes
+        // nothing), as every reference default does.
+        let stop = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT";
+        let (id, long) = ("count_rejected_hits", "--count-rejected-hits");
+        let empty = self.env.get(stop).is_some_and(|value| value.is_empty());
+        match self.bool(stop) {
+            Some(false) => self.set(id, long, None, &[stop]),
+            None if empty => {
+                self.set(id, long, None, &[]);
+                if !self.given(id) {
+                    self.applied(stop);
+                }
+            }
+            // ratekeeper's own behaviour.
+            Some(true) if self.given(id) => self.out.overridden.push((stop, long)),
+            Some(true) => self.applied(stop),
             None => {}
         }
         self.unused(

@@ -470,22 +470,51 @@ fn what_ratekeeper_does_not_do_is_refused_naming_the_variable() {
         (&[("USE_DOG_STATSD", "true")], "USE_DOG_STATSD"),
         (&[("CONFIG_TYPE", "KUBERNETES")], "CONFIG_TYPE"),
         (
-            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")],
-            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-        ),
-        (
             &[("REDIS_URL", "r:1"), ("CACHE_KEY_PREFIX", "a_")],
             "CACHE_KEY_PREFIX",
         ),
     ] {
         assert_eq!(refused(env), [variable], "{env:?}");
     }
-    let stop = mapping(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")], &[]);
-    assert!(
-        stop.errors[0].text.contains("not offer yet"),
-        "{:?}",
-        stop.errors
+}
+
+#[test]
+fn counting_rejected_hits_follows_stop_cache_key_increment_when_overlimit() {
+    // false (the reference's default, also when set but empty) counts rejected hits.
+    for value in ["false", "0", ""] {
+        check(
+            &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value)],
+            &["--count-rejected-hits"],
+        );
+        let mapping = mapping(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", value)], &[]);
+        assert_eq!(mapping.applied, ["STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"]);
+    }
+    // Unset: ratekeeper's default (a rejected request consumes nothing).
+    assert!(mapping(&[], &[]).flags.is_empty());
+    // Ours wins: --count-rejected-hits given keeps it, whatever the variable says.
+    let ours = mapping(
+        &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")],
+        &["count_rejected_hits"],
     );
+    assert!(ours.flags.is_empty() && ours.applied.is_empty());
+    assert_eq!(
+        ours.overridden,
+        [(
+            "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+            "--count-rejected-hits"
+        )]
+    );
+    // And the flag means what the variable meant.
+    let mut args = vec!["ratekeeper".to_owned(), "serve".to_owned()];
+    args.extend(flags(&[(
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        "false",
+    )]));
+    let cli = Cli::try_parse_from(&args).expect("ratekeeper takes the flag");
+    let Command::Serve(serve) = cli.command else {
+        panic!("serve expected");
+    };
+    assert!(serve.server_options().limiter.count_rejected_hits);
 }
 
 #[test]

@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use super::proto::v1 as wire;
 use crate::algorithm::{Algorithm, Rate, Unit};
-use crate::check::{Check, Counter, Counters, Decision, MAX_COST, Slot, WaitPolicy, expiry};
+use crate::check::{
+    Charge, Check, Counter, Counters, Decision, MAX_COST, Slot, WaitPolicy, expiry,
+};
 use crate::error::ErrorKind;
 use crate::key::KeyId;
 
@@ -79,6 +81,23 @@ fn algorithm_from_wire(value: i32) -> Result<Algorithm, String> {
     }
 }
 
+fn charge_to_wire(charge: Charge) -> wire::Charge {
+    match charge {
+        Charge::Admitted => wire::Charge::Admitted,
+        Charge::Always => wire::Charge::Always,
+        Charge::Refund => wire::Charge::Refund,
+    }
+}
+
+fn charge_from_wire(value: i32) -> Result<Charge, String> {
+    match wire::Charge::try_from(value) {
+        Ok(wire::Charge::Admitted) => Ok(Charge::Admitted),
+        Ok(wire::Charge::Always) => Ok(Charge::Always),
+        Ok(wire::Charge::Refund) => Ok(Charge::Refund),
+        Err(_) => Err(format!("unknown charge {value}")),
+    }
+}
+
 pub fn counter_to_wire(counter: &Counter) -> wire::Counter {
     wire::Counter {
         key: Some(key_to_wire(&counter.key)),
@@ -120,6 +139,7 @@ pub fn check_to_wire(check: &Check) -> wire::Check {
         }),
         max_queue: check.wait.map_or(0, |wait| wait.max_queue),
         lease: super::lease::leasable(check),
+        charge: charge_to_wire(check.charge) as i32,
     }
 }
 
@@ -148,7 +168,9 @@ pub fn check_from_wire(check: wire::Check) -> Result<(Check, bool), String> {
             MAX_COST + 1
         ));
     }
-    let wait = (check.max_wait_nanos > 0).then(|| WaitPolicy {
+    let charge = charge_from_wire(check.charge)?;
+    // Only a check that consumes nothing when rejected may wait (see `Check::wait`).
+    let wait = (check.max_wait_nanos > 0 && charge == Charge::Admitted).then(|| WaitPolicy {
         // Bounded like the config's max_wait, whatever a peer sends.
         max_wait: Duration::from_nanos(check.max_wait_nanos).min(Duration::from_secs(10)),
         max_queue: check.max_queue.clamp(1, 100_000),
@@ -157,6 +179,7 @@ pub fn check_from_wire(check: wire::Check) -> Result<(Check, bool), String> {
         counters,
         cost: check.cost,
         wait,
+        charge,
     };
     let lease = asked && super::lease::leasable(&check);
     Ok((check, lease))
@@ -335,6 +358,7 @@ mod tests {
             counters: counters.into_iter().collect(),
             cost,
             wait: None,
+            charge: crate::check::Charge::Admitted,
         };
         let fine = check(vec![counter("a"), counter("a")], MAX_COST);
         assert!(check_from_wire(check_to_wire(&fine)).is_ok());

@@ -31,7 +31,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::algorithm::{LendPolicy, Rate};
-use crate::check::{Check, Counter, Decision};
+use crate::check::{Charge, Check, Counter, Decision};
 use crate::key::KeyId;
 
 /// How an owner lends, in a cluster of `members` nodes: at most 256 hits and at most
@@ -55,7 +55,14 @@ const SHARDS: usize = 16;
 /// Whether a node could hold a lease for `check`'s hits.
 pub fn leasable(check: &Check) -> bool {
     match check.counters.as_slice() {
-        [counter] => check.wait.is_none() && check.cost > 0 && counter.rate.requests_per_unit > 0,
+        // A refund goes to the owner's counter; a check that counts rejected hits spends a
+        // lease only when admitted, and is otherwise forwarded, so the owner counts it.
+        [counter] => {
+            check.wait.is_none()
+                && check.cost > 0
+                && check.charge != Charge::Refund
+                && counter.rate.requests_per_unit > 0
+        }
         _ => false,
     }
 }
@@ -148,6 +155,9 @@ impl Leases {
         let [counter] = check.counters.as_slice() else {
             return None;
         };
+        if !leasable(check) {
+            return None;
+        }
         let mut shard = self.shard(&counter.key);
         let lease = shard.get_mut(&counter.key)?;
         if lease.rate != counter.rate || now >= lease.expires || lease.units < check.cost {

@@ -115,7 +115,7 @@ impl Counted {
             let len = check.counters.len();
             let answered = decisions.get(offset..offset + len).unwrap_or_default();
             offset += len;
-            let admitted = check.cost > 0
+            let admitted = check.takes()
                 && answered.len() == len
                 && answered.iter().all(|decision| decision.allowed);
             windows.extend(

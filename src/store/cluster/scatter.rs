@@ -103,6 +103,7 @@ mod tests {
             counters: (0..counters).map(|_| Counter { key, rate }).collect(),
             cost: 1,
             wait: None,
+            charge: crate::check::Charge::Admitted,
         }
     }
 

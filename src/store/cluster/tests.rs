@@ -162,6 +162,7 @@ async fn the_local_fallback_decides_on_this_nodes_share_of_the_limit() {
         }],
         cost: 1,
         wait: None,
+        charge: crate::check::Charge::Admitted,
     };
     let mut admitted = 0;
     for _ in 0..5 {

@@ -352,7 +352,7 @@ impl Engine {
                     }
                 }
                 Ok(Stepped::Decided) => {
-                    if check.cost > 0 && decisions[offset..].iter().all(|d| d.allowed) {
+                    if check.takes() && decisions[offset..].iter().all(|d| d.allowed) {
                         consumed.push((position, *now));
                     }
                 }

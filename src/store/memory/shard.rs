@@ -273,7 +273,10 @@ impl Shard {
         now: u64,
         out: &mut Decisions,
     ) -> Result<Stepped, StoreError> {
-        let policy = check.wait.filter(|_| check.cost > 0);
+        // Only a check that consumes nothing when rejected may wait (see `Check::wait`).
+        let policy = check
+            .wait
+            .filter(|_| check.cost > 0 && check.charge == check::Charge::Admitted);
         // First in, first out: don't overtake checks already waiting on one of our keys.
         let queued_key = policy.and_then(|_| {
             check
@@ -556,8 +559,9 @@ impl Shard {
 }
 
 impl Counters {
-    /// Decides `check` at `now`, consuming on every counter if all admit. Pushes one
-    /// decision per counter onto `out`.
+    /// Decides `check` at `now`, consuming on every counter if all admit (and, as its
+    /// charge says, counting a rejected check or giving back a refund: [`Check::writes`]).
+    /// Pushes one decision per counter onto `out`.
     fn evaluate(
         &mut self,
         check: &Check,
@@ -577,15 +581,10 @@ impl Counters {
                 a: slot.a,
                 b: slot.b,
             };
-            let decision = algorithm::decide(&counter.rate, &mut state, now, check.cost);
+            let decision =
+                algorithm::apply(&counter.rate, &mut state, now, check.cost, check.charge);
             out.push(decision);
-            if !decision.allowed {
-                return Ok(Outcome::Denied {
-                    key: counter.key,
-                    retry_after: decision.retry_after,
-                });
-            }
-            if check.cost > 0 {
+            if check.writes(decision.allowed) {
                 *slot = Slot {
                     a: state.a,
                     b: state.b,
@@ -594,6 +593,12 @@ impl Counters {
                         algorithm::lifetime(&counter.rate, decision.reset_after),
                     ),
                 };
+            }
+            if !decision.allowed {
+                return Ok(Outcome::Denied {
+                    key: counter.key,
+                    retry_after: decision.retry_after,
+                });
             }
             return Ok(Outcome::Admitted);
         }
@@ -613,19 +618,29 @@ impl Counters {
             })
             .collect();
         let first = out.len();
-        if let Some((index, retry_after)) = check.decide(&mut states, now, out) {
+        let denied = check.decide(&mut states, now, out);
+        let outcome = match denied {
             // `decide` answers the index of one of the check's counters.
-            let key = check.counters[index].key;
-            return Ok(Outcome::Denied { key, retry_after });
+            Some((index, retry_after)) => Outcome::Denied {
+                key: check.counters[index].key,
+                retry_after,
+            },
+            None => Outcome::Admitted,
+        };
+        if !check.writes(denied.is_none()) {
+            return Ok(outcome);
         }
-        if check.cost == 0 {
-            return Ok(Outcome::Admitted);
-        }
-        if new_keys > 0 {
+        // A refund has nothing to give back to a key not held (its state stays a fresh
+        // one's): it creates no key, so it never meets the key cap or a rule's budget.
+        let creates = check.charge != check::Charge::Refund;
+        if creates && new_keys > 0 {
             self.room_for(check)?;
         }
-        // Admitted: `decide` pushed each counter's decision, in order.
+        // Charged: `decide` pushed each counter's decision, in order.
         for ((counter, state), decision) in check.counters.iter().zip(states).zip(&out[first..]) {
+            if !creates && !self.keys.contains_key(&counter.key) {
+                continue;
+            }
             let expires = expires(
                 now,
                 algorithm::lifetime(&counter.rate, decision.reset_after),
@@ -639,7 +654,7 @@ impl Counters {
                 },
             );
         }
-        Ok(Outcome::Admitted)
+        Ok(outcome)
     }
 
     /// Whether the keys of `check` this shard lacks fit: under `max_keys`, and each under

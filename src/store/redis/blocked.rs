@@ -8,7 +8,9 @@
 //!   consumption.
 //! - An entry answers only until its blocking counter could admit one hit; nothing can be
 //!   consumed on a counter with no room, by any process, so the answer is exact for it.
-//!   Other counters of the entry show their state as of the last Redis call.
+//!   Other counters of the entry show their state as of the last Redis call. (A refund
+//!   through another process can make room sooner; this process sees it when the entry
+//!   ends: see the module `redis`.)
 //! - Bounded: at most `capacity` key slots; a full shard drops expired entries first and
 //!   otherwise keeps nothing new.
 
@@ -82,8 +84,10 @@ impl BlockedCache {
             let mut states = blocked.states.clone();
             let mut out = Decisions::new();
             let admitted = check.decide(&mut states, at, &mut out).is_none();
-            // Room again (sooner than `until` said): Redis decides.
-            (!admitted || check.cost == 0).then_some(out)
+            // Room again (sooner than `until` said), a refund, or a rejected check that
+            // counts on a counter with room left: Redis decides.
+            let writes = check.writes(admitted) && states != blocked.states;
+            ((!admitted || check.cost == 0) && !writes).then_some(out)
         });
         if answer.is_none() {
             self.forget(check);

@@ -15,6 +15,7 @@ fn check(rate: Rate, cost: u64) -> Check {
         counters: [Counter { key, rate }].into_iter().collect(),
         cost,
         wait: None,
+        charge: crate::check::Charge::Admitted,
     }
 }
 
@@ -135,6 +136,7 @@ fn a_descriptor_with_room_is_not_cached_and_the_cache_is_bounded() {
             counters: [Counter { key, rate }].into_iter().collect(),
             cost: 1,
             wait: None,
+            charge: crate::check::Charge::Admitted,
         };
         let states: States = [State { a: 0, b: 5 }].into_iter().collect();
         cache.remember(&full, &states, 0, &stats);

@@ -10,6 +10,7 @@ fn check(value: &str, rate: Rate, cost: u64) -> Check {
         }],
         cost,
         wait: None,
+        charge: crate::check::Charge::Admitted,
     }
 }
 
@@ -41,6 +42,39 @@ fn only_one_counter_with_a_cost_and_no_wait_is_leasable() {
         max_queue: 1,
     });
     assert!(!leasable(&waits));
+}
+
+#[test]
+fn a_refund_never_spends_a_lease_and_a_counted_rejection_spends_only_when_it_fits() {
+    let rate = Rate::fixed(100, Unit::Minute);
+    let leases = Leases::default();
+    let now = Instant::now();
+    let take = check("k", rate, 2);
+    leases.take(&take.counters[0], grant(3, 7), now);
+    let refund = Check {
+        charge: crate::check::Charge::Refund,
+        ..check("k", rate, 2)
+    };
+    assert!(!leasable(&refund), "a refund goes to the owner's counter");
+    assert_eq!(
+        leases.spend(&refund, now),
+        None,
+        "forwarded, the lease kept"
+    );
+    let counted = |cost| Check {
+        charge: crate::check::Charge::Always,
+        ..check("k", rate, cost)
+    };
+    assert!(leasable(&counted(2)));
+    assert!(
+        leases.spend(&counted(2), now).is_some(),
+        "admitted from the lease"
+    );
+    assert_eq!(
+        leases.spend(&counted(2), now),
+        None,
+        "1 left: the owner decides, and counts the rejection"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -14,6 +14,7 @@ fn check_for(value: &str, limit: u32) -> Check {
         }],
         cost: 1,
         wait: None,
+        charge: crate::check::Charge::Admitted,
     }
 }
 
@@ -179,6 +180,7 @@ async fn a_reset_forgets_only_the_keys_named() {
             counters: smallvec![Counter { key, rate }],
             cost: 1,
             wait: None,
+            charge: crate::check::Charge::Admitted,
         });
         (key, checks)
     };

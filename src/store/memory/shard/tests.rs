@@ -5,7 +5,7 @@ use smallvec::smallvec;
 
 use super::*;
 use crate::algorithm::{Algorithm, NANOS_PER_SEC, Rate, Unit};
-use crate::check::WaitPolicy;
+use crate::check::{Charge, WaitPolicy};
 use crate::clock::Clock;
 use crate::key::KeyBuilder;
 use crate::store::memory::engine::{Engine, EngineConfig};
@@ -38,6 +38,7 @@ fn check(counters: Vec<Counter>, cost: u64, wait: Option<WaitPolicy>) -> Check {
         counters: counters.into(),
         cost,
         wait,
+        charge: crate::check::Charge::Admitted,
     }
 }
 
@@ -77,6 +78,66 @@ async fn all_limits_of_a_descriptor_decide_together() {
     assert!(allowed(&engine, both()).await);
     let decisions = engine.check(smallvec![both()]).await.expect("answers");
     assert_eq!(decisions[1].remaining, 1);
+}
+
+/// Counting rejected hits (`--count-rejected-hits`), each limit of a descriptor counts on
+/// its own, as the reference increments each key: over the per-second limit, the day is
+/// charged too. Neither a counted check nor a refund ever waits, even with a wait policy.
+#[tokio::test(start_paused = true)]
+async fn a_counted_rejection_charges_every_limit_and_a_refund_gives_back_to_each() {
+    let engine = engine_at(MIDNIGHT, 1000);
+    let per_second = Rate::fixed(2, Unit::Second);
+    let per_day = Rate::fixed(5, Unit::Day);
+    let waits = Some(WaitPolicy {
+        max_wait: Duration::from_secs(5),
+        max_queue: 10,
+    });
+    let both = |cost, charge| Check {
+        charge,
+        ..check(
+            vec![counter("bo", per_second), counter("bo", per_day)],
+            cost,
+            waits,
+        )
+    };
+    assert!(allowed(&engine, both(2, Charge::Always)).await);
+    let decisions = engine
+        .check(smallvec![both(1, Charge::Always)])
+        .await
+        .expect("answers at once, without waiting");
+    assert!(!decisions[0].allowed, "per second is over");
+    assert!(decisions[1].allowed, "the day had room, and counted it");
+    assert_eq!(decisions[1].remaining, 2);
+    let back = engine
+        .check(smallvec![both(4, Charge::Refund)])
+        .await
+        .expect("answers");
+    assert!(back.iter().all(|decision| decision.allowed));
+    assert_eq!(
+        (back[0].remaining, back[1].remaining),
+        (2, 5),
+        "never above capacity"
+    );
+    assert_eq!(
+        shard_stats(&engine).waits_rejected.load(Ordering::Relaxed),
+        0
+    );
+}
+
+/// A refund to keys the shard does not hold gives nothing back and creates no key, so a
+/// full shard still answers it.
+#[tokio::test(start_paused = true)]
+async fn a_refund_to_an_unknown_key_creates_none_even_when_the_shard_is_full() {
+    let engine = engine_at(MIDNIGHT, 1);
+    let rate = Rate::fixed(5, Unit::Hour);
+    assert!(allowed(&engine, check(vec![counter("held", rate)], 1, None)).await);
+    let refund = Check {
+        charge: Charge::Refund,
+        ..check(vec![counter("other", rate)], 3, None)
+    };
+    let decisions = engine.check(smallvec![refund]).await.expect("answered");
+    assert_eq!((decisions[0].allowed, decisions[0].remaining), (true, 5));
+    assert_eq!(engine.figures()[0].live_keys, 1, "no key created");
 }
 
 #[tokio::test(start_paused = true)]
