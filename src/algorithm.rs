@@ -136,6 +136,26 @@ impl Algorithm {
         Algorithm::Gcra,
     ];
 
+    /// The algorithm's code, the one number every representation uses: the counter slot
+    /// hashed into key ids (`key`), the peer wire (`peer.proto`'s `Algorithm`, whose values
+    /// are these), and the Redis script (`redis.lua`, which refuses a code it does not
+    /// know). Never renumber: keys, peers and scripts of another version read it.
+    pub const fn code(self) -> u8 {
+        match self {
+            Algorithm::FixedWindow => 0,
+            Algorithm::SlidingWindow => 1,
+            Algorithm::TokenBucket => 2,
+            Algorithm::Gcra => 3,
+        }
+    }
+
+    /// The algorithm of `code` ([`Algorithm::code`]), if there is one.
+    pub fn from_code(code: i64) -> Option<Algorithm> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|algorithm| i64::from(algorithm.code()) == code)
+    }
+
     pub fn parse(name: &str) -> Option<Algorithm> {
         Algorithm::ALL
             .into_iter()
@@ -275,6 +295,38 @@ pub struct Decision {
 }
 
 impl State {
+    /// The state of a counter kept as plain numbers (the Redis store: `redis.lua` writes the
+    /// time of the last write, `time` in Unix nanoseconds, and up to three whole numbers),
+    /// as this module keeps it. Per algorithm, the numbers are:
+    /// - fixed window: `[used]` (the window is the one `time` falls in);
+    /// - sliding window: `[previous window's count, current window's count]`;
+    /// - token bucket: `[tokens, refill time: seconds, nanoseconds]`;
+    /// - GCRA: `[theoretical arrival time: seconds, nanoseconds]`.
+    ///
+    /// A count beyond `u32` saturates (the script never writes one).
+    pub fn from_numbers(rate: &Rate, time: u64, numbers: [u64; 3]) -> State {
+        let [x, y, z] = numbers;
+        let small = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        let nanos =
+            |seconds: u64, nanos: u64| seconds.saturating_mul(NANOS_PER_SEC).saturating_add(nanos);
+        let window = time / rate.unit.nanos();
+        match rate.algorithm {
+            Algorithm::FixedWindow => State {
+                a: window,
+                b: small(x),
+            },
+            Algorithm::SlidingWindow => State::sliding(window, small(x), small(y)),
+            Algorithm::TokenBucket => State {
+                a: nanos(y, z),
+                b: small(x),
+            },
+            Algorithm::Gcra => State {
+                a: nanos(x, y),
+                b: 0,
+            },
+        }
+    }
+
     /// A sliding window's state: `current` hits in window `window` (the index of the unit
     /// since the epoch), after `previous` hits in the window before.
     pub fn sliding(window: u64, previous: u32, current: u32) -> State {

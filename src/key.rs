@@ -153,7 +153,7 @@ impl KeyBuilder {
     /// ([`Limit::rule`](crate::limits::Limit::rule)): the tag replaces the low 32 bits of
     /// the id.
     pub fn rule_key(&self, rate: &Rate, rule: u32) -> KeyId {
-        let slot = [rate.unit.to_proto() as u8, rate.algorithm as u8];
+        let slot = [rate.unit.to_proto() as u8, rate.algorithm.code()];
         let id = fnv1a128(self.id, &slot);
         KeyId {
             route: self.route,

@@ -535,7 +535,7 @@ fn depth(value: &serde_json::Value) -> usize {
 /// counter's slot, folded to 32 bits, never 0 (the tag of keys of no configured rule).
 fn rule_tag(path: &str, rate: Option<&Rate>) -> u32 {
     let slot = rate.map_or([0, 0], |rate| {
-        [rate.unit.to_proto() as u8, rate.algorithm as u8]
+        [rate.unit.to_proto() as u8, rate.algorithm.code()]
     });
     let hash = fnv1a64(fnv1a64(FNV64_OFFSET, path.as_bytes()), &slot);
     match (hash ^ (hash >> 32)) as u32 {

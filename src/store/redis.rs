@@ -50,7 +50,7 @@ use self::blocked::BlockedCache;
 use self::connection::Backend;
 pub use self::connection::{Target, redact};
 use self::metrics::RedisStats;
-use crate::algorithm::{self, Algorithm, NANOS_PER_SEC, Rate, State};
+use crate::algorithm::{self, NANOS_PER_SEC, Rate, State};
 use crate::breaker::Breaker;
 use crate::check::{self, Check, Checks, Decisions, States};
 use crate::clock::Clock;
@@ -473,7 +473,7 @@ impl Caller {
             push(check.counters.len() as u64);
             for counter in &check.counters {
                 let rate = &counter.rate;
-                push(u64::from(algorithm_code(rate.algorithm)));
+                push(u64::from(rate.algorithm.code()));
                 push(u64::from(rate.requests_per_unit));
                 push(rate.unit.seconds());
                 push(u64::from(rate.burst));
@@ -624,15 +624,6 @@ fn charge_code(charge: check::Charge) -> u64 {
     }
 }
 
-fn algorithm_code(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::FixedWindow => 0,
-        Algorithm::SlidingWindow => 1,
-        Algorithm::TokenBucket => 2,
-        Algorithm::Gcra => 3,
-    }
-}
-
 /// A key's content as the script read it: its time and the algorithm's numbers.
 #[derive(Clone, Copy, Debug)]
 struct Stored {
@@ -668,26 +659,10 @@ impl Stored {
         }))
     }
 
-    /// The in-memory [`State`] for the same counter.
+    /// The in-memory [`State`] for the same counter (the layout is the algorithm's:
+    /// [`State::from_numbers`]).
     fn state(&self, rate: &Rate) -> State {
-        let [x, y, z] = self.numbers;
-        let small = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-        let window = self.time / rate.unit.nanos();
-        match rate.algorithm {
-            Algorithm::FixedWindow => State {
-                a: window,
-                b: small(x),
-            },
-            Algorithm::SlidingWindow => State::sliding(window, small(x), small(y)),
-            Algorithm::TokenBucket => State {
-                a: nanos(y, z),
-                b: small(x),
-            },
-            Algorithm::Gcra => State {
-                a: nanos(x, y),
-                b: 0,
-            },
-        }
+        State::from_numbers(rate, self.time, self.numbers)
     }
 }
 

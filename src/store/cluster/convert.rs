@@ -62,23 +62,13 @@ pub fn key_from_wire(key: Option<&wire::Key>) -> Result<KeyId, String> {
     })
 }
 
-fn algorithm_to_wire(algorithm: Algorithm) -> wire::Algorithm {
-    match algorithm {
-        Algorithm::FixedWindow => wire::Algorithm::FixedWindow,
-        Algorithm::SlidingWindow => wire::Algorithm::SlidingWindow,
-        Algorithm::TokenBucket => wire::Algorithm::TokenBucket,
-        Algorithm::Gcra => wire::Algorithm::Gcra,
-    }
+/// The wire's `Algorithm` values are the algorithms' codes ([`Algorithm::code`]).
+fn algorithm_to_wire(algorithm: Algorithm) -> i32 {
+    i32::from(algorithm.code())
 }
 
 fn algorithm_from_wire(value: i32) -> Result<Algorithm, String> {
-    match wire::Algorithm::try_from(value) {
-        Ok(wire::Algorithm::FixedWindow) => Ok(Algorithm::FixedWindow),
-        Ok(wire::Algorithm::SlidingWindow) => Ok(Algorithm::SlidingWindow),
-        Ok(wire::Algorithm::TokenBucket) => Ok(Algorithm::TokenBucket),
-        Ok(wire::Algorithm::Gcra) => Ok(Algorithm::Gcra),
-        Err(_) => Err(format!("unknown algorithm {value}")),
-    }
+    Algorithm::from_code(i64::from(value)).ok_or_else(|| format!("unknown algorithm {value}"))
 }
 
 fn charge_to_wire(charge: Charge) -> wire::Charge {
@@ -102,7 +92,7 @@ pub fn counter_to_wire(counter: &Counter) -> wire::Counter {
     wire::Counter {
         key: Some(key_to_wire(&counter.key)),
         rate: Some(wire::Rate {
-            algorithm: algorithm_to_wire(counter.rate.algorithm) as i32,
+            algorithm: algorithm_to_wire(counter.rate.algorithm),
             requests_per_unit: counter.rate.requests_per_unit,
             unit: counter.rate.unit.to_proto() as u32,
             burst: counter.rate.burst,
@@ -326,6 +316,24 @@ pub fn names_from_wire(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_wire_algorithm_values_are_the_algorithms_codes() {
+        for algorithm in Algorithm::ALL {
+            let value = algorithm_to_wire(algorithm);
+            let wire = wire::Algorithm::try_from(value).expect("a wire value");
+            assert_eq!(
+                wire.as_str_name(),
+                algorithm.as_str().to_ascii_uppercase(),
+                "peer.proto's value {value} names {algorithm:?}"
+            );
+            assert_eq!(algorithm_from_wire(value), Ok(algorithm));
+        }
+        assert_eq!(
+            algorithm_from_wire(4),
+            Err("unknown algorithm 4".to_owned())
+        );
+    }
 
     #[test]
     fn error_kinds_cross_the_wire_as_codes() {

@@ -4,7 +4,7 @@
 use super::blocked::{BlockedCache, SHARDS};
 use super::metrics::RedisStats;
 use super::*;
-use crate::algorithm::Unit;
+use crate::algorithm::{Algorithm, Unit};
 use crate::check::Counter;
 use crate::check::States;
 use crate::key::KeyBuilder;
