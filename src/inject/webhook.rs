@@ -245,16 +245,30 @@ async fn metrics(State(state): State<Arc<WebhookState>>) -> Response {
 }
 
 async fn inject_annotated(State(state): State<Arc<WebhookState>>, request: Request) -> Response {
-    answer(&state, Scope::Annotated, request.into_body()).await
+    answer(&state, Scope::Annotated, request).await
 }
 
 async fn inject_namespace(State(state): State<Arc<WebhookState>>, request: Request) -> Response {
-    answer(&state, Scope::Namespace, request.into_body()).await
+    answer(&state, Scope::Namespace, request).await
 }
 
-async fn answer(state: &WebhookState, scope: Scope, body: Body) -> Response {
+async fn answer(state: &WebhookState, scope: Scope, request: Request) -> Response {
     let started = tokio::time::Instant::now();
+    // A declared length over the bound is refused before reading anything.
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    let body: Body = request.into_body();
     let answered = tokio::time::timeout(ANSWER_WITHIN, async {
+        if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
+            let message = format!("the review is larger than {MAX_BODY_BYTES} bytes");
+            return (
+                "too_large",
+                (StatusCode::PAYLOAD_TOO_LARGE, message).into_response(),
+            );
+        }
         let bytes = match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => bytes,
             Err(error) if too_large(&error) => {

@@ -211,11 +211,13 @@ impl Run<'_> {
             let Some(template) = node.at_mut(path) else {
                 return Err(format!("{place}: {}: missing", path.join(".")));
             };
+            // `spec.template` + `spec.containers: missing` -> `spec.template.spec.containers: ..`.
             let at = |problem: String| {
-                if path.is_empty() {
-                    format!("{place}: {problem}")
-                } else {
-                    format!("{place}: {}.{problem}", path.join("."))
+                let field = problem.starts_with("spec") || problem.starts_with("metadata");
+                match (path.is_empty(), field) {
+                    (true, _) => format!("{place}: {problem}"),
+                    (false, true) => format!("{place}: {}.{problem}", path.join(".")),
+                    (false, false) => format!("{place}: {}: {problem}", path.join(".")),
                 }
             };
             match self.options.mode {

@@ -27,6 +27,7 @@ mod explain;
 mod grafana;
 mod grpc;
 mod http_api;
+mod inject;
 mod istio;
 mod limits_shipped_config;
 mod nginx_e2e;
