@@ -8,7 +8,7 @@
 //!   [`ANSWER_WITHIN`] (503 past it), a TLS handshake gets [`HANDSHAKE_TIMEOUT`], request
 //!   headers [`HEADER_TIMEOUT`], and at most [`MAX_CONNECTIONS`] connections are served.
 //! - Never blocks a pod by failing: every review that is JSON is answered "allowed"
-//!   ([`review`](super::review)); the manifests also set `failurePolicy: Ignore`.
+//!   ([`super::review`]); the manifests also set `failurePolicy: Ignore`.
 
 use std::future::Future;
 use std::net::SocketAddr;
