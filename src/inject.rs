@@ -30,6 +30,9 @@ pub mod sidecar;
 pub mod webhook;
 pub mod workload;
 
+#[cfg(test)]
+mod tests;
+
 pub use self::settings::SettingsArgs;
 
 /// `ratekeeper inject`.

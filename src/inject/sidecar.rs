@@ -301,6 +301,15 @@ fn check(pod: &Node, settings: &Settings) -> Result<(), String> {
             annotations.kind()
         ));
     }
+    // Kubernetes annotations are strings (a changed one is given back as a string).
+    for (name, value) in annotations(pod).into_iter().flat_map(Map::iter) {
+        if value.as_str().is_none() {
+            return Err(format!(
+                "metadata.annotations.{name}: expected a string, found {}",
+                value.kind()
+            ));
+        }
+    }
     if spec.get("hostNetwork") == Some(&Node::Bool(true)) {
         return Err(
             "spec.hostNetwork: the sidecar's ports would be the node's; not injected".to_owned(),
@@ -533,7 +542,7 @@ mod tests {
         let cases = [
             "spec:\n  containers:\n  - name: app\n    image: app\n",
             "metadata:\n  labels: {a: b}\nspec:\n  containers: [{name: app}]\n  volumes: []\n",
-            "metadata:\n  annotations:\n    x: y\n    traffic.sidecar.istio.io/excludeInboundPorts: '9000'\n    ratekeeper.io/cluster: 'true'\n    ratekeeper.io/istio: 'true'\nspec:\n  containers: [{name: app}]\n  volumes:\n",
+            "metadata:\n  annotations:\n    x: z\n    traffic.sidecar.istio.io/excludeInboundPorts: '9000'\n    ratekeeper.io/cluster: 'true'\n    ratekeeper.io/istio: 'true'\nspec:\n  containers: [{name: app}]\n  volumes:\n",
             "metadata:\n  annotations:\nspec: {containers: [{name: app}]}\n",
         ];
         for text in cases {

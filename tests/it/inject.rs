@@ -762,6 +762,22 @@ fn the_webhook_injects_over_https_what_inject_writes_and_allows_every_other_pod(
     )
     .expect("an answer");
     assert_eq!(answer.status, 413, "{}", answer.body);
+    // A client that never sends the body it announced gets an answer within the bound.
+    let started = std::time::Instant::now();
+    let answer = https(
+        webhook.https,
+        &ca_pem,
+        INJECTOR_NAME,
+        "/inject",
+        b"{\"apiVersion\"",
+        "Content-Length: 4096\r\n",
+    )
+    .expect("an answer");
+    assert_eq!(answer.status, 503, "{}", answer.body);
+    assert!(answer.body.contains("no answer within"), "{}", answer.body);
+    assert!(
+        started.elapsed() < ratekeeper::inject::webhook::ANSWER_WITHIN + Duration::from_secs(3)
+    );
     // Still serving after all that, and it counted each answer.
     let count = |result: &str| {
         metric(
@@ -775,6 +791,7 @@ fn the_webhook_injects_over_https_what_inject_writes_and_allows_every_other_pod(
     assert_eq!(count("malformed"), 2.0);
     assert_eq!(count("not_json"), 1.0);
     assert_eq!(count("too_large"), 1.0);
+    assert_eq!(count("timeout"), 1.0);
     let health = http_get(webhook.http, "/healthcheck", &[]).expect("healthcheck");
     assert_eq!(health.status, 200);
     assert!(
