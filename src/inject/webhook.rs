@@ -287,10 +287,22 @@ async fn answer(state: &WebhookState, scope: Scope, request: Request) -> Respons
             }
         };
         match review::answer(&bytes, scope, &state.settings) {
-            Ok(answer) => (
-                answer.decision.label(),
-                axum::Json(answer.review).into_response(),
-            ),
+            Ok(answer) => {
+                // A pod a controller creates never shows its warnings to a person: the log does.
+                let response = &answer.review["response"];
+                for warning in response["warnings"].as_array().into_iter().flatten() {
+                    let uid = response["uid"].as_str().unwrap_or_default();
+                    tracing::warn!(
+                        uid,
+                        warning = warning.as_str().unwrap_or_default(),
+                        "admission review"
+                    );
+                }
+                (
+                    answer.decision.label(),
+                    axum::Json(answer.review).into_response(),
+                )
+            }
             Err(review::NotJson(problem)) => (
                 "not_json",
                 (StatusCode::BAD_REQUEST, problem).into_response(),
@@ -311,8 +323,8 @@ async fn answer(state: &WebhookState, scope: Scope, request: Request) -> Respons
         .reviews
         .get_or_create(&ResultLabels { result })
         .inc();
-    if result != "injected" && result != "skipped" {
-        tracing::warn!(result, "admission review not injected");
+    if !matches!(result, "injected" | "skipped" | "refused" | "malformed") {
+        tracing::warn!(result, "admission review not answered");
     }
     response
 }
