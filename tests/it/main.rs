@@ -28,6 +28,7 @@ mod grafana;
 mod grpc;
 mod http_api;
 mod inject;
+mod inject_webhook;
 mod istio;
 mod limits_shipped_config;
 mod nginx_e2e;
