@@ -18,9 +18,9 @@ use serde_json::{Value, json};
 
 use crate::inject::{INJECTOR, INJECTOR_NAME, inject, kubernetes_validate};
 use crate::support::{
-    Process, START_TIMEOUT, TempDir, TestCa, eventually, http_get, metric, ratekeeper_command,
-    read_repo_file, repo_path, run_to_end, write_atomically, write_config, yaml_document,
-    yaml_documents,
+    Process, START_TIMEOUT, TempDir, TestCa, eventually, eventually_some, http_get, metric,
+    ratekeeper_command, read_repo_file, repo_path, run_to_end, write_atomically, write_config,
+    yaml_document, yaml_documents,
 };
 
 /// A running `ratekeeper webhook`: its HTTPS and plain HTTP addresses.
@@ -365,6 +365,10 @@ fn the_webhook_injects_over_https_what_inject_writes_and_allows_every_other_pod(
         "{}",
         webhook.process.stderr()
     );
+    // SIGTERM stops it cleanly.
+    webhook.process.signal("-TERM");
+    let status = eventually_some(START_TIMEOUT, || webhook.process.exited());
+    assert!(status.is_some_and(|status| status.success()), "{status:?}");
 }
 
 #[test]
