@@ -676,7 +676,7 @@ pub fn inject_yaml(data: &[u8]) {
     let injected = match rewrite(&text, &options) {
         Ok(injected) => injected,
         Err(error) => {
-            assert!(error.starts_with("document "), "{error}");
+            assert!(error.to_string().starts_with("document "), "{error}");
             return;
         }
     };

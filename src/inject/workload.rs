@@ -45,6 +45,30 @@ pub struct Rewritten {
     pub report: Vec<String>,
 }
 
+/// Why a stream was not rewritten; every error names the document (its index from 1, and
+/// its kind and name when it has them) or the line its YAML broke on.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error("document {document} (from line {line}): invalid YAML: {problem}")]
+    Yaml {
+        document: usize,
+        line: usize,
+        problem: String,
+    },
+    #[error("{place}: {problem}")]
+    Document { place: String, problem: String },
+    #[error("cannot write the output: {0}")]
+    Write(String),
+}
+
+/// The error about document `place`.
+fn problem(place: &str, problem: impl Into<String>) -> InjectError {
+    InjectError::Document {
+        place: place.to_owned(),
+        problem: problem.into(),
+    }
+}
+
 /// Where the pod template of each workload kind lives.
 fn template_path(kind: &str) -> Option<&'static [&'static str]> {
     match kind {
@@ -61,7 +85,7 @@ fn template_path(kind: &str) -> Option<&'static [&'static str]> {
 }
 
 /// Rewrites a YAML stream; an error names the document and what is wrong.
-pub fn rewrite(text: &str, options: &Options) -> Result<Rewritten, String> {
+pub fn rewrite(text: &str, options: &Options) -> Result<Rewritten, InjectError> {
     let mut run = Run {
         options,
         out: Vec::new(),
@@ -76,8 +100,10 @@ pub fn rewrite(text: &str, options: &Options) -> Result<Rewritten, String> {
             continue;
         }
         let number = index + 1;
-        let node: Node = serde_saphyr::from_str(chunk).map_err(|error| {
-            format!("document {number} (from line {line}): invalid YAML: {error}")
+        let node: Node = serde_saphyr::from_str(chunk).map_err(|error| InjectError::Yaml {
+            document: number,
+            line: *line,
+            problem: error.to_string(),
         })?;
         if node == Node::Null {
             continue;
@@ -97,7 +123,7 @@ pub fn rewrite(text: &str, options: &Options) -> Result<Rewritten, String> {
             yaml.push_str("---\n");
         }
         let text = serde_saphyr::to_string(document)
-            .map_err(|error| format!("cannot write the output: {error}"))?;
+            .map_err(|error| InjectError::Write(error.to_string()))?;
         yaml.push_str(&text);
         if !yaml.ends_with('\n') {
             yaml.push('\n');
@@ -156,19 +182,23 @@ impl Run<'_> {
         place: &str,
         mut node: Node,
         into: Option<&mut Vec<Node>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), InjectError> {
         let Some(map) = node.as_map() else {
-            return Err(format!(
-                "{place}: not a Kubernetes object: expected a map, found {}",
-                node.kind()
+            return Err(problem(
+                place,
+                format!(
+                    "not a Kubernetes object: expected a map, found {}",
+                    node.kind()
+                ),
             ));
         };
         let (Some(kind), Some(_)) = (
             map.get("kind").and_then(Node::as_str).map(str::to_owned),
             map.get("apiVersion").and_then(Node::as_str),
         ) else {
-            return Err(format!(
-                "{place}: not a Kubernetes object: no apiVersion and kind"
+            return Err(problem(
+                place,
+                "not a Kubernetes object: no apiVersion and kind",
             ));
         };
         let place = match node.str_at(&["metadata", "name"]) {
@@ -177,10 +207,10 @@ impl Run<'_> {
         };
         if kind == "List" {
             if into.is_some() {
-                return Err(format!("{place}: a List inside a List"));
+                return Err(problem(&place, "a List inside a List"));
             }
             let Some(items) = node.get_mut("items").and_then(Node::as_seq_mut) else {
-                return Err(format!("{place}: items: expected a list"));
+                return Err(problem(&place, "items: expected a list"));
             };
             let items = std::mem::take(items);
             let mut rewritten = Vec::new();
@@ -209,16 +239,17 @@ impl Run<'_> {
         } else if let Some(path) = template_path(&kind) {
             let namespace = node.str_at(&["metadata", "namespace"]).map(str::to_owned);
             let Some(template) = node.at_mut(path) else {
-                return Err(format!("{place}: {}: missing", path.join(".")));
+                return Err(problem(&place, format!("{}: missing", path.join("."))));
             };
             // `spec.template` + `spec.containers: missing` -> `spec.template.spec.containers: ..`.
-            let at = |problem: String| {
-                let field = problem.starts_with("spec") || problem.starts_with("metadata");
-                match (path.is_empty(), field) {
-                    (true, _) => format!("{place}: {problem}"),
-                    (false, true) => format!("{place}: {}.{problem}", path.join(".")),
-                    (false, false) => format!("{place}: {}: {problem}", path.join(".")),
-                }
+            let at = |what: String| {
+                let field = what.starts_with("spec") || what.starts_with("metadata");
+                let what = match (path.is_empty(), field) {
+                    (true, _) => what,
+                    (false, true) => format!("{}.{what}", path.join(".")),
+                    (false, false) => format!("{}: {what}", path.join(".")),
+                };
+                problem(&place, what)
             };
             match self.options.mode {
                 Mode::Inject => {
@@ -255,10 +286,13 @@ impl Run<'_> {
             self.report
                 .push(format!("{place}: no pod template, copied"));
         } else {
-            return Err(format!(
-                "{place}: kind {kind} has no pod template (expected Deployment, StatefulSet, \
+            return Err(problem(
+                &place,
+                format!(
+                    "kind {kind} has no pod template (expected Deployment, StatefulSet, \
                  DaemonSet, ReplicaSet, ReplicationController, Job, CronJob, Pod or List; \
                  --pass-through copies other kinds unchanged)"
+                ),
             ));
         }
         match into {
@@ -282,21 +316,27 @@ impl Run<'_> {
         namespace: Option<String>,
         name: &str,
         labels: Option<Node>,
-    ) -> Result<Option<Node>, String> {
+    ) -> Result<Option<Node>, InjectError> {
         let key = (namespace.clone().unwrap_or_default(), name.to_owned());
         let selector = match labels {
             Some(Node::Map(labels)) if !labels.is_empty() => Node::Map(labels),
             _ => {
-                return Err(format!(
-                    "{place}: cluster mode needs labels on the pod template (the peers Service {name} selects the pods by them)"
+                return Err(problem(
+                    place,
+                    format!(
+                        "cluster mode needs labels on the pod template (the peers Service {name} selects the pods by them)"
+                    ),
                 ));
             }
         };
         if let Some((existing, owner)) = self.services.get(&key) {
             if owner != "the input" && *existing != selector {
-                return Err(format!(
-                    "{place}: the peers Service {name} is {owner}'s, which selects other pods; \
+                return Err(problem(
+                    place,
+                    format!(
+                        "the peers Service {name} is {owner}'s, which selects other pods; \
                      set ratekeeper.io/peers-service on one of them"
+                    ),
                 ));
             }
             return Ok(None);
@@ -393,7 +433,9 @@ mod tests {
             ("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec: {}\n".to_owned(), "document 1 (Deployment web): spec.template: missing"),
             ("apiVersion: v1\nkind: List\nitems:\n- apiVersion: batch/v1\n  kind: Job\n  metadata: {name: j}\n  spec: {template: {spec: {}}}\n".to_owned(), "document 1 (List) > item 0 (Job j): spec.template.spec.containers: missing"),
         ] {
-            let error = rewrite(&text, &options(Mode::Inject)).expect_err(&text);
+            let error = rewrite(&text, &options(Mode::Inject))
+                .expect_err(&text)
+                .to_string();
             assert!(error.contains(expected), "{error}\nexpected: {expected}");
         }
     }
