@@ -138,6 +138,11 @@ pub enum Command {
     /// Ask a running ratekeeper what a request would meet (the matched limits, the
     /// counters' state, where they live), without consuming anything.
     Explain(ExplainArgs),
+    /// Add the ratekeeper sidecar to the pod templates of Kubernetes YAML (a file or stdin),
+    /// written to stdout; `--uninject` removes it.
+    Inject(Box<crate::inject::InjectArgs>),
+    /// Serve the mutating admission webhook that injects the sidecar into new pods.
+    Webhook(Box<crate::inject::WebhookArgs>),
 }
 
 #[derive(Args)]

@@ -639,5 +639,67 @@ pub fn admin_request(data: &[u8]) {
     );
 }
 
+/// The webhook's AdmissionReviews: the first byte's parity picks the path (`/inject` or
+/// `/inject/namespace`), the rest is the body. Bytes that are not JSON are refused; any
+/// JSON is answered "allowed", with the request's uid when it has one, and a patch that is
+/// a base64 JSON list of operations.
+pub fn admission_review(data: &[u8]) {
+    use base64::Engine as _;
+
+    use crate::inject::review::{Scope, answer};
+    let mut input = Input(data);
+    let scope = if input.byte() % 2 == 0 {
+        Scope::Annotated
+    } else {
+        Scope::Namespace
+    };
+    let body = input.rest();
+    let is_json = serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok();
+    let Ok(answer) = answer(body, scope, &crate::inject::SettingsArgs::default()) else {
+        assert!(!is_json, "json refused");
+        return;
+    };
+    assert!(is_json, "bytes that are not json answered");
+    let response = &answer.review["response"];
+    assert_eq!(response["allowed"], serde_json::Value::Bool(true));
+    assert!(response["uid"].is_string());
+    if let Some(patch) = response.get("patch") {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch.as_str().expect("a base64 string"))
+            .expect("base64");
+        let ops: serde_json::Value = serde_json::from_slice(&bytes).expect("a json patch");
+        assert!(ops.as_array().is_some_and(|ops| !ops.is_empty()));
+    }
+}
+
+/// `ratekeeper inject`'s input (any text, other kinds passed through): refused with an
+/// error naming the document, or written so that injecting the output again changes
+/// nothing and `--uninject` of the output is `--uninject` of the input.
+pub fn inject_yaml(data: &[u8]) {
+    use crate::inject::workload::{Mode, Options, rewrite};
+    let text = String::from_utf8_lossy(data);
+    let mut options = Options {
+        mode: Mode::Inject,
+        pass_through: true,
+        settings: crate::inject::SettingsArgs::default(),
+    };
+    let injected = match rewrite(&text, &options) {
+        Ok(injected) => injected,
+        Err(error) => {
+            assert!(error.to_string().starts_with("document "), "{error}");
+            return;
+        }
+    };
+    let again = rewrite(&injected.yaml, &options).expect("inject's own output is read back");
+    assert_eq!(again.yaml, injected.yaml, "a second inject changed it");
+    options.mode = Mode::Uninject;
+    let back = rewrite(&injected.yaml, &options).expect("uninject of inject's output");
+    let original = rewrite(&text, &options).expect("uninject of the input");
+    assert_eq!(
+        back.yaml, original.yaml,
+        "uninject did not give back the input"
+    );
+}
+
 #[cfg(test)]
 mod tests;

@@ -10,7 +10,8 @@
 //! says how every failure is answered. [`reload`] keeps the limits current (or
 //! [`envoy::xds`], when they come from an xDS management server), [`metrics`] counts,
 //! [`server`] wires the listeners ([`transport`]: the sockets, TCP or Unix, with TLS when
-//! configured) and builds the selected store. See ARCHITECTURE.md.
+//! configured) and builds the selected store. [`inject`] adds the sidecar to Kubernetes
+//! workloads (`ratekeeper inject`, `ratekeeper webhook`). See ARCHITECTURE.md.
 
 pub mod admin;
 pub mod algorithm;
@@ -25,6 +26,7 @@ pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod histogram;
+pub mod inject;
 pub mod key;
 pub mod limiter;
 pub mod limits;

@@ -35,6 +35,8 @@ fn main() -> ExitCode {
         Command::Validate(args) => args.run(),
         Command::Serve(args) => serve(args, &runtime),
         Command::Explain(args) => ratekeeper::admin::explain::client::command(&args.request()),
+        Command::Inject(args) => args.run(),
+        Command::Webhook(args) => args.run(&runtime, shutdown_signal()),
     }
 }
 

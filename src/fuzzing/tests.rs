@@ -72,3 +72,13 @@ fn admin_body_inputs_replay() {
 fn admin_request_inputs_replay() {
     replay("admin_request", super::admin_request);
 }
+
+#[test]
+fn admission_review_inputs_replay() {
+    replay("admission_review", super::admission_review);
+}
+
+#[test]
+fn inject_yaml_inputs_replay() {
+    replay("inject_yaml", super::inject_yaml);
+}

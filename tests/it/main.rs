@@ -27,6 +27,8 @@ mod explain;
 mod grafana;
 mod grpc;
 mod http_api;
+mod inject;
+mod inject_webhook;
 mod istio;
 mod key_budgets;
 mod limits_shipped_config;

@@ -1,0 +1,586 @@
+//! The sidecar itself, on one pod (a workload's pod template, or a Pod): the container,
+//! volumes and annotations injection adds, as deploy/kubernetes/deployment.yaml writes them
+//! by hand, and their removal.
+//!
+//! Invariants:
+//! - A pod is changed only after every check passed (decide all, then change all).
+//! - Additions go at the end of the lists and maps they join (a missing `metadata` goes
+//!   first in the template), and the `ratekeeper.io/status` annotation records every one,
+//!   with the earlier value of each annotation it changed: [`uninject`] removes exactly
+//!   those, so the pod is as it was, field order included.
+//! - A pod that has the status annotation, or a container named `ratekeeper` (the
+//!   hand-written sidecar), is left alone: injecting twice changes nothing.
+
+use serde::{Deserialize, Serialize};
+
+use super::node::{Map, Node};
+use super::settings::{
+    ADMIN_PORT, GRPC_PORT, INJECT, Istio, PEER_PORT, STATUS, Settings, SettingsArgs,
+};
+
+pub const CONTAINER: &str = "ratekeeper";
+pub const LIMITS_VOLUME: &str = "ratekeeper-limits";
+pub const PEER_TLS_VOLUME: &str = "ratekeeper-peer-tls";
+pub const ADMIN_TOKEN_VOLUME: &str = "ratekeeper-admin-token";
+const LIMITS_DIR: &str = "/etc/ratekeeper/limits";
+const PEER_TLS_DIR: &str = "/etc/ratekeeper/peer-tls";
+const ADMIN_TOKEN_DIR: &str = "/etc/ratekeeper/admin";
+/// The image's user (Dockerfile `USER 65532:65532`).
+const IMAGE_USER: i64 = 65532;
+/// Istio's annotations for ports its sidecar must not capture.
+pub const ISTIO_EXCLUDE_INBOUND: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
+pub const ISTIO_EXCLUDE_OUTBOUND: &str = "traffic.sidecar.istio.io/excludeOutboundPorts";
+
+/// What became of one pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Injected,
+    /// It carries the sidecar already (injected, or written by hand).
+    AlreadyInjected,
+    /// `ratekeeper.io/inject: disabled`.
+    OptedOut,
+}
+
+/// The `ratekeeper.io/status` annotation: what injection added.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Status {
+    containers: Vec<String>,
+    volumes: Vec<String>,
+    /// Fields that did not exist (`metadata`, `annotations`, `volumes`), or were null
+    /// (`annotations=null`), before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    created: Vec<String>,
+    /// Annotations changed: their earlier value (`None`: there was none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    annotations: Vec<(String, Option<String>)>,
+}
+
+/// The pod's annotations (`metadata.annotations`), if any.
+pub fn annotations(pod: &Node) -> Option<&Map> {
+    pod.at(&["metadata", "annotations"])?.as_map()
+}
+
+/// Whether the pod carries the sidecar already.
+pub fn is_injected(pod: &Node) -> bool {
+    if annotations(pod).is_some_and(|annotations| annotations.contains_key(STATUS)) {
+        return true;
+    }
+    ["containers", "initContainers"].iter().any(|list| {
+        pod.at(&["spec", list])
+            .and_then(Node::as_seq)
+            .is_some_and(|containers| {
+                containers
+                    .iter()
+                    .any(|container| container.str_at(&["name"]) == Some(CONTAINER))
+            })
+    })
+}
+
+/// Whether the pod opted out (`ratekeeper.io/inject: disabled`).
+pub fn opted_out(pod: &Node) -> bool {
+    annotations(pod)
+        .and_then(|annotations| annotations.get(INJECT))
+        .and_then(Node::as_str)
+        == Some("disabled")
+}
+
+/// Adds the sidecar to `pod` (a map with `metadata` and `spec`). An error says what is wrong
+/// with the pod (the caller names the document); the pod is then unchanged.
+pub fn inject(pod: &mut Node, flags: &SettingsArgs) -> Result<(Outcome, Settings), String> {
+    let settings = flags.for_pod(annotations(pod))?;
+    if opted_out(pod) {
+        return Ok((Outcome::OptedOut, settings));
+    }
+    if is_injected(pod) {
+        return Ok((Outcome::AlreadyInjected, settings));
+    }
+    check(pod, &settings)?;
+    let istio = match settings.istio {
+        Istio::On => true,
+        Istio::Off => false,
+        Istio::Auto => wants_istio(pod),
+    };
+    let Some(map) = pod.as_map_mut() else {
+        return Err(format!("expected a map, found {}", pod.kind()));
+    };
+    let mut status = Status {
+        containers: vec![CONTAINER.to_owned()],
+        ..Status::default()
+    };
+    // The spec: checked above to be a map with a list of containers.
+    if let Some(Node::Map(spec)) = map.get_mut("spec") {
+        if let Some(Node::Seq(containers)) = spec.get_mut("containers") {
+            containers.push(container(&settings));
+        }
+        let volumes = volumes(&settings);
+        status.volumes = volumes
+            .iter()
+            .filter_map(|volume| volume.str_at(&["name"]).map(str::to_owned))
+            .collect();
+        match spec.get_mut("volumes") {
+            Some(Node::Seq(existing)) => existing.extend(volumes),
+            Some(slot) => {
+                // null: `volumes:` with nothing under it.
+                *slot = Node::Seq(volumes);
+                status.created.push("volumes=null".to_owned());
+            }
+            None => {
+                spec.insert("volumes", Node::Seq(volumes));
+                status.created.push("volumes".to_owned());
+            }
+        }
+    }
+    if !map.contains_key("metadata") {
+        map.insert_first("metadata", Node::Map(Map::new()));
+        status.created.push("metadata".to_owned());
+    }
+    let Some(Node::Map(metadata)) = map.get_mut("metadata") else {
+        return Err("metadata: expected a map".to_owned());
+    };
+    match metadata.get_mut("annotations") {
+        Some(Node::Map(_)) => {}
+        Some(slot) => {
+            *slot = Node::Map(Map::new());
+            status.created.push("annotations=null".to_owned());
+        }
+        None => {
+            metadata.insert("annotations", Node::Map(Map::new()));
+            status.created.push("annotations".to_owned());
+        }
+    }
+    let Some(Node::Map(annotations)) = metadata.get_mut("annotations") else {
+        return Err("metadata.annotations: expected a map".to_owned());
+    };
+    if istio && settings.cluster {
+        // ratekeeper's own mutual TLS protects the peer port; Istio's sidecar would take
+        // those TLS bytes for plaintext gRPC.
+        for name in [ISTIO_EXCLUDE_INBOUND, ISTIO_EXCLUDE_OUTBOUND] {
+            let before = annotations
+                .get(name)
+                .and_then(Node::as_str)
+                .map(str::to_owned);
+            let ports = before.as_deref().unwrap_or("");
+            let listed = ports
+                .split(',')
+                .any(|port| port.trim() == PEER_PORT.to_string());
+            if listed {
+                continue;
+            }
+            let after = if ports.trim().is_empty() {
+                PEER_PORT.to_string()
+            } else {
+                format!("{ports},{PEER_PORT}")
+            };
+            annotations.insert(name, Node::String(after));
+            status.annotations.push((name.to_owned(), before));
+        }
+    }
+    // Serializing plain strings and lists cannot fail.
+    let status = serde_json::to_string(&status).unwrap_or_default();
+    annotations.insert(STATUS, Node::String(status));
+    Ok((Outcome::Injected, settings))
+}
+
+/// Removes what [`inject`] added (nothing when the pod has no status annotation): `Ok(true)`
+/// when something was removed.
+pub fn uninject(pod: &mut Node) -> Result<bool, String> {
+    let Some(text) = annotations(pod)
+        .and_then(|annotations| annotations.get(STATUS))
+        .map(|status| status.as_str().map(str::to_owned))
+    else {
+        return Ok(false);
+    };
+    let status: Status = text
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .ok_or_else(|| format!("annotation {STATUS}: not what injection writes"))?;
+    let Some(map) = pod.as_map_mut() else {
+        return Ok(false);
+    };
+    if let Some(Node::Map(spec)) = map.get_mut("spec") {
+        if let Some(Node::Seq(containers)) = spec.get_mut("containers") {
+            containers.retain(|container| {
+                !container
+                    .str_at(&["name"])
+                    .is_some_and(|name| status.containers.iter().any(|added| added == name))
+            });
+        }
+        if let Some(Node::Seq(volumes)) = spec.get_mut("volumes") {
+            volumes.retain(|volume| {
+                !volume
+                    .str_at(&["name"])
+                    .is_some_and(|name| status.volumes.iter().any(|added| added == name))
+            });
+            let empty = volumes.is_empty();
+            restore_created(spec, "volumes", &status.created, empty);
+        }
+    }
+    if let Some(Node::Map(metadata)) = map.get_mut("metadata") {
+        if let Some(Node::Map(annotations)) = metadata.get_mut("annotations") {
+            annotations.remove(STATUS);
+            for (name, before) in &status.annotations {
+                match before {
+                    Some(value) => annotations.insert(name, Node::str(value)),
+                    None => {
+                        annotations.remove(name);
+                    }
+                }
+            }
+            let empty = annotations.is_empty();
+            restore_created(metadata, "annotations", &status.created, empty);
+        }
+        let empty = metadata.is_empty();
+        if empty && status.created.iter().any(|created| created == "metadata") {
+            map.remove("metadata");
+        }
+    }
+    Ok(true)
+}
+
+/// Takes `key` of `map` back to what it was before injection created it (absent or null),
+/// when it is empty again.
+fn restore_created(map: &mut Map, key: &str, created: &[String], empty: bool) {
+    if !empty {
+        return;
+    }
+    if created.iter().any(|c| c == key) {
+        map.remove(key);
+    } else if created.iter().any(|c| *c == format!("{key}=null")) {
+        map.insert(key, Node::Null);
+    }
+}
+
+/// The pod runs Istio's sidecar, or asks for it.
+fn wants_istio(pod: &Node) -> bool {
+    let marked = ["annotations", "labels"]
+        .iter()
+        .any(|field| pod.str_at(&["metadata", field, "sidecar.istio.io/inject"]) == Some("true"));
+    let has_proxy = pod
+        .at(&["spec", "containers"])
+        .and_then(Node::as_seq)
+        .is_some_and(|containers| {
+            containers
+                .iter()
+                .any(|container| container.str_at(&["name"]) == Some("istio-proxy"))
+        });
+    marked || has_proxy
+}
+
+/// Everything that would make the injected pod invalid or broken: refused before any change.
+fn check(pod: &Node, settings: &Settings) -> Result<(), String> {
+    let Some(spec) = pod.get("spec") else {
+        return Err("spec: missing".to_owned());
+    };
+    if spec.as_map().is_none() {
+        return Err(format!("spec: expected a map, found {}", spec.kind()));
+    }
+    match spec.get("containers") {
+        Some(Node::Seq(_)) => {}
+        Some(other) => {
+            return Err(format!(
+                "spec.containers: expected a list, found {}",
+                other.kind()
+            ));
+        }
+        None => return Err("spec.containers: missing".to_owned()),
+    }
+    if let Some(metadata) = pod.get("metadata")
+        && metadata.as_map().is_none()
+    {
+        return Err(format!(
+            "metadata: expected a map, found {}",
+            metadata.kind()
+        ));
+    }
+    if let Some(annotations) = pod.at(&["metadata", "annotations"])
+        && !matches!(annotations, Node::Map(_) | Node::Null)
+    {
+        return Err(format!(
+            "metadata.annotations: expected a map, found {}",
+            annotations.kind()
+        ));
+    }
+    // Kubernetes annotations are strings (a changed one is given back as a string).
+    for (name, value) in annotations(pod).into_iter().flat_map(Map::iter) {
+        if value.as_str().is_none() {
+            return Err(format!(
+                "metadata.annotations.{name}: expected a string, found {}",
+                value.kind()
+            ));
+        }
+    }
+    if spec.get("hostNetwork") == Some(&Node::Bool(true)) {
+        return Err(
+            "spec.hostNetwork: the sidecar's ports would be the node's; not injected".to_owned(),
+        );
+    }
+    let volumes = match spec.get("volumes") {
+        None | Some(Node::Null) => &[][..],
+        Some(Node::Seq(volumes)) => volumes.as_slice(),
+        Some(other) => {
+            return Err(format!(
+                "spec.volumes: expected a list, found {}",
+                other.kind()
+            ));
+        }
+    };
+    let ours = [LIMITS_VOLUME, PEER_TLS_VOLUME, ADMIN_TOKEN_VOLUME];
+    for volume in volumes {
+        if let Some(name) = volume.str_at(&["name"])
+            && ours.contains(&name)
+        {
+            return Err(format!("spec.volumes: a volume is already named {name:?}"));
+        }
+    }
+    let our_ports = settings.ports();
+    let our_names = ["rk-http", "rk-peer", "rk-admin"];
+    for list in ["initContainers", "containers"] {
+        let Some(containers) = spec.get(list).and_then(Node::as_seq) else {
+            continue;
+        };
+        for (index, container) in containers.iter().enumerate() {
+            let container_name = container.str_at(&["name"]).unwrap_or("?");
+            let ports = container.get("ports").and_then(Node::as_seq);
+            for port in ports.into_iter().flatten() {
+                let number = match port.get("containerPort") {
+                    Some(Node::Int(number)) => u16::try_from(*number).ok(),
+                    _ => None,
+                };
+                if let Some(number) = number
+                    && our_ports.contains(&number)
+                {
+                    return Err(format!(
+                        "spec.{list}[{index}] ({container_name}): port {number} is one the sidecar listens on \
+                         (set {} for the http port)",
+                        super::settings::HTTP_PORT
+                    ));
+                }
+                if let Some(name) = port.str_at(&["name"])
+                    && our_names.contains(&name)
+                {
+                    return Err(format!(
+                        "spec.{list}[{index}] ({container_name}): port name {name:?} is the sidecar's"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn string_list(items: &[String]) -> Node {
+    Node::Seq(items.iter().map(|item| Node::str(item)).collect())
+}
+
+fn port(name: &str, number: u16) -> Node {
+    Node::map([
+        ("name", Node::str(name)),
+        ("containerPort", Node::Int(i64::from(number))),
+        ("protocol", Node::str("TCP")),
+    ])
+}
+
+fn mount(name: &str, path: &str) -> Node {
+    Node::map([
+        ("name", Node::str(name)),
+        ("mountPath", Node::str(path)),
+        ("readOnly", Node::Bool(true)),
+    ])
+}
+
+fn probe(period: i64, failures: Option<i64>) -> Node {
+    let mut probe = Node::map([
+        (
+            "httpGet",
+            Node::map([
+                ("path", Node::str("/healthcheck")),
+                ("port", Node::str("rk-http")),
+            ]),
+        ),
+        ("periodSeconds", Node::Int(period)),
+    ]);
+    if let (Some(failures), Some(map)) = (failures, probe.as_map_mut()) {
+        map.insert("failureThreshold", Node::Int(failures));
+    }
+    probe
+}
+
+/// The command line of the sidecar (deploy/kubernetes/deployment.yaml's, with these settings).
+pub fn args(settings: &Settings) -> Vec<String> {
+    let mut args = vec![
+        "serve".to_owned(),
+        format!("--config={LIMITS_DIR}"),
+        format!("--grpc-addr=127.0.0.1:{GRPC_PORT}"),
+        format!("--http-addr=0.0.0.0:{}", settings.http_port),
+    ];
+    match &settings.admin_token_secret {
+        Some(_) => {
+            args.push(format!("--admin-addr=0.0.0.0:{ADMIN_PORT}"));
+            args.push(format!("--admin-token-file={ADMIN_TOKEN_DIR}/token"));
+        }
+        None => args.push(format!("--admin-addr=127.0.0.1:{ADMIN_PORT}")),
+    }
+    if settings.cluster {
+        args.extend([
+            format!("--peer-addr=0.0.0.0:{PEER_PORT}"),
+            format!("--advertise=$(POD_IP):{PEER_PORT}"),
+            format!("--peer-dns={}:{PEER_PORT}", settings.peers_service),
+            format!("--peer-tls-cert={PEER_TLS_DIR}/tls.crt"),
+            format!("--peer-tls-key={PEER_TLS_DIR}/tls.key"),
+            format!("--peer-tls-ca={PEER_TLS_DIR}/ca.crt"),
+            format!("--peer-tls-name={}", settings.peer_tls_name),
+        ]);
+    }
+    args.extend([
+        "--shutdown-grace=15s".to_owned(),
+        "--max-keys=1000000".to_owned(),
+        "--log-format=json".to_owned(),
+    ]);
+    args
+}
+
+/// The sidecar container.
+pub fn container(settings: &Settings) -> Node {
+    let mut container = Map::new();
+    container.insert("name", Node::str(CONTAINER));
+    container.insert("image", Node::str(&settings.image));
+    container.insert("imagePullPolicy", Node::str("IfNotPresent"));
+    container.insert("args", string_list(&args(settings)));
+    let mut ports = vec![port("rk-http", settings.http_port)];
+    if settings.cluster {
+        container.insert(
+            "env",
+            Node::Seq(vec![Node::map([
+                ("name", Node::str("POD_IP")),
+                (
+                    "valueFrom",
+                    Node::map([(
+                        "fieldRef",
+                        Node::map([("fieldPath", Node::str("status.podIP"))]),
+                    )]),
+                ),
+            ])]),
+        );
+        ports.push(port("rk-peer", PEER_PORT));
+    }
+    if settings.admin_token_secret.is_some() {
+        ports.push(port("rk-admin", ADMIN_PORT));
+    }
+    container.insert("ports", Node::Seq(ports));
+    container.insert("readinessProbe", probe(5, None));
+    container.insert("livenessProbe", probe(10, Some(6)));
+    container.insert(
+        "lifecycle",
+        Node::map([(
+            "preStop",
+            Node::map([("sleep", Node::map([("seconds", Node::Int(5))]))]),
+        )]),
+    );
+    container.insert("resources", settings.resources.clone());
+    let mut mounts = vec![mount(LIMITS_VOLUME, LIMITS_DIR)];
+    if settings.cluster {
+        mounts.push(mount(PEER_TLS_VOLUME, PEER_TLS_DIR));
+    }
+    if settings.admin_token_secret.is_some() {
+        mounts.push(mount(ADMIN_TOKEN_VOLUME, ADMIN_TOKEN_DIR));
+    }
+    container.insert("volumeMounts", Node::Seq(mounts));
+    container.insert(
+        "securityContext",
+        Node::map([
+            ("allowPrivilegeEscalation", Node::Bool(false)),
+            ("readOnlyRootFilesystem", Node::Bool(true)),
+            ("runAsNonRoot", Node::Bool(true)),
+            ("runAsUser", Node::Int(IMAGE_USER)),
+            ("runAsGroup", Node::Int(IMAGE_USER)),
+            (
+                "capabilities",
+                Node::map([("drop", Node::Seq(vec![Node::str("ALL")]))]),
+            ),
+        ]),
+    );
+    Node::Map(container)
+}
+
+/// The pod volumes the sidecar mounts.
+pub fn volumes(settings: &Settings) -> Vec<Node> {
+    let mut volumes = vec![Node::map([
+        ("name", Node::str(LIMITS_VOLUME)),
+        (
+            "configMap",
+            Node::map([("name", Node::str(&settings.limits_configmap))]),
+        ),
+    ])];
+    let secret = |volume: &str, name: &str| {
+        Node::map([
+            ("name", Node::str(volume)),
+            ("secret", Node::map([("secretName", Node::str(name))])),
+        ])
+    };
+    if settings.cluster {
+        volumes.push(secret(PEER_TLS_VOLUME, &settings.peer_tls_secret));
+    }
+    if let Some(token) = &settings.admin_token_secret {
+        volumes.push(secret(ADMIN_TOKEN_VOLUME, token));
+    }
+    volumes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Outcome, inject, uninject};
+    use crate::inject::node::Node;
+    use crate::inject::settings::SettingsArgs;
+
+    fn pod(text: &str) -> Node {
+        serde_saphyr::from_str(text).expect("yaml")
+    }
+
+    #[test]
+    fn inject_then_uninject_gives_back_the_pod_exactly() {
+        let cases = [
+            "spec:\n  containers:\n  - name: app\n    image: app\n",
+            "metadata:\n  labels: {a: b}\nspec:\n  containers: [{name: app}]\n  volumes: []\n",
+            "metadata:\n  annotations:\n    x: z\n    traffic.sidecar.istio.io/excludeInboundPorts: '9000'\n    ratekeeper.io/cluster: 'true'\n    ratekeeper.io/istio: 'true'\nspec:\n  containers: [{name: app}]\n  volumes:\n",
+            "metadata:\n  annotations:\nspec: {containers: [{name: app}]}\n",
+        ];
+        for text in cases {
+            let original = pod(text);
+            let mut injected = original.clone();
+            let (outcome, _) = inject(&mut injected, &SettingsArgs::default()).expect("injected");
+            assert_eq!(outcome, Outcome::Injected, "{text}");
+            assert_ne!(injected, original);
+            let mut twice = injected.clone();
+            let (outcome, _) = inject(&mut twice, &SettingsArgs::default()).expect("again");
+            assert_eq!(outcome, Outcome::AlreadyInjected);
+            assert_eq!(twice, injected, "{text}");
+            let mut back = injected.clone();
+            assert!(uninject(&mut back).expect("uninjected"));
+            assert_eq!(back, original, "{text}");
+        }
+    }
+
+    #[test]
+    fn a_pod_that_cannot_take_the_sidecar_is_refused_unchanged() {
+        for (text, expected) in [
+            ("spec: {}", "spec.containers: missing"),
+            ("spec: {containers: {}}", "spec.containers: expected a list"),
+            (
+                "spec: {containers: [{name: app, ports: [{containerPort: 8080}]}]}",
+                "port 8080",
+            ),
+            ("spec: {hostNetwork: true, containers: []}", "hostNetwork"),
+            (
+                "spec: {containers: [], volumes: [{name: ratekeeper-limits}]}",
+                "already named",
+            ),
+        ] {
+            let original = pod(text);
+            let mut changed = original.clone();
+            let error = inject(&mut changed, &SettingsArgs::default()).expect_err(text);
+            assert!(error.contains(expected), "{text}: {error}");
+            assert_eq!(changed, original);
+        }
+    }
+}
