@@ -368,7 +368,7 @@ impl Run<'_> {
                             ("port", Node::Int(i64::from(PEER_PORT))),
                             ("targetPort", Node::str("rk-peer")),
                             ("protocol", Node::str("TCP")),
-                            ("appProtocol", Node::str("grpc")),
+                            ("appProtocol", Node::str("tls")),
                         ])]),
                     ),
                 ]),
