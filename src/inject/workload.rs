@@ -237,6 +237,9 @@ impl Run<'_> {
             self.report
                 .push(format!("{place}: kept (written by inject)"));
         } else if let Some(path) = template_path(&kind) {
+            if !path.is_empty() {
+                misplaced_annotation(&place, &node, path)?;
+            }
             let namespace = node.str_at(&["metadata", "namespace"]).map(str::to_owned);
             let Some(template) = node.at_mut(path) else {
                 return Err(problem(&place, format!("{}: missing", path.join("."))));
@@ -377,6 +380,27 @@ impl Run<'_> {
     }
 }
 
+/// A `ratekeeper.io/` annotation on a workload's own metadata, where nothing reads it (the
+/// settings are read from the pod template, as the webhook sees pods): an error naming
+/// where it belongs, so a setting never silently does nothing.
+fn misplaced_annotation(place: &str, node: &Node, path: &[&str]) -> Result<(), InjectError> {
+    let annotations = node.at(&["metadata", "annotations"]).and_then(Node::as_map);
+    let Some((name, _)) = annotations
+        .into_iter()
+        .flat_map(|map| map.iter())
+        .find(|(name, _)| name.starts_with("ratekeeper.io/"))
+    else {
+        return Ok(());
+    };
+    Err(problem(
+        place,
+        format!(
+            "metadata.annotations.{name}: ratekeeper reads its annotations from the pod template; move it to {}.metadata.annotations",
+            path.join(".")
+        ),
+    ))
+}
+
 fn is_generated(node: &Node) -> bool {
     node.str_at(&["metadata", "labels", GENERATED.0]) == Some(GENERATED.1)
 }
@@ -421,6 +445,32 @@ mod tests {
             pass_through: false,
             settings: SettingsArgs::default(),
         }
+    }
+
+    #[test]
+    fn an_annotation_on_the_workload_instead_of_its_pod_template_is_an_error() {
+        let yaml = "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+  annotations: {ratekeeper.io/cluster: \"true\"}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: app, image: nginx}]
+";
+        let error = rewrite(yaml, &options(Mode::Inject))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(
+            error.contains(
+                "document 1 (Deployment web): metadata.annotations.ratekeeper.io/cluster"
+            ) && error.contains("move it to spec.template.metadata.annotations"),
+            "{error}"
+        );
     }
 
     #[test]
