@@ -461,10 +461,10 @@ spec:
     spec:
       containers: [{name: app, image: nginx}]
 ";
-        let error = rewrite(yaml, &options(Mode::Inject))
-            .err()
-            .expect("refused")
-            .to_string();
+        let Err(error) = rewrite(yaml, &options(Mode::Inject)) else {
+            panic!("a misplaced annotation was accepted");
+        };
+        let error = error.to_string();
         assert!(
             error.contains(
                 "document 1 (Deployment web): metadata.annotations.ratekeeper.io/cluster"
