@@ -298,7 +298,8 @@ async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response 
         Ok(request) => request,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
     };
-    match state.limiter.decide(&request.query()).await {
+    let query = request.query();
+    match state.limiter.decide(&query).await {
         Ok(verdict) => {
             let status = if verdict.is_over() {
                 StatusCode::TOO_MANY_REQUESTS
@@ -313,7 +314,8 @@ async fn json_request(State(state): State<AdminState>, body: Bytes) -> Response 
             };
             let mut body = json::response(&verdict, &headers);
             if options.response_dynamic_metadata {
-                body["dynamicMetadata"] = request.dynamic_metadata(&verdict);
+                body["dynamicMetadata"] =
+                    serde_json::Value::Object(crate::limiter::dynamic_metadata(&query, &verdict));
             }
             (status, axum::Json(body)).into_response()
         }

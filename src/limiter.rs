@@ -47,7 +47,7 @@ pub use self::names::{
 use self::query::validate;
 pub use self::query::{Descriptor, Entries, LimitOverride, Query, bounds};
 pub use self::reset::ResetOutcome;
-pub use self::verdict::{Limited, Status, Verdict};
+pub use self::verdict::{Limited, Status, Verdict, dynamic_metadata};
 
 /// Switches of the limiter.
 #[derive(Clone, Debug, Default)]

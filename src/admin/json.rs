@@ -62,6 +62,7 @@ impl ParsedRequest {
         let request = &self.request;
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut query = Query::new(&request.domain);
+        query.hits_addend = request.hits_addend;
         for (descriptor, limit) in request.descriptors.iter().zip(&self.limits) {
             let entries = descriptor
                 .entries
@@ -70,66 +71,10 @@ impl ParsedRequest {
             let cost = descriptor.hits_addend.unwrap_or(request_cost);
             let added = query.descriptor(entries, cost);
             added.limit = *limit;
+            added.hits_addend = descriptor.hits_addend;
             added.refund = descriptor.is_negative_hits;
         }
         query
-    }
-
-    /// `dynamicMetadata` (`--response-dynamic-metadata`): the fields the gRPC response's
-    /// `dynamic_metadata` has (see `rls::dynamic_metadata`), as JSON.
-    pub fn dynamic_metadata(&self, verdict: &Verdict) -> Value {
-        let request = &self.request;
-        let mut out = serde_json::Map::new();
-        let passed = verdict.passed_metadata();
-        if !passed.is_empty() {
-            out.insert("metadata".to_owned(), Value::Object(passed));
-        }
-        out.insert("domain".to_owned(), json!(request.domain));
-        let descriptors = request
-            .descriptors
-            .iter()
-            .zip(&self.limits)
-            .zip(&verdict.statuses)
-            .map(|((descriptor, limit), status)| {
-                let entries: Vec<String> = descriptor
-                    .entries
-                    .iter()
-                    .map(|entry| format!("{}={}", entry.key, entry.value))
-                    .collect();
-                let mut fields = json!({
-                    "entries": entries,
-                    "code": if status.is_over() { "OVER_LIMIT" } else { "OK" },
-                });
-                if let Some(limit) = limit {
-                    fields["limit"] = json!({
-                        "requestsPerUnit": limit.requests_per_unit,
-                        "unit": limit.unit.as_str().to_uppercase(),
-                    });
-                }
-                if let Some(hits) = descriptor.hits_addend.filter(|hits| *hits != 0) {
-                    fields["hitsAddend"] = json!(hits);
-                }
-                if let Some(name) = status.limited().and_then(|limited| limited.name.as_deref()) {
-                    fields["limitName"] = json!(name);
-                }
-                fields
-            })
-            .collect();
-        out.insert("descriptors".to_owned(), Value::Array(descriptors));
-        if request.hits_addend != 0 {
-            out.insert("hitsAddend".to_owned(), json!(request.hits_addend));
-        }
-        if verdict.quota_mode {
-            out.insert("quotaModeEnabled".to_owned(), json!(true));
-            out.insert(
-                "quotaModeViolations".to_owned(),
-                json!(verdict.quota_violations.as_slice()),
-            );
-            if let Some(backends) = verdict.passed_backends_json() {
-                out.insert("passedBackends".to_owned(), backends);
-            }
-        }
-        Value::Object(out)
     }
 }
 

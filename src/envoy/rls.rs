@@ -43,99 +43,19 @@ pub async fn should_rate_limit(
     };
     let mut response = response(&verdict, &headers);
     if options.response_dynamic_metadata {
-        response.dynamic_metadata = Some(dynamic_metadata(request, &verdict));
+        response.dynamic_metadata = Some(dynamic_metadata(&query, &verdict));
     }
     Ok(response)
 }
 
-/// The response's dynamic metadata (`--response-dynamic-metadata`), in the reference
-/// service's shape, which Envoy's ratelimit filter stores under its own name
-/// (`envoy.filters.http.ratelimit`):
-///
-/// - `domain`; `descriptors`: one struct per request descriptor with `entries`
-///   (`"key=value"` strings), its `limit` (`requestsPerUnit`, `unit`) and `hitsAddend` when
-///   the request set them, plus what was decided: `code` (`OK` or `OVER_LIMIT`) and
-///   `limitName` (the deciding limit's name, when it has one); `hitsAddend` when the request
-///   set it;
-/// - `metadata`: the configured `metadata` of the descriptors that still have room (not
-///   over, and not in a quota group that is over), merged first value wins
-///   ([`Verdict::passed_metadata`]); Envoy reads it as
-///   `%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:NAME)%`;
-/// - with quota mode: `quotaModeEnabled: true`, `quotaModeViolations` (the indices of the
-///   descriptors over their quota-mode limits) and, when quota groups are named by
-///   `backend_name` / `model_name_override` entries, `passedBackends`: those of the groups
-///   that still have room (`{backend_name, model_name_override}`, where to route).
-pub fn dynamic_metadata(request: &RateLimitRequest, verdict: &Verdict) -> Struct {
-    let mut fields: HashMap<String, Value> = HashMap::new();
-    let passed = verdict.passed_metadata();
-    if !passed.is_empty() {
-        fields.insert(
-            "metadata".to_owned(),
-            json_value(&serde_json::Value::Object(passed)),
-        );
-    }
-    fields.insert("domain".to_owned(), string(&request.domain));
-    let descriptors = request
-        .descriptors
+/// The response's dynamic metadata (`--response-dynamic-metadata`) as a protobuf `Struct`:
+/// what [`limiter::dynamic_metadata`](crate::limiter::dynamic_metadata) builds for both
+/// front ends.
+pub fn dynamic_metadata(query: &Query<'_>, verdict: &Verdict) -> Struct {
+    let fields = crate::limiter::dynamic_metadata(query, verdict)
         .iter()
-        .zip(&verdict.statuses)
-        .map(|(descriptor, status)| {
-            let mut fields = HashMap::new();
-            let entries = descriptor
-                .entries
-                .iter()
-                .map(|entry| string(&format!("{}={}", entry.key, entry.value)))
-                .collect();
-            fields.insert("entries".to_owned(), list(entries));
-            if let Some(limit) = &descriptor.limit {
-                let unit = Unit::from_proto(limit.unit).map_or("UNKNOWN".to_owned(), |unit| {
-                    unit.as_str().to_ascii_uppercase()
-                });
-                let limit = HashMap::from([
-                    (
-                        "requestsPerUnit".to_owned(),
-                        number(f64::from(limit.requests_per_unit)),
-                    ),
-                    ("unit".to_owned(), string(&unit)),
-                ]);
-                fields.insert("limit".to_owned(), structure(limit));
-            }
-            if let Some(hits) = descriptor
-                .hits_addend
-                .as_ref()
-                .filter(|hits| hits.value != 0)
-            {
-                // Hits above 2^53 lose precision as a JSON number, as in the reference.
-                fields.insert("hitsAddend".to_owned(), number(hits.value as f64));
-            }
-            let code = if status.is_over() { "OVER_LIMIT" } else { "OK" };
-            fields.insert("code".to_owned(), string(code));
-            if let Some(name) = status.limited().and_then(|limited| limited.name.as_deref()) {
-                fields.insert("limitName".to_owned(), string(name));
-            }
-            structure(fields)
-        })
+        .map(|(name, item)| (name.clone(), json_value(item)))
         .collect();
-    fields.insert("descriptors".to_owned(), list(descriptors));
-    if request.hits_addend != 0 {
-        fields.insert(
-            "hitsAddend".to_owned(),
-            number(f64::from(request.hits_addend)),
-        );
-    }
-    if verdict.quota_mode {
-        fields.insert("quotaModeEnabled".to_owned(), value(Kind::BoolValue(true)));
-        let violations = verdict
-            .quota_violations
-            .iter()
-            // Descriptor indices are below `limiter::bounds::MAX_DESCRIPTORS`: exact as f64.
-            .map(|&index| number(index as f64))
-            .collect();
-        fields.insert("quotaModeViolations".to_owned(), list(violations));
-        if let Some(backends) = verdict.passed_backends_json() {
-            fields.insert("passedBackends".to_owned(), json_value(&backends));
-        }
-    }
     Struct { fields }
 }
 
@@ -179,6 +99,7 @@ fn json_value(json: &serde_json::Value) -> Value {
 pub fn query(request: &RateLimitRequest) -> Result<Query<'_>, Error> {
     let request_cost = u64::from(request.hits_addend.max(1));
     let mut query = Query::new(&request.domain);
+    query.hits_addend = request.hits_addend;
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let field = |name: &str| format!("descriptors[{index}].{name}");
         let limit = match &descriptor.limit {
@@ -203,6 +124,7 @@ pub fn query(request: &RateLimitRequest) -> Result<Query<'_>, Error> {
             .map(|entry| (entry.key.as_str(), entry.value.as_str()));
         let added = query.descriptor(entries, cost);
         added.limit = limit;
+        added.hits_addend = descriptor.hits_addend.as_ref().map(|hits| hits.value);
         // Envoy 1.38's refunds: the hits are given back instead of taken.
         added.refund = descriptor.is_negative_hits;
     }

@@ -41,6 +41,9 @@ pub struct Descriptor<'a> {
     /// Hits to count (0 reports without consuming).
     pub cost: u64,
     pub limit: Option<LimitOverride>,
+    /// The descriptor's own `hits_addend` as the request gave it (`cost` is what counts),
+    /// for the dynamic metadata.
+    pub hits_addend: Option<u64>,
     /// The cost is given back instead of taken (Envoy's `is_negative_hits`): answered OK,
     /// it consumes nothing and leaves each counter no lower than zero used.
     pub refund: bool,
@@ -54,6 +57,8 @@ pub struct Query<'a> {
     /// The caller's bound on waiting for capacity: never longer than a limit's `max_wait`
     /// allows; `None` keeps the configured bound, `Some(ZERO)` never waits.
     pub max_wait: Option<Duration>,
+    /// The request's own `hits_addend` as given (0: not set), for the dynamic metadata.
+    pub hits_addend: u32,
 }
 
 impl<'a> Query<'a> {
@@ -62,6 +67,7 @@ impl<'a> Query<'a> {
             domain,
             descriptors: SmallVec::new(),
             max_wait: None,
+            hits_addend: 0,
         }
     }
 
@@ -75,6 +81,7 @@ impl<'a> Query<'a> {
             entries: entries.into_iter().collect(),
             cost,
             limit: None,
+            hits_addend: None,
             refund: false,
         });
         let last = self.descriptors.len() - 1;

@@ -6,8 +6,12 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
+use serde_json::{Value, json};
+
 use crate::algorithm::Unit;
 use crate::limits::Metadata;
+
+use super::Query;
 
 /// The limit a descriptor was decided by, and where its counter stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,4 +140,77 @@ fn merge_first_wins(into: &mut Metadata, from: &Metadata) {
             (Some(_), _) => {}
         }
     }
+}
+
+/// The response's dynamic metadata (`--response-dynamic-metadata`) for `query` decided as
+/// `verdict`, in the reference service's shape; the one builder both front ends render
+/// (gRPC as a protobuf `Struct`, `/json` as it is). Envoy's ratelimit filter stores it under
+/// its own name (`envoy.filters.http.ratelimit`):
+///
+/// - `domain`; `descriptors`: one object per request descriptor with `entries`
+///   (`"key=value"` strings), its `limit` (`requestsPerUnit`, `unit`) and `hitsAddend` when
+///   the request set them, plus what was decided: `code` (`OK` or `OVER_LIMIT`) and
+///   `limitName` (the deciding limit's name, when it has one); the request's `hitsAddend`
+///   when it set one;
+/// - `metadata`: the configured `metadata` of the descriptors that still have room (not
+///   over, and not in a quota group that is over), merged first value wins
+///   ([`Verdict::passed_metadata`]); Envoy reads it as
+///   `%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:NAME)%`;
+/// - with quota mode: `quotaModeEnabled: true`, `quotaModeViolations` (the indices of the
+///   descriptors over their quota-mode limits) and, when quota groups are named by
+///   `backend_name` / `model_name_override` entries, `passedBackends`: those of the groups
+///   that still have room (`{backend_name, model_name_override}`, where to route).
+pub fn dynamic_metadata(query: &Query<'_>, verdict: &Verdict) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    let passed = verdict.passed_metadata();
+    if !passed.is_empty() {
+        out.insert("metadata".to_owned(), Value::Object(passed));
+    }
+    out.insert("domain".to_owned(), json!(query.domain));
+    let descriptors = query
+        .descriptors
+        .iter()
+        .zip(&verdict.statuses)
+        .map(|(descriptor, status)| {
+            let entries: Vec<String> = descriptor
+                .entries
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            let mut fields = json!({
+                "entries": entries,
+                "code": if status.is_over() { "OVER_LIMIT" } else { "OK" },
+            });
+            if let Some(limit) = &descriptor.limit {
+                fields["limit"] = json!({
+                    "requestsPerUnit": limit.requests_per_unit,
+                    "unit": limit.unit.as_str().to_ascii_uppercase(),
+                });
+            }
+            if let Some(hits) = descriptor.hits_addend.filter(|hits| *hits != 0) {
+                // Above 2^53 a JSON (and protobuf) number loses precision, as in the
+                // reference.
+                fields["hitsAddend"] = json!(hits);
+            }
+            if let Some(name) = status.limited().and_then(|limited| limited.name.as_deref()) {
+                fields["limitName"] = json!(name);
+            }
+            fields
+        })
+        .collect();
+    out.insert("descriptors".to_owned(), Value::Array(descriptors));
+    if query.hits_addend != 0 {
+        out.insert("hitsAddend".to_owned(), json!(query.hits_addend));
+    }
+    if verdict.quota_mode {
+        out.insert("quotaModeEnabled".to_owned(), json!(true));
+        out.insert(
+            "quotaModeViolations".to_owned(),
+            json!(verdict.quota_violations.as_slice()),
+        );
+        if let Some(backends) = verdict.passed_backends_json() {
+            out.insert("passedBackends".to_owned(), backends);
+        }
+    }
+    out
 }
