@@ -410,7 +410,7 @@ fn main() {
         SocketAddr::from(([127, 0, 0, 1], 0)),
     );
     if ui_poll.is_some() {
-        options.limiter.counter_names = 10_000;
+        options.admin.counter_names = 10_000;
     }
     let (ratekeeper, ratekeeper_http) =
         start_ratekeeper_listening(&ratekeeper_runtime, API_KEY_LIMITS, &options, stop_rx);

@@ -57,6 +57,7 @@ mod counters;
 pub mod descriptor;
 pub mod explain;
 mod json;
+pub mod names;
 mod nginx;
 mod rate;
 mod ui;
@@ -68,6 +69,10 @@ pub struct AdminOptions {
     pub counters: bool,
     /// `GET /ui` and `/ui/data` (`--admin-ui`).
     pub ui: bool,
+    /// Keep the descriptor values of up to this many live counters, for
+    /// `GET /counters/{domain}` and the dashboard's hottest counters (`--counter-names`;
+    /// 0: keep none).
+    pub counter_names: usize,
 }
 
 impl Default for AdminOptions {
@@ -75,6 +80,7 @@ impl Default for AdminOptions {
         AdminOptions {
             counters: true,
             ui: true,
+            counter_names: 0,
         }
     }
 }
@@ -84,6 +90,9 @@ impl Default for AdminOptions {
 pub struct Admin {
     pub health: Arc<Health>,
     pub limiter: Arc<Limiter>,
+    /// The descriptor values of live counters (`--counter-names`), which the limiter feeds
+    /// as its observer; `None` when none are kept.
+    pub names: Option<Arc<names::CounterNames>>,
     /// The in-memory store across peers, in cluster mode (its ring, its members' names).
     pub cluster: Option<Cluster>,
     pub reload: Arc<ReloadStats>,
@@ -197,6 +206,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
     let Admin {
         health,
         limiter,
+        names,
         cluster,
         reload,
         options,
@@ -219,6 +229,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
         .with_state(state)
         .merge(counters::router(
             Arc::clone(&limiter),
+            names.clone(),
             cluster.clone(),
             options.counters,
         ));
@@ -226,6 +237,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
         router = router.merge(ui::router(ui::UiState {
             history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),
             limiter,
+            names,
             cluster,
             reload,
             counters: options.counters,

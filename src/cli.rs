@@ -673,7 +673,6 @@ impl ServeArgs {
                     ResponseHeaders::Off | ResponseHeaders::Draft03 => HeaderStyle::Draft03,
                 },
                 shadow_mode: self.shadow_mode,
-                counter_names: self.counter_names,
                 quota_mode: self.quota_mode,
                 count_rejected_hits: self.count_rejected_hits,
                 response_dynamic_metadata: self.response_dynamic_metadata,
@@ -699,6 +698,7 @@ impl ServeArgs {
             admin: AdminOptions {
                 counters: self.admin_counters,
                 ui: self.admin_ui,
+                counter_names: self.counter_names,
             },
             cluster: self.cluster_options(),
             grpc_uds: self.grpc_uds.clone(),

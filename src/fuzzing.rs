@@ -108,7 +108,6 @@ impl Fixture {
             Fixture::new(LimiterOptions {
                 response_headers: true,
                 response_dynamic_metadata: true,
-                counter_names: 100,
                 ..LimiterOptions::default()
             })
         })
@@ -118,20 +117,26 @@ impl Fixture {
         let runtime = runtime();
         let limits = Limits::parse_str("fuzz.yaml", LIMITS).expect("the fixture's limits");
         let engine = engine(&runtime);
-        let limiter = Arc::new(Limiter::standalone(
-            limits,
-            engine,
-            options,
-            crate::metrics::MetricsOptions::default(),
-        ));
+        let names = Arc::new(crate::admin::names::CounterNames::new(100));
+        let limiter = Arc::new(
+            Limiter::standalone(
+                limits,
+                engine,
+                options,
+                crate::metrics::MetricsOptions::default(),
+            )
+            .with_observer(Arc::clone(&names) as _),
+        );
         let state = Admin {
             health: Arc::new(Health::new()),
             limiter: Arc::clone(&limiter),
+            names: Some(names),
             cluster: None,
             reload: Arc::new(crate::reload::ReloadStats::with_version(1)),
             options: AdminOptions {
                 counters: true,
                 ui: false,
+                counter_names: 100,
             },
         };
         let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6070));

@@ -33,17 +33,12 @@ use crate::store::Store;
 
 mod explain;
 mod headers;
-mod names;
 mod query;
 mod reset;
 mod verdict;
 
 pub use self::explain::{DescriptorExplanation, Explanation, LimitState, Matched, Replacement};
 pub use self::headers::{HeaderNames, HeaderStyle, POLICY_HEADER, RATELIMIT_HEADER};
-pub use self::names::{
-    CounterName, CounterNames, CounterPage, ListedCounter, MAX_NAME_BYTES, MAX_PAGE, MergedPage,
-    NamesFigures,
-};
 use self::query::validate;
 pub use self::query::{Descriptor, Entries, LimitOverride, Query, bounds};
 pub use self::reset::ResetOutcome;
@@ -70,9 +65,6 @@ pub struct LimiterOptions {
     pub response_dynamic_metadata: bool,
     /// The names of the draft-03 `RateLimit-*` headers, on every front end.
     pub header_names: HeaderNames,
-    /// Keep the descriptor values of up to this many live counters, for
-    /// `GET /counters/{domain}` (0: keep none).
-    pub counter_names: usize,
     /// A rejected request is counted too, as the reference service counts it by default
     /// (`--count-rejected-hits`; its `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`): see
     /// [`Charge::Always`](crate::check::Charge::Always). No check then waits (`max_wait`).
@@ -92,8 +84,22 @@ pub struct Limiter {
     /// most one warning a second, so an overload does not also flood the logs.
     failures: AtomicU64,
     warned_at: AtomicU64,
-    /// The descriptor values of live counters, when kept (`counter_names` > 0).
-    names: Option<CounterNames>,
+    /// Told of each decided descriptor whose counters were full before it (the admin's
+    /// counter names, `--counter-names`); `None`: nobody listens.
+    observer: Option<Arc<dyn Observer>>,
+}
+
+/// Listens to what the limiter decides, for operator features that live elsewhere (the
+/// admin's counter names: `admin::names`), so the limiter itself keeps to planning,
+/// deciding, explaining and resetting.
+pub trait Observer: Send + Sync + std::fmt::Debug {
+    /// A decided descriptor of `domain` with these `entries`, whose counters (of `route`)
+    /// were full before it: a new key, or one that had fully recovered. Called once per
+    /// such descriptor, on the request's task: keep it short.
+    fn fresh(&self, route: u64, domain: &str, entries: &[(&str, &str)]);
+
+    /// An operator reset the counters of `route` ([`Limiter::reset`]).
+    fn reset(&self, _route: u64) {}
 }
 
 /// How a query's descriptors matched, and what to ask the store: [`Limiter::plan`]'s answer.
@@ -152,9 +158,20 @@ impl Limiter {
             table: ArcSwap::from_pointee(table),
             failures: AtomicU64::new(0),
             warned_at: AtomicU64::new(0),
-            names: (options.counter_names > 0).then(|| CounterNames::new(options.counter_names)),
+            observer: None,
             options,
         }
+    }
+
+    /// This limiter, telling `observer` of what it decides (see [`Observer`]).
+    pub fn with_observer(mut self, observer: Arc<dyn Observer>) -> Limiter {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// Where the counters of `route` live, as the store knows it.
+    pub fn placement(&self, route: u64) -> crate::store::Placement {
+        self.store.placement(route)
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -250,8 +267,8 @@ impl Limiter {
         let table = self.table_for(&snapshot);
         // One lookup of the domain per request; each limit is then an index.
         self.count(query, &plans, &decisions, table.domain(query.domain));
-        if let Some(names) = &self.names {
-            self.note_names(names, query, &plans, &decisions);
+        if let Some(observer) = &self.observer {
+            observe(&**observer, query, &plans, &decisions);
         }
         Ok(respond(
             query,
@@ -705,6 +722,37 @@ fn override_limit(limit: LimitOverride) -> Limit {
         // budget of tag 0.
         rule: 0,
         max_keys: None,
+    }
+}
+
+/// Tells `observer` of the decided descriptors whose counters were full before the query
+/// (`remaining + cost >= capacity` on every limit: a new key, or one that had fully
+/// recovered), so a hot key is reported once per window at most.
+fn observe(observer: &dyn Observer, query: &Query<'_>, plans: &[Plan<'_>], decisions: &[Decision]) {
+    for (plan, descriptor) in plans.iter().zip(&query.descriptors) {
+        let Plan::Checked {
+            limits,
+            node: Some(_),
+            first,
+            route,
+            ..
+        } = plan
+        else {
+            continue;
+        };
+        if descriptor.cost == 0 || descriptor.refund {
+            continue;
+        }
+        let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
+        let was_full = ours.iter().zip(limits).all(|(decision, limit)| {
+            decision.allowed
+                && limit.rate.is_some_and(|rate| {
+                    u64::from(decision.remaining).saturating_add(descriptor.cost) >= rate.capacity()
+                })
+        });
+        if was_full {
+            observer.fresh(*route, query.domain, &descriptor.entries);
+        }
     }
 }
 

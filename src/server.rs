@@ -28,6 +28,7 @@ use crate::transport::listener::{GrpcEndpoint, GrpcListener, ListenError};
 use crate::transport::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
+use crate::admin::names::CounterNames;
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
 use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
@@ -89,24 +90,22 @@ impl Drop for AbortOnDrop {
 
 /// Forgets, every [`NAMES_SWEEP`], the counter names that no longer name a live counter
 /// here, so the bounded map has room for new ones.
-async fn sweep_counter_names(limiter: Arc<Limiter>) {
+async fn sweep_counter_names(names: Arc<CounterNames>, limiter: Arc<Limiter>) {
     let mut tick = tokio::time::interval(NAMES_SWEEP);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(error) = limiter.sweep_counter_names().await {
+        if let Err(error) = names.sweep(&limiter).await {
             tracing::debug!(%error, "counter names sweep failed; retrying at the next one");
         }
     }
 }
 
 /// This node's counter names as the peer service serves them (`Names`), when it keeps any.
-fn name_source(limiter: &Arc<Limiter>) -> Option<NameSource> {
-    limiter.counter_names()?;
-    let limiter = Arc::clone(limiter);
+fn name_source(names: Option<&Arc<CounterNames>>) -> Option<NameSource> {
+    let names = Arc::clone(names?);
     Some(Arc::new(
         move |domain: &str, after: Option<u64>, limit: usize| {
-            let names = limiter.counter_names()?;
             let (page, more) = names.page(domain, after, limit);
             let figures = names.figures();
             let count = |value: usize| u64::try_from(value).unwrap_or(u64::MAX);
@@ -262,6 +261,8 @@ pub struct Server {
     grpc_endpoint: GrpcEndpoint,
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
+    /// The counter names the limiter feeds (`--counter-names`).
+    names: Option<Arc<CounterNames>>,
     /// The store across peers, in cluster mode.
     cluster: Option<Cluster>,
     health: Arc<Health>,
@@ -421,12 +422,14 @@ impl Server {
             );
             AbortOnDrop(client.spawn().abort_handle())
         });
-        let limiter = Arc::new(Limiter::new(
-            limits,
-            store,
-            options.limiter.clone(),
-            metrics,
-        ));
+        // The counter names (`--counter-names`) live with admin, fed by the limiter.
+        let names = (options.admin.counter_names > 0)
+            .then(|| Arc::new(CounterNames::new(options.admin.counter_names)));
+        let mut limiter = Limiter::new(limits, store, options.limiter.clone(), metrics);
+        if let Some(names) = &names {
+            limiter = limiter.with_observer(Arc::clone(names) as _);
+        }
+        let limiter = Arc::new(limiter);
         let health = Arc::new(match options.healthy_only_with_config {
             true => Health::once_limits_loaded(Arc::clone(limiter.limits())),
             false => Health::new(),
@@ -443,6 +446,7 @@ impl Server {
             grpc_endpoint,
             http_addr,
             limiter,
+            names,
             cluster,
             health,
             reload_stats,
@@ -531,8 +535,9 @@ impl Server {
             ))
             .abort_handle(),
         );
-        let _names_sweep = self.limiter.counter_names().map(|_| {
-            AbortOnDrop(tokio::spawn(sweep_counter_names(Arc::clone(&self.limiter))).abort_handle())
+        let _names_sweep = self.names.as_ref().map(|names| {
+            let sweep = sweep_counter_names(Arc::clone(names), Arc::clone(&self.limiter));
+            AbortOnDrop(tokio::spawn(sweep).abort_handle())
         });
         let incoming = self.grpc.incoming(self.tls.clone());
         // ShouldRateLimit is answered by `grpc` itself; health (and any other service) by
@@ -553,6 +558,7 @@ impl Server {
         let shared = admin::Admin {
             health: Arc::clone(&self.health),
             limiter: Arc::clone(&self.limiter),
+            names: self.names.clone(),
             cluster: self.cluster.clone(),
             reload: Arc::clone(&self.reload_stats),
             options: self.admin,
@@ -564,7 +570,7 @@ impl Server {
         let admin = axum::serve(self.admin_listener, admin_app)
             .with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let cluster = self.cluster.clone();
-        let names = name_source(&self.limiter);
+        let names = name_source(self.names.as_ref());
         let peer = async {
             let (Some((listener, _)), Some(cluster)) = (self.peer, &cluster) else {
                 return Ok(());

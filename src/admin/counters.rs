@@ -47,7 +47,8 @@
 
 use std::sync::Arc;
 
-use crate::limiter::{ListedCounter, NamesFigures, Query, ResetOutcome};
+use super::names::{self, CounterName, CounterNames, ListedCounter, MAX_PAGE, NamesFigures};
+use crate::limiter::{Query, ResetOutcome};
 use crate::store::cluster::Cluster;
 use axum::Router;
 use axum::extract::{RawQuery, State};
@@ -59,7 +60,7 @@ use serde_json::{Value, json};
 use super::descriptor::percent_decode;
 use super::explain::limit;
 use super::{PathParams, error};
-use crate::limiter::{CounterName, Limiter, MAX_PAGE};
+use crate::limiter::Limiter;
 
 /// Counters per page unless `limit` says otherwise.
 const DEFAULT_PAGE: usize = 100;
@@ -67,16 +68,26 @@ const DEFAULT_PAGE: usize = 100;
 #[derive(Clone)]
 struct CountersState {
     limiter: Arc<Limiter>,
+    names: Option<Arc<CounterNames>>,
     cluster: Option<Cluster>,
 }
 
-pub(super) fn router(limiter: Arc<Limiter>, cluster: Option<Cluster>, enabled: bool) -> Router {
+pub(super) fn router(
+    limiter: Arc<Limiter>,
+    names: Option<Arc<CounterNames>>,
+    cluster: Option<Cluster>,
+    enabled: bool,
+) -> Router {
     if !enabled {
         return Router::new().route("/counters/{domain}", get(off).delete(off));
     }
     Router::new()
         .route("/counters/{domain}", get(list).delete(reset))
-        .with_state(CountersState { limiter, cluster })
+        .with_state(CountersState {
+            limiter,
+            names,
+            cluster,
+        })
 }
 
 async fn off() -> Response {
@@ -168,14 +179,26 @@ async fn list(
     if params.cluster
         && let Some(cluster) = &state.cluster
     {
-        return list_cluster(&state.limiter, cluster, &domain, &params).await;
+        return list_cluster(
+            &state.limiter,
+            state.names.as_deref(),
+            cluster,
+            &domain,
+            &params,
+        )
+        .await;
     }
-    match limiter.counters(&domain, params.after, params.limit).await {
-        Ok(Some(page)) => {
+    let Some(names) = &state.names else {
+        return error(StatusCode::NOT_FOUND, NOT_KEPT);
+    };
+    match names
+        .counters(limiter, &domain, params.after, params.limit)
+        .await
+    {
+        Ok(page) => {
             let body = render(&domain, &page.counters, page.next, page.figures);
             (StatusCode::OK, axum::Json(body)).into_response()
         }
-        Ok(None) => error(StatusCode::NOT_FOUND, NOT_KEPT),
         Err(failed) => error(failed.http_status(), &failed.to_string()),
     }
 }
@@ -184,12 +207,13 @@ async fn list(
 /// read from its owner.
 async fn list_cluster(
     limiter: &Limiter,
+    names: Option<&CounterNames>,
     cluster: &Cluster,
     domain: &str,
     params: &Params,
 ) -> Response {
     let me = cluster.me();
-    let Some(names) = limiter.counter_names() else {
+    let Some(names) = names else {
         return error(StatusCode::NOT_FOUND, NOT_KEPT);
     };
     let (mut named, mut more) = names.page(domain, params.after, params.limit);
@@ -219,7 +243,7 @@ async fn list_cluster(
             Err(why) => missing.push((member.to_string(), why.to_string())),
         }
     }
-    let page = limiter.cluster_counters(named, more, params.limit).await;
+    let page = names::cluster_counters(limiter, named, more, params.limit).await;
     for (owner, why) in page.unanswered {
         let member = owner.as_deref().unwrap_or(me).to_owned();
         if !missing.iter().any(|(other, _)| *other == member) {

@@ -59,6 +59,7 @@ const HOT_PAGE: usize = 100;
 #[derive(Clone)]
 pub(super) struct UiState {
     pub limiter: Arc<Limiter>,
+    pub names: Option<Arc<super::names::CounterNames>>,
     pub cluster: Option<Cluster>,
     pub reload: Arc<ReloadStats>,
     /// `--admin-counters`: the page may list and reset counters.
@@ -211,14 +212,16 @@ async fn hot(state: &UiState, snapshot: &Limits) -> Value {
     if !state.counters {
         return json!({"enabled": false, "reason": "--admin-counters=false"});
     }
-    if state.limiter.counter_names().is_none() {
+    let Some(names) = &state.names else {
         return json!({"enabled": false, "reason": "start ratekeeper with --counter-names N to see the hottest counters"});
-    }
+    };
     let mut found: Vec<(f64, Value)> = Vec::new();
     for domain in snapshot.domains().take(HOT_DOMAINS) {
-        let page = match state.limiter.counters(domain.name(), None, HOT_PAGE).await {
-            Ok(Some(page)) => page,
-            Ok(None) => break,
+        let page = match names
+            .counters(&state.limiter, domain.name(), None, HOT_PAGE)
+            .await
+        {
+            Ok(page) => page,
             Err(error) => {
                 return json!({"enabled": true, "error": error.to_string(), "counters": []});
             }

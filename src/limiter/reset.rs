@@ -67,8 +67,8 @@ impl Limiter {
         };
         let keys: Vec<KeyId> = check.counters.iter().map(|counter| counter.key).collect();
         let removed = self.store.reset(keys).await?;
-        if let Some(names) = &self.names {
-            names.forget(&[*route]);
+        if let Some(observer) = &self.observer {
+            observer.reset(*route);
         }
         tracing::info!(
             domain = query.domain,

@@ -11,14 +11,71 @@ descriptors:
   - key: health
 "#;
 
-fn limiter(counter_names: usize) -> Limiter {
-    Limiter::at_test_start(
-        LIMITS,
-        LimiterOptions {
-            counter_names,
-            ..LimiterOptions::default()
-        },
-    )
+/// A limiter feeding counter names, as the server wires them.
+struct Named {
+    limiter: Limiter,
+    names: Option<Arc<CounterNames>>,
+}
+
+impl std::ops::Deref for Named {
+    type Target = Limiter;
+
+    fn deref(&self) -> &Limiter {
+        &self.limiter
+    }
+}
+
+impl Named {
+    fn counter_names(&self) -> Option<&CounterNames> {
+        self.names.as_deref()
+    }
+
+    async fn counters(
+        &self,
+        domain: &str,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Option<CounterPage>, Error> {
+        match &self.names {
+            Some(names) => names
+                .counters(&self.limiter, domain, after, limit)
+                .await
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn sweep_counter_names(&self) -> Result<usize, Error> {
+        self.names
+            .as_ref()
+            .expect("kept")
+            .sweep(&self.limiter)
+            .await
+    }
+
+    async fn cluster_counters(
+        &self,
+        named: Vec<(u64, Arc<CounterName>)>,
+        more: bool,
+        limit: usize,
+    ) -> MergedPage {
+        cluster_counters(&self.limiter, named, more, limit).await
+    }
+}
+
+fn limiter(counter_names: usize) -> Named {
+    let limiter = Limiter::at_test_start(LIMITS, LimiterOptions::default());
+    if counter_names == 0 {
+        return Named {
+            limiter,
+            names: None,
+        };
+    }
+    let names = Arc::new(CounterNames::new(counter_names));
+    Named {
+        limiter: limiter.with_observer(Arc::clone(&names) as _),
+        names: Some(names),
+    }
 }
 
 async fn hit(limiter: &Limiter, key: &str, value: &str, cost: u64) {
@@ -28,7 +85,7 @@ async fn hit(limiter: &Limiter, key: &str, value: &str, cost: u64) {
 }
 
 /// (value, used) of every listed counter, walking all pages of `size`.
-async fn listed(limiter: &Limiter, size: usize) -> Vec<(String, u64)> {
+async fn listed(limiter: &Named, size: usize) -> Vec<(String, u64)> {
     let mut out = Vec::new();
     let mut after = None;
     loop {

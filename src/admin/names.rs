@@ -2,27 +2,27 @@
 //! `GET /counters/{domain}` can list them (a counter's key is a hash and cannot be printed
 //! back; see `ARCHITECTURE.md`, "Keys").
 //!
-//! Opt-in (`--counter-names N`): without it the limiter keeps nothing and pays one branch
-//! per request. With it, a decided descriptor is noted only when its counters were full
-//! before the request (`remaining + cost >= capacity`: a new key, or one that had fully
-//! recovered), wherever they live (in cluster mode, a node names the counters of the
-//! requests it received, its own and those other nodes own); a noted name costs one
-//! read-locked probe of a sharded map afterwards, and a new one a short write lock. So a
-//! hot key costs nothing, and a key costs at most one probe per window.
+//! Opt-in (`--counter-names N`): without it nothing is kept and the limiter pays one branch
+//! per request. With it, [`CounterNames`] is the limiter's [`Observer`]: told of a decided
+//! descriptor only when its counters were full before the request (`remaining + cost >=
+//! capacity`: a new key, or one that had fully recovered), wherever they live (in cluster
+//! mode, a node names the counters of the requests it received, its own and those other
+//! nodes own); a noted name costs one read-locked probe of a sharded map afterwards, and a
+//! new one a short write lock. So a hot key costs nothing, and a key costs at most one
+//! probe per window.
 //!
-//! [`Limiter::counters`] lists the named counters this node holds;
-//! [`Limiter::cluster_counters`] lists names gathered from every member (one counter may be
-//! named on several), each once, with its state read from its owner. Both sort a page by
-//! use.
+//! [`CounterNames::counters`] lists the named counters this node holds;
+//! [`cluster_counters`] lists names gathered from every member (one counter may be named on
+//! several), each once, with its state read from its owner. Both sort a page by use.
 //!
 //! Invariants:
 //! - Bounded: at most `capacity` names, each at most [`MAX_NAME_BYTES`] of text; names
 //!   that do not fit are dropped (and counted) until a sweep makes room.
 //! - A name does not keep a counter alive and says nothing by itself: listing and sweeping
 //!   read the counter's state through [`Limiter::explain`] (cost 0, the same planning as a
-//!   request; from the owner in cluster mode), and the sweep
-//!   ([`Limiter::sweep_counter_names`]) forgets names whose counters are back to full or no
-//!   longer match a limit. Names whose owner cannot answer are kept until it can.
+//!   request; from the owner in cluster mode), and the sweep ([`CounterNames::sweep`])
+//!   forgets names whose counters are back to full or no longer match a limit. Names whose
+//!   owner cannot answer are kept until it can.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,14 +31,14 @@ use std::sync::{Arc, PoisonError, RwLock};
 use crate::error::Error;
 use crate::key::fmix64;
 
-use super::{DescriptorExplanation, Limiter, Query};
+use crate::limiter::{DescriptorExplanation, Limiter, Observer, Query};
 
 /// The longest descriptor (domain, keys and values) whose name is kept.
 pub const MAX_NAME_BYTES: usize = 512;
 /// Names listed per page at most.
 pub const MAX_PAGE: usize = 1000;
 /// Descriptors explained per query (the limiter's bound on descriptors per query).
-const CHUNK: usize = super::bounds::MAX_DESCRIPTORS;
+const CHUNK: usize = crate::limiter::bounds::MAX_DESCRIPTORS;
 const MAP_SHARDS: usize = 16;
 
 /// One counter's descriptor.
@@ -166,7 +166,7 @@ impl CounterNames {
     }
 
     /// Forgets `routes`.
-    pub(super) fn forget(&self, routes: &[u64]) {
+    fn forget(&self, routes: &[u64]) {
         for route in routes {
             let mut map = self
                 .map(*route)
@@ -201,7 +201,7 @@ type NameList = Vec<(u64, Arc<CounterName>)>;
 /// Counter names with their routes and what their counters meet.
 type Explained = Vec<(u64, Arc<CounterName>, DescriptorExplanation)>;
 
-/// A page of [`Limiter::cluster_counters`].
+/// A page of [`cluster_counters`].
 #[derive(Debug)]
 pub struct MergedPage {
     pub counters: Vec<ListedCounter>,
@@ -212,7 +212,7 @@ pub struct MergedPage {
     pub unanswered: Vec<(Option<Arc<str>>, Error)>,
 }
 
-/// A page of [`Limiter::counters`].
+/// A page of [`CounterNames::counters`].
 #[derive(Debug)]
 pub struct CounterPage {
     pub counters: Vec<ListedCounter>,
@@ -221,62 +221,29 @@ pub struct CounterPage {
     pub figures: NamesFigures,
 }
 
-impl Limiter {
-    /// The counter names this limiter keeps (`None` when it keeps none).
-    pub fn counter_names(&self) -> Option<&CounterNames> {
-        self.names.as_ref()
+impl Observer for CounterNames {
+    fn fresh(&self, route: u64, domain: &str, entries: &[(&str, &str)]) {
+        self.note(route, domain, entries.iter().copied());
     }
 
-    /// Notes the names of a decided query's descriptors whose counters were full before
-    /// it (see the module docs).
-    pub(super) fn note_names(
-        &self,
-        names: &CounterNames,
-        query: &Query<'_>,
-        plans: &[super::Plan<'_>],
-        decisions: &[crate::check::Decision],
-    ) {
-        for (plan, descriptor) in plans.iter().zip(&query.descriptors) {
-            let super::Plan::Checked {
-                limits,
-                node: Some(_),
-                first,
-                route,
-                ..
-            } = plan
-            else {
-                continue;
-            };
-            if descriptor.cost == 0 {
-                continue;
-            }
-            let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
-            let was_full = ours.iter().zip(limits).all(|(decision, limit)| {
-                decision.allowed
-                    && limit.rate.is_some_and(|rate| {
-                        u64::from(decision.remaining).saturating_add(descriptor.cost)
-                            >= rate.capacity()
-                    })
-            });
-            if was_full {
-                names.note(*route, query.domain, descriptor.entries.iter().copied());
-            }
-        }
+    fn reset(&self, route: u64) {
+        self.forget(&[route]);
     }
+}
 
+impl CounterNames {
     /// Up to `limit` (at most [`MAX_PAGE`]) counters of `domain` held on this node with
     /// something counted, after the route `after` (pages follow the routes), the page
-    /// sorted by use ([`sort_by_use`]). Consumes nothing.
+    /// sorted by use ([`sort_by_use`]), their state read through `limiter`. Consumes
+    /// nothing.
     pub async fn counters(
         &self,
+        limiter: &Limiter,
         domain: &str,
         after: Option<u64>,
         limit: usize,
-    ) -> Result<Option<CounterPage>, Error> {
-        let Some(names) = self.counter_names() else {
-            return Ok(None);
-        };
-        let (page, more) = names.page(domain, after, limit.clamp(1, MAX_PAGE));
+    ) -> Result<CounterPage, Error> {
+        let (page, more) = self.page(domain, after, limit.clamp(1, MAX_PAGE));
         let next = if more {
             page.last().map(|(route, _)| *route)
         } else {
@@ -284,7 +251,7 @@ impl Limiter {
         };
         let mut counters = Vec::with_capacity(page.len());
         for chunk in page.chunks(CHUNK) {
-            let explained = self.explain_names(chunk).await?;
+            let explained = explain_names(limiter, chunk).await?;
             for ((route, name), explained) in chunk.iter().zip(explained) {
                 if is_counted(&explained) && is_here(&explained) {
                     counters.push(ListedCounter {
@@ -296,109 +263,25 @@ impl Limiter {
             }
         }
         sort_by_use(&mut counters);
-        Ok(Some(CounterPage {
+        Ok(CounterPage {
             counters,
             next,
-            figures: names.figures(),
-        }))
-    }
-
-    /// One page of `domain`'s counters across the cluster: `named` are the names this node
-    /// and the other members keep (each member's first page after the same cursor), `more`
-    /// whether any of them has more. Each counter is listed once, with its state read from
-    /// its owner (those with nothing counted are left out); a page holds the `limit` (at
-    /// most [`MAX_PAGE`]) first routes, sorted by use. The counters of an owner that cannot
-    /// answer are left out and the owner reported in `unanswered`. Consumes nothing.
-    pub async fn cluster_counters(
-        &self,
-        mut named: Vec<(u64, Arc<CounterName>)>,
-        more: bool,
-        limit: usize,
-    ) -> MergedPage {
-        named.sort_unstable_by_key(|(route, _)| *route);
-        named.dedup_by_key(|(route, _)| *route);
-        let limit = limit.clamp(1, MAX_PAGE);
-        let more = more || named.len() > limit;
-        named.truncate(limit);
-        let next = if more {
-            named.last().map(|(route, _)| *route)
-        } else {
-            None
-        };
-        let (explained, unanswered) = self.explain_by_owner(named).await;
-        let mut counters: Vec<ListedCounter> = explained
-            .into_iter()
-            .filter(|(_, _, explained)| is_counted(explained))
-            .map(|(route, name, explained)| ListedCounter {
-                route,
-                name,
-                explained,
-            })
-            .collect();
-        sort_by_use(&mut counters);
-        MergedPage {
-            counters,
-            next,
-            unanswered,
-        }
-    }
-
-    /// Explains `named` (one domain) owner by owner, so an owner that cannot answer costs
-    /// only its own counters: the names explained, and per owner that could not answer
-    /// (`None`: this node's store), why.
-    async fn explain_by_owner(
-        &self,
-        named: NameList,
-    ) -> (Explained, Vec<(Option<Arc<str>>, Error)>) {
-        let mut explained = Vec::with_capacity(named.len());
-        let mut unanswered = Vec::new();
-        for (owner, group) in self.by_owner(named) {
-            for chunk in group.chunks(CHUNK) {
-                match self.explain_names(chunk).await {
-                    Ok(answers) => explained.extend(
-                        chunk
-                            .iter()
-                            .zip(answers)
-                            .map(|((route, name), answer)| (*route, Arc::clone(name), answer)),
-                    ),
-                    Err(error) => {
-                        unanswered.push((owner, error));
-                        break;
-                    }
-                }
-            }
-        }
-        (explained, unanswered)
-    }
-
-    /// `named` (one domain) grouped by the node owning their counters (`None`: this store
-    /// has no owners), in order of first appearance.
-    fn by_owner(&self, named: NameList) -> Vec<(Option<Arc<str>>, NameList)> {
-        let mut groups: Vec<(Option<Arc<str>>, NameList)> = Vec::new();
-        for (route, name) in named {
-            let owner = self.store.placement(route).owner;
-            match groups.iter_mut().find(|(other, _)| *other == owner) {
-                Some((_, group)) => group.push((route, name)),
-                None => groups.push((owner, vec![(route, name)])),
-            }
-        }
-        groups
+            figures: self.figures(),
+        })
     }
 
     /// Forgets the names whose counters are back to full or match no limit any more, as
-    /// their owners say; returns how many were forgotten. Names whose owner cannot answer
-    /// are kept, and the first such error is answered after the rest was swept.
-    pub async fn sweep_counter_names(&self) -> Result<usize, Error> {
-        let Some(names) = self.counter_names() else {
-            return Ok(0);
-        };
-        let mut all = names.all();
+    /// their owners say (through `limiter`); returns how many were forgotten. Names whose
+    /// owner cannot answer are kept, and the first such error is answered after the rest
+    /// was swept.
+    pub async fn sweep(&self, limiter: &Limiter) -> Result<usize, Error> {
+        let mut all = self.all();
         let mut stale: Vec<u64> = Vec::new();
         let mut failed = None;
         // One query per domain, owner and chunk.
         all.sort_unstable_by(|(a, left), (b, right)| left.domain.cmp(&right.domain).then(a.cmp(b)));
         for group in all.chunk_by(|(_, left), (_, right)| left.domain == right.domain) {
-            let (explained, unanswered) = self.explain_by_owner(group.to_vec()).await;
+            let (explained, unanswered) = explain_by_owner(limiter, group.to_vec()).await;
             stale.extend(
                 explained
                     .iter()
@@ -409,28 +292,110 @@ impl Limiter {
                 failed.get_or_insert(error);
             }
         }
-        names.forget(&stale);
+        self.forget(&stale);
         match failed {
             Some(error) => Err(error),
             None => Ok(stale.len()),
         }
     }
+}
 
-    /// Explains the descriptors of `chunk` (one domain, at most [`CHUNK`]) with cost 0.
-    async fn explain_names(
-        &self,
-        chunk: &[(u64, Arc<CounterName>)],
-    ) -> Result<Vec<DescriptorExplanation>, Error> {
-        let Some((_, first)) = chunk.first() else {
-            return Ok(Vec::new());
-        };
-        let mut query = Query::new(&first.domain);
-        for (_, name) in chunk {
-            let entries = name.entries.iter().map(|(key, value)| (&**key, &**value));
-            query.descriptor(entries, 0);
-        }
-        Ok(self.explain(&query).await?.descriptors)
+/// One page of a domain's counters across the cluster: `named` are the names this node and
+/// the other members keep (each member's first page after the same cursor), `more` whether
+/// any of them has more. Each counter is listed once, with its state read from its owner
+/// (those with nothing counted are left out); a page holds the `limit` (at most
+/// [`MAX_PAGE`]) first routes, sorted by use. The counters of an owner that cannot answer
+/// are left out and the owner reported in `unanswered`. Consumes nothing.
+pub async fn cluster_counters(
+    limiter: &Limiter,
+    mut named: Vec<(u64, Arc<CounterName>)>,
+    more: bool,
+    limit: usize,
+) -> MergedPage {
+    named.sort_unstable_by_key(|(route, _)| *route);
+    named.dedup_by_key(|(route, _)| *route);
+    let limit = limit.clamp(1, MAX_PAGE);
+    let more = more || named.len() > limit;
+    named.truncate(limit);
+    let next = if more {
+        named.last().map(|(route, _)| *route)
+    } else {
+        None
+    };
+    let (explained, unanswered) = explain_by_owner(limiter, named).await;
+    let mut counters: Vec<ListedCounter> = explained
+        .into_iter()
+        .filter(|(_, _, explained)| is_counted(explained))
+        .map(|(route, name, explained)| ListedCounter {
+            route,
+            name,
+            explained,
+        })
+        .collect();
+    sort_by_use(&mut counters);
+    MergedPage {
+        counters,
+        next,
+        unanswered,
     }
+}
+
+/// Explains `named` (one domain) owner by owner, so an owner that cannot answer costs only
+/// its own counters: the names explained, and per owner that could not answer (`None`:
+/// this node's store), why.
+async fn explain_by_owner(
+    limiter: &Limiter,
+    named: NameList,
+) -> (Explained, Vec<(Option<Arc<str>>, Error)>) {
+    let mut explained = Vec::with_capacity(named.len());
+    let mut unanswered = Vec::new();
+    for (owner, group) in by_owner(limiter, named) {
+        for chunk in group.chunks(CHUNK) {
+            match explain_names(limiter, chunk).await {
+                Ok(answers) => explained.extend(
+                    chunk
+                        .iter()
+                        .zip(answers)
+                        .map(|((route, name), answer)| (*route, Arc::clone(name), answer)),
+                ),
+                Err(error) => {
+                    unanswered.push((owner, error));
+                    break;
+                }
+            }
+        }
+    }
+    (explained, unanswered)
+}
+
+/// `named` (one domain) grouped by the node owning their counters (`None`: this store has
+/// no owners), in order of first appearance.
+fn by_owner(limiter: &Limiter, named: NameList) -> Vec<(Option<Arc<str>>, NameList)> {
+    let mut groups: Vec<(Option<Arc<str>>, NameList)> = Vec::new();
+    for (route, name) in named {
+        let owner = limiter.placement(route).owner;
+        match groups.iter_mut().find(|(other, _)| *other == owner) {
+            Some((_, group)) => group.push((route, name)),
+            None => groups.push((owner, vec![(route, name)])),
+        }
+    }
+    groups
+}
+
+/// Explains the descriptors of `chunk` (one domain, at most [`CHUNK`]) with cost 0.
+async fn explain_names(
+    limiter: &Limiter,
+    chunk: &[(u64, Arc<CounterName>)],
+) -> Result<Vec<DescriptorExplanation>, Error> {
+    let Some((_, first)) = chunk.first() else {
+        return Ok(Vec::new());
+    };
+    let mut query = Query::new(&first.domain);
+    for (_, name) in chunk {
+        let entries = name.entries.iter().map(|(key, value)| (&**key, &**value));
+        query.descriptor(entries, 0);
+    }
+    Ok(limiter.explain(&query).await?.descriptors)
 }
 
 /// A counter worth listing: it matches a limit and has something counted.
