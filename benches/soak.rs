@@ -337,6 +337,15 @@ fn metric(http: SocketAddr, prefix: &str) -> Option<f64> {
     (!values.is_empty()).then(|| values.iter().sum())
 }
 
+/// A process's user + system CPU time so far (s), from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32, ticks_per_second: f64) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after_name) = stat.rsplit_once(')')?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / ticks_per_second)
+}
+
 fn members_everywhere(nodes: &[Addrs]) -> bool {
     nodes
         .iter()
@@ -585,6 +594,16 @@ struct Sample {
     /// `ratekeeper_shard_key_slots`, summed over its shards): what its RSS follows.
     live_keys: [Option<f64>; 3],
     key_slots: [Option<f64>; 3],
+    /// What explains a slow interval, each the change over the interval: per node, the
+    /// checks that waited for a busy shard and how long in all (ms), the forwards slower
+    /// than 20 ms, and its CPU time (s); the whole machine's busy CPU time (s), so that
+    /// others' work on the machine shows (busy minus the nodes' and the load's).
+    contended: [Option<f64>; 3],
+    lock_wait_ms: [Option<f64>; 3],
+    slow_forwards: [Option<f64>; 3],
+    node_cpu_s: [Option<f64>; 3],
+    machine_busy_s: f64,
+    load_cpu_s: f64,
     reports: [Report; 3],
     /// Overlaps a restart (from its SIGTERM until the cluster was whole, plus [`RESTART_SLACK`]).
     restart: bool,
@@ -792,6 +811,7 @@ fn main() {
     };
 
     // Step 3: the intervals.
+    let ticks = loadgen::clock_ticks();
     let mut samples: Vec<Sample> = Vec::new();
     let per_node_rate = rate.div_ceil(3);
     let mut interval_number: u64 = 0;
@@ -844,6 +864,17 @@ fn main() {
         for (index, load) in loads.into_iter().enumerate() {
             sample.reports[index] = load.join().expect("a load thread");
         }
+        // The cumulative figures at the interval's end (the CSV has their differences).
+        for (index, pid) in cluster.pids().into_iter().enumerate() {
+            let http = cluster.addrs[index].http;
+            sample.contended[index] = metric(http, "ratekeeper_shard_contended_total{");
+            sample.lock_wait_ms[index] =
+                metric(http, "ratekeeper_shard_lock_wait_seconds_sum{").map(|s| s * 1000.0);
+            sample.slow_forwards[index] = metric(http, "ratekeeper_peer_slow_total");
+            sample.node_cpu_s[index] = pid.and_then(|pid| cpu_seconds(pid, ticks));
+        }
+        sample.machine_busy_s = loadgen::machine_busy(ticks).as_secs_f64();
+        sample.load_cpu_s = loadgen::process_cpu(ticks).as_secs_f64();
         sample.end = soak_start.elapsed().as_secs_f64();
         let p99 = sample
             .p99_ms()
@@ -1183,8 +1214,18 @@ fn write_csv(path: &Path, samples: &[Sample]) {
          rss_kib_a,rss_kib_b,rss_kib_c,fds_a,fds_b,fds_c,\
          p99_ms_a,p99_ms_b,p99_ms_c,errors_a,errors_b,errors_c,over_limit,\
          config_loads_a,config_loads_b,config_loads_c,\
-         live_keys_a,live_keys_b,live_keys_c,key_slots_a,key_slots_b,key_slots_c\n",
+         live_keys_a,live_keys_b,live_keys_c,key_slots_a,key_slots_b,key_slots_c,\
+         contended_a,contended_b,contended_c,lock_wait_ms_a,lock_wait_ms_b,lock_wait_ms_c,\
+         slow_forwards_a,slow_forwards_b,slow_forwards_c,node_cpu_s_a,node_cpu_s_b,node_cpu_s_c,\
+         load_cpu_s,machine_busy_s,others_cpu_s\n",
     );
+    // A cumulative figure's change since the previous interval; a node that restarted
+    // counts from 0 again.
+    let change = |now: Option<f64>, before: Option<f64>| match (now, before) {
+        (Some(now), Some(before)) if now >= before => Some(now - before),
+        (now, _) => now,
+    };
+    let mut previous: Option<&Sample> = None;
     for sample in samples {
         let _ = write!(
             csv,
@@ -1215,7 +1256,39 @@ fn write_csv(path: &Path, samples: &[Sample]) {
                 let _ = write!(csv, ",{}", cell(*figure));
             }
         }
+        let mut nodes_cpu = 0.0;
+        for (index, figures) in [
+            &sample.contended,
+            &sample.lock_wait_ms,
+            &sample.slow_forwards,
+            &sample.node_cpu_s,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for (node, figure) in figures.iter().enumerate() {
+                let before = previous.and_then(|previous| {
+                    [
+                        &previous.contended,
+                        &previous.lock_wait_ms,
+                        &previous.slow_forwards,
+                        &previous.node_cpu_s,
+                    ][index][node]
+                });
+                let delta = change(*figure, before);
+                if index == 3 {
+                    nodes_cpu += delta.unwrap_or(0.0);
+                }
+                let _ = write!(csv, ",{}", cell(delta.map(|d| format!("{d:.2}"))));
+            }
+        }
+        let load = change(Some(sample.load_cpu_s), previous.map(|p| p.load_cpu_s)).unwrap_or(0.0);
+        let busy =
+            change(Some(sample.machine_busy_s), previous.map(|p| p.machine_busy_s)).unwrap_or(0.0);
+        let others = (busy - nodes_cpu - load).max(0.0);
+        let _ = write!(csv, ",{load:.2},{busy:.2},{others:.2}");
         csv.push('\n');
+        previous = Some(sample);
     }
     std::fs::write(path, csv).expect("write the CSV");
 }
