@@ -20,6 +20,8 @@
 //! - `DELETE /counters/{domain}?descriptor=k=v,k=v`: resets one descriptor's counters
 //!   wherever they live (see [`counters`]); both `/counters` routes answer 404 with
 //!   `--admin-counters=false`;
+//! - `GET /debug/rlqs`: the RLQS buckets of this node with their reporters' demand and
+//!   shares (see [`rlqs`]);
 //! - `GET /ui`: the dashboard, one self-contained page polling `GET /ui/data` (see [`ui`]),
 //!   unless `--admin-ui=false`;
 //! - `GET /rlconfig`, `/stats` (the Prometheus text, as `/metrics`), `/metrics` and
@@ -59,6 +61,7 @@ pub mod explain;
 mod json;
 mod nginx;
 mod rate;
+pub mod rlqs;
 mod ui;
 
 /// Which operator endpoints the admin listener serves.
@@ -88,6 +91,8 @@ pub struct Admin {
     pub cluster: Option<Cluster>,
     pub reload: Arc<ReloadStats>,
     pub options: AdminOptions,
+    /// The node's RLQS state (`None` where RLQS streams are refused).
+    pub rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
 }
 
 /// Whether the process is ready for traffic: serving (false once shutdown began) and, when
@@ -200,6 +205,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
         cluster,
         reload,
         options,
+        rlqs,
     } = admin;
     let state = AdminState {
         health,
@@ -221,7 +227,8 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
             Arc::clone(&limiter),
             cluster.clone(),
             options.counters,
-        ));
+        ))
+        .merge(rlqs::router(rlqs));
     if options.ui {
         router = router.merge(ui::router(ui::UiState {
             history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),

@@ -132,6 +132,7 @@ impl Fixture {
                 counters: true,
                 ui: false,
             },
+            rlqs: None,
         };
         let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6070));
         let http = crate::admin::router(&state, admin_addr);

@@ -568,6 +568,7 @@ impl Server {
             stop_rx.clone(),
         );
         let _rlqs_sweep = AbortOnDrop(rlqs.sweeper().spawn().abort_handle());
+        let rlqs_hub = self.rlqs_refused.is_none().then(|| Arc::clone(rlqs.hub()));
         let routes = tonic::service::Routes::new(health_service)
             .add_service(rls)
             .add_service(rlqs.into_server())
@@ -588,6 +589,7 @@ impl Server {
             cluster: self.cluster.clone(),
             reload: Arc::clone(&self.reload_stats),
             options: self.admin,
+            rlqs: rlqs_hub,
         };
         let app = admin::router(&shared, self.admin_addr);
         let http =

@@ -48,7 +48,9 @@ use tonic::{Status, Streaming};
 use crate::limiter::Limiter;
 
 pub use self::division::{FLOOR_DIVISOR, TokenBucket, divide, keeps};
-pub use self::hub::{Action, Hub, HubError, HubOptions, ReporterView, Strategy, StreamId, Usage};
+pub use self::hub::{
+    Action, BucketView, Hub, HubError, HubOptions, ReporterView, Strategy, StreamId, Usage,
+};
 pub use self::rule::{BucketKey, Rule, bucket_key, resolve};
 pub use self::stats::{RlqsStats, UNKNOWN_DOMAIN};
 

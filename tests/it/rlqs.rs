@@ -44,6 +44,7 @@ const ANSWER: Duration = Duration::from_secs(10);
 struct Running {
     grpc: String,
     http: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
     dir: TempDir,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<Result<(), ServeError>>,
@@ -72,10 +73,12 @@ async fn start_with(
         None => server.grpc_endpoint().to_string(),
     };
     let http = server.http_addr();
+    let admin = server.admin_addr();
     let (stop, done) = spawn_server(server);
     Running {
         grpc,
         http,
+        admin,
         dir,
         stop: Some(stop),
         done,
@@ -210,6 +213,18 @@ async fn scrape(http: std::net::SocketAddr, name: &str) -> f64 {
         .expect("scrape")
 }
 
+/// `GET /debug/rlqs?domain=quota` on the admin listener, as JSON.
+async fn debug_rlqs(admin: std::net::SocketAddr) -> serde_json::Value {
+    tokio::task::spawn_blocking(move || {
+        let response = crate::support::http_get(admin, "/debug/rlqs?domain=quota", &[])
+            .expect("GET /debug/rlqs");
+        assert_eq!(response.status, 200, "{}", response.body);
+        serde_json::from_str(&response.body).expect("JSON")
+    })
+    .await
+    .expect("debug")
+}
+
 fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
     expected
         .iter()
@@ -295,6 +310,24 @@ async fn streams_share_a_bucket_and_a_closed_stream_gives_its_share_back() {
         read(&a.next().await.expect("a push")),
         pairs(&[("alice", "tokens 10/1s burst 5 ttl 15s")])
     );
+    // The admin listener shows the bucket's reporters, their demand and shares.
+    let debug = debug_rlqs(running.admin).await;
+    assert_eq!(debug["streams"], 2, "{debug}");
+    assert_eq!(debug["total"], 1, "{debug}");
+    let bucket = &debug["buckets"][0];
+    assert_eq!(
+        bucket["bucket"],
+        serde_json::json!([["api_key", "alice"]]),
+        "{debug}"
+    );
+    assert_eq!(bucket["rule"], "20/second burst 10", "{debug}");
+    let shares: Vec<u64> = bucket["reporters"]
+        .as_array()
+        .expect("reporters")
+        .iter()
+        .map(|reporter| reporter["share"].as_u64().expect("a share"))
+        .collect();
+    assert_eq!(shares, vec![10, 10], "{debug}");
     // The second goes away: the first gets it all back without reporting.
     drop(b);
     assert_eq!(

@@ -111,6 +111,8 @@ struct Reporter {
 
 #[derive(Debug)]
 struct Bucket {
+    /// The metrics label of its streams' domain.
+    label: Arc<str>,
     rule: Rule,
     reporters: BTreeMap<StreamId, Reporter>,
 }
@@ -122,7 +124,19 @@ struct State {
     buckets: HashMap<(Arc<str>, BucketKey), Bucket>,
 }
 
-/// A reporter's view, for `/debug` and tests.
+/// A bucket's view for `GET /debug/rlqs`: its limit and its reporters.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct BucketView {
+    pub domain: String,
+    /// The bucket id's pairs, ordered by key.
+    pub bucket: Vec<(String, String)>,
+    /// What the limits say: `allow_all`, `deny_all`, `unknown_domain`, or the divided
+    /// limit (`20/second burst 10`, `shadow` appended in shadow mode).
+    pub rule: String,
+    pub reporters: Vec<ReporterView>,
+}
+
+/// A reporter's view, for `/debug/rlqs` and tests.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ReporterView {
     pub stream: StreamId,
@@ -235,6 +249,7 @@ impl Hub {
             });
         }
         let domain = Arc::clone(&stream.domain);
+        let stream_label = Arc::clone(&stream.label);
         let label = RlqsStats::label(&stream.label);
         let mut reported = Reported::default();
         let mut pushes: Vec<(StreamId, Action)> = Vec::new();
@@ -258,6 +273,7 @@ impl Hub {
                 Entry::Vacant(entry) => {
                     self.stats.buckets.get_or_create(&label).inc();
                     entry.insert(Bucket {
+                        label: Arc::clone(&stream_label),
                         rule,
                         reporters: BTreeMap::new(),
                     })
@@ -421,15 +437,12 @@ impl Hub {
             }
         }
         for key in empty {
-            buckets.remove(&key);
-            let label = streams
-                .values()
-                .find(|stream| stream.domain == key.0)
-                .map_or_else(|| key.0.to_string(), |stream| stream.label.to_string());
-            self.stats
-                .buckets
-                .get_or_create(&RlqsStats::label(&label))
-                .dec();
+            if let Some(bucket) = buckets.remove(&key) {
+                self.stats
+                    .buckets
+                    .get_or_create(&RlqsStats::label(&bucket.label))
+                    .dec();
+            }
         }
         self.deliver(streams, pushes);
     }
@@ -449,6 +462,56 @@ impl Hub {
                 })
                 .collect()
         })
+    }
+
+    /// Up to `max` buckets (of `domain` when given), ordered by domain and id, and how many
+    /// buckets there are in all.
+    pub fn snapshot(&self, domain: Option<&str>, max: usize) -> (Vec<BucketView>, usize) {
+        let state = self.lock();
+        let mut keys: Vec<&(Arc<str>, BucketKey)> = state
+            .buckets
+            .keys()
+            .filter(|(bucket_domain, _)| domain.is_none_or(|domain| **bucket_domain == *domain))
+            .collect();
+        let total = keys.len();
+        keys.sort();
+        let views = keys
+            .into_iter()
+            .take(max)
+            .filter_map(|key| {
+                let bucket = state.buckets.get(key)?;
+                Some(BucketView {
+                    domain: key.0.to_string(),
+                    bucket: key
+                        .1
+                        .iter()
+                        .map(|(name, value)| (name.to_string(), value.to_string()))
+                        .collect(),
+                    rule: match bucket.rule {
+                        Rule::UnknownDomain => "unknown_domain".to_owned(),
+                        Rule::AllowAll => "allow_all".to_owned(),
+                        Rule::DenyAll => "deny_all".to_owned(),
+                        Rule::Limited { rate, shadow } => format!(
+                            "{}/{} burst {}{}",
+                            rate.requests_per_unit,
+                            rate.unit.as_str(),
+                            rate.burst,
+                            if shadow { " shadow" } else { "" }
+                        ),
+                    },
+                    reporters: bucket
+                        .reporters
+                        .iter()
+                        .map(|(&stream, reporter)| ReporterView {
+                            stream,
+                            demand: reporter.demand,
+                            share: reporter.share,
+                        })
+                        .collect(),
+                })
+            })
+            .collect();
+        (views, total)
     }
 
     /// How many streams are open.
