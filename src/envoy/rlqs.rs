@@ -235,6 +235,8 @@ async fn run_stream(
             }
         };
         match shared.take(&mut open, report, &tx) {
+            // A report naming no bucket needs no answer.
+            Ok(response) if response.bucket_action.is_empty() => {}
             Ok(response) => {
                 if tx.send(Ok(response)).await.is_err() {
                     break Ok(());

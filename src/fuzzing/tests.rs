@@ -72,3 +72,8 @@ fn admin_body_inputs_replay() {
 fn admin_request_inputs_replay() {
     replay("admin_request", super::admin_request);
 }
+
+#[test]
+fn rlqs_inputs_replay() {
+    replay("rlqs", super::rlqs);
+}

@@ -101,8 +101,11 @@ pub fn token_bucket(share: u64, limit: u64, burst: u64, unit_secs: u64) -> Token
 /// 0 s).
 pub fn rate_per_unit(count: u64, elapsed_nanos: u128, unit_secs: u64) -> u64 {
     let elapsed = elapsed_nanos.max(1_000_000_000);
-    let per_unit =
-        (u128::from(count) * u128::from(unit_secs) * 1_000_000_000 + elapsed / 2) / elapsed;
+    let per_unit = u128::from(count)
+        .saturating_mul(u128::from(unit_secs))
+        .saturating_mul(1_000_000_000)
+        .saturating_add(elapsed / 2)
+        / elapsed;
     u64::try_from(per_unit).unwrap_or(u64::MAX)
 }
 
@@ -165,6 +168,32 @@ mod tests {
         assert_eq!(divide(u64::MAX, &[Some(u64::MAX), None]).len(), 2);
     }
 
+    proptest::proptest! {
+        /// Max-min fairness: the shares fit the limit, everyone keeps at least one token,
+        /// and a reporter that gets less than it wants gets no less than anyone else
+        /// (within one token of rounding).
+        #[test]
+        fn division_is_max_min_fair(
+            limit in 0u64..1_000_000,
+            demands in proptest::collection::vec(proptest::option::of(0u64..2_000_000), 0..8),
+        ) {
+            let shares = divide(limit, &demands);
+            proptest::prop_assert_eq!(shares.len(), demands.len());
+            if limit >= demands.len() as u64 {
+                proptest::prop_assert!(shares.iter().sum::<u64>() <= limit);
+            }
+            proptest::prop_assert!(shares.iter().all(|&share| share >= 1));
+            for (index, demand) in demands.iter().enumerate() {
+                let wants = demand.unwrap_or(limit);
+                if shares[index] < wants {
+                    for other in &shares {
+                        proptest::prop_assert!(*other <= shares[index] + 1, "{shares:?} {demands:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn only_small_increases_are_held_back() {
         assert!(keeps(50, 50));
@@ -200,6 +229,8 @@ mod tests {
         // Envoy's first report covers 0 s: read as 1 s.
         assert_eq!(rate_per_unit(3, 0, 1), 3);
         assert_eq!(rate_per_unit(u64::MAX, 1, 31_536_000), u64::MAX);
+        // Saturating, never a panic.
+        assert_eq!(rate_per_unit(u64::MAX, u128::MAX, u64::MAX), 1);
         // 30 requests in a little over 5 s is still 6 per second.
         assert_eq!(rate_per_unit(30, 5_002_000_000, 1), 6);
         assert_eq!(demand(0), 1);

@@ -543,8 +543,8 @@ impl Hub {
 
 /// `share * elapsed / unit`, saturating.
 fn scale(share: u64, elapsed: Duration, unit_secs: u64) -> u64 {
-    let scaled =
-        u128::from(share) * elapsed.as_nanos() / (u128::from(unit_secs.max(1)) * 1_000_000_000);
+    let scaled = u128::from(share).saturating_mul(elapsed.as_nanos())
+        / (u128::from(unit_secs.max(1)) * 1_000_000_000);
     u64::try_from(scaled).unwrap_or(u64::MAX)
 }
 
