@@ -20,10 +20,11 @@ use ratekeeper::envoy::rlqs::RlqsOptions;
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{ServeError, Server, ServerOptions};
 use tokio::sync::mpsc;
-use tonic::transport::{Channel, Endpoint};
+use ratekeeper::transport::tls::TlsOptions;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status, Streaming};
 
-use crate::support::{Ratekeeper, TempDir, metric, spawn_server, write_config};
+use crate::support::{Ratekeeper, TempDir, TestCa, metric, spawn_server, write_config};
 
 const LIMITS: &str = "\
 domain: quota
@@ -103,13 +104,20 @@ async fn client(target: &str) -> RateLimitQuotaServiceClient<Channel> {
 
 /// Opens a stream and sends `first` on it; the call's own error when it is refused at once.
 async fn open(target: &str, first: RateLimitQuotaUsageReports) -> Result<Stream, Status> {
+    open_on(client(target).await, first).await
+}
+
+/// [`open`] on a client of the caller's (TLS, say).
+async fn open_on(
+    mut client: RateLimitQuotaServiceClient<Channel>,
+    first: RateLimitQuotaUsageReports,
+) -> Result<Stream, Status> {
     let (reports, receiver) = mpsc::channel(16);
     reports.send(first).await.expect("queue the first report");
     let outbound = futures_util::stream::unfold(receiver, |mut receiver| async move {
         receiver.recv().await.map(|report| (report, receiver))
     });
-    let answers = client(target)
-        .await
+    let answers = client
         .stream_rate_limit_quotas(outbound)
         .await?
         .into_inner();
@@ -546,6 +554,42 @@ async fn served_on_a_unix_socket_too_and_streams_end_at_shutdown() {
     assert!(
         !Path::new(&socket).exists(),
         "the socket file is removed at exit"
+    );
+}
+
+#[tokio::test]
+async fn served_over_tls_as_configured() {
+    let dir = TempDir::new("rlqs-tls");
+    let ca = TestCa::new("rlqs-ca");
+    let (cert, key) = ca.server(&["localhost"]).write(dir.path(), "server");
+    let running = start_with(RlqsOptions::default(), |options| ServerOptions {
+        grpc_tls: Some(TlsOptions {
+            cert,
+            key,
+            client_ca: None,
+            client_san: None,
+        }),
+        ..options
+    })
+    .await;
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.cert_pem()))
+        .domain_name("localhost");
+    let target = running.grpc.replace("http://", "https://");
+    let channel = Endpoint::from_shared(target)
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("tls config")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connects over tls");
+    let mut stream = open_on(RateLimitQuotaServiceClient::new(channel), first("alice"))
+        .await
+        .expect("opens");
+    assert_eq!(
+        read(&stream.next().await.expect("answer")),
+        pairs(&[("alice", "tokens 20/1s burst 10 ttl 15s")])
     );
 }
 

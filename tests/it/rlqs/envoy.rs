@@ -347,6 +347,7 @@ fn envoy_keeps_its_assignment_until_the_ttl_then_falls_back_then_gets_a_new_one(
     thread::sleep(Duration::from_secs(6));
     ratekeeper.process().kill();
     let killed = origin.elapsed();
+    let killed_stderr = ratekeeper.stderr();
     // The last assignment came at most 5 s before the kill: it holds for at least 10 s more.
     thread::sleep(Duration::from_secs(8));
     // Past every TTL (15 s after the last possible assignment), then a few seconds of fallback.
@@ -395,5 +396,15 @@ fn envoy_keeps_its_assignment_until_the_ttl_then_falls_back_then_gets_a_new_one(
     assert!(
         seen.denied_between(reconnected, end) > 0,
         "no denials after ratekeeper came back at {restarted:?} (reconnected by {reconnected:?})"
+    );
+    let stopped = killed_stderr;
+    assert!(
+        !stopped.contains("panicked"),
+        "the first ratekeeper panicked:\n{stopped}"
+    );
+    assert!(
+        !ratekeeper.stderr().contains("panicked"),
+        "the second ratekeeper panicked:\n{}",
+        ratekeeper.stderr()
     );
 }
