@@ -473,6 +473,9 @@ pub struct ServeArgs {
         default_value_t = 10_000
     )]
     pub rlqs_max_buckets_per_stream: usize,
+    /// RLQS: most buckets on this node, all streams together.
+    #[arg(long, env = "RATEKEEPER_RLQS_MAX_BUCKETS", default_value_t = 100_000)]
+    pub rlqs_max_buckets: usize,
     /// RLQS: the largest report, in bytes.
     #[arg(long, env = "RATEKEEPER_RLQS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub rlqs_max_message_bytes: usize,
@@ -711,6 +714,7 @@ impl ServeArgs {
                     hub: HubOptions {
                         max_streams: self.rlqs_max_streams,
                         max_buckets_per_stream: self.rlqs_max_buckets_per_stream,
+                        max_buckets: self.rlqs_max_buckets,
                         abandon_after: self.rlqs_abandon_after,
                         ..defaults.hub
                     },

@@ -658,6 +658,7 @@ pub fn rlqs(data: &[u8]) {
             HubOptions {
                 max_streams: 4,
                 max_buckets_per_stream: 64,
+                max_buckets: 64,
                 stale_after: std::time::Duration::from_secs(15),
                 abandon_after: std::time::Duration::from_secs(60),
             },

@@ -85,6 +85,7 @@ impl Default for RlqsOptions {
             hub: HubOptions {
                 max_streams: 1024,
                 max_buckets_per_stream: 10_000,
+                max_buckets: 100_000,
                 // Three missed reports.
                 stale_after: 3 * ENVOY_REPORT_INTERVAL,
                 abandon_after: Duration::from_secs(60),
@@ -341,9 +342,9 @@ impl Shared {
 
 fn hub_status(error: &HubError) -> Status {
     match error {
-        HubError::TooManyStreams(_) | HubError::TooManyBuckets { .. } => {
-            Status::resource_exhausted(error.to_string())
-        }
+        HubError::TooManyStreams(_)
+        | HubError::TooManyBuckets { .. }
+        | HubError::TooManyNodeBuckets { .. } => Status::resource_exhausted(error.to_string()),
         HubError::Closed => Status::unavailable(error.to_string()),
     }
 }

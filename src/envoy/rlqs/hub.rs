@@ -63,6 +63,8 @@ pub struct Usage {
 pub struct HubOptions {
     pub max_streams: usize,
     pub max_buckets_per_stream: usize,
+    /// Most buckets on the node, all streams together.
+    pub max_buckets: usize,
     /// A reporter not heard for this long is dropped (its share goes back).
     pub stale_after: Duration,
     /// A bucket a stream reported no traffic for this long gets `abandon_action`.
@@ -80,6 +82,10 @@ pub enum HubError {
         "bucket_quota_usages: this stream would report {would} buckets, more than the {max} allowed per stream (--rlqs-max-buckets-per-stream)"
     )]
     TooManyBuckets { would: usize, max: usize },
+    #[error(
+        "bucket_quota_usages: this node would hold {would} rlqs buckets, more than the {max} allowed (--rlqs-max-buckets)"
+    )]
+    TooManyNodeBuckets { would: usize, max: usize },
     #[error("the stream is closed")]
     Closed,
 }
@@ -246,6 +252,19 @@ impl Hub {
             return Err(HubError::TooManyBuckets {
                 would,
                 max: self.options.max_buckets_per_stream,
+            });
+        }
+        let fresh = merged
+            .iter()
+            .filter(|usage| {
+                !buckets.contains_key(&(Arc::clone(&stream.domain), usage.bucket.clone()))
+            })
+            .count();
+        let node_would = buckets.len() + fresh;
+        if fresh > 0 && node_would > self.options.max_buckets {
+            return Err(HubError::TooManyNodeBuckets {
+                would: node_would,
+                max: self.options.max_buckets,
             });
         }
         let domain = Arc::clone(&stream.domain);
@@ -580,8 +599,14 @@ fn redivide(bucket: &mut Bucket) -> Vec<(StreamId, Strategy, bool)> {
     let mut out = Vec::with_capacity(bucket.reporters.len());
     for (index, (&id, reporter)) in bucket.reporters.iter_mut().enumerate() {
         let strategy = match bucket.rule {
-            Rule::UnknownDomain | Rule::AllowAll => Strategy::AllowAll,
-            Rule::DenyAll => Strategy::DenyAll,
+            Rule::UnknownDomain | Rule::AllowAll => {
+                reporter.share = None;
+                Strategy::AllowAll
+            }
+            Rule::DenyAll => {
+                reporter.share = None;
+                Strategy::DenyAll
+            }
             Rule::Limited { rate, shadow } => {
                 let new = shares.get(index).copied().unwrap_or(1);
                 let share = match reporter.share {

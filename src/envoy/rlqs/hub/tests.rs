@@ -17,6 +17,7 @@ fn options() -> HubOptions {
     HubOptions {
         max_streams: 4,
         max_buckets_per_stream: 3,
+        max_buckets: 5,
         stale_after: 3 * INTERVAL,
         abandon_after: Duration::from_secs(60),
     }
@@ -315,7 +316,34 @@ async fn bounds_refuse_without_changing_anything() {
         vec![usage("c", 1, 0, 0), usage("c", 1, 0, 0)],
         limited(10, 10),
     );
-    for _ in 1..4 {
+    // The node's bound: 3 buckets held, a second stream may add 2 more, not 3.
+    let (b, _) = open(&hub);
+    let refused = hub.report(
+        b,
+        vec![
+            usage("x", 1, 0, 0),
+            usage("y", 1, 0, 0),
+            usage("z", 1, 0, 0),
+        ],
+        |_| limited(10, 10),
+        Instant::now(),
+    );
+    assert_eq!(
+        refused.map(|_| ()),
+        Err(HubError::TooManyNodeBuckets { would: 6, max: 5 })
+    );
+    // Buckets the node holds already cost nothing more.
+    report(
+        &hub,
+        b,
+        vec![
+            usage("a", 1, 0, 0),
+            usage("x", 1, 0, 0),
+            usage("y", 1, 0, 0),
+        ],
+        limited(10, 10),
+    );
+    for _ in 2..4 {
         open(&hub);
     }
     let too_many = hub.open("edge", "edge", Box::new(|_| true));
