@@ -152,6 +152,8 @@ impl Default for Health {
 struct AdminState {
     health: Arc<Health>,
     limiter: Arc<Limiter>,
+    /// The node's RLQS state, for `/debug/explain` (admin listener only).
+    rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
 }
 
 /// The operator endpoints' paths: served on the admin listener only.
@@ -178,6 +180,7 @@ pub fn router(admin: &Admin, admin_addr: SocketAddr) -> Router {
         .with_state(AdminState {
             health: Arc::clone(&admin.health),
             limiter: Arc::clone(limiter),
+            rlqs: None,
         })
         .merge(rate::router(Arc::clone(limiter)))
         .merge(nginx::router(Arc::clone(limiter)));
@@ -210,6 +213,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
     let state = AdminState {
         health,
         limiter: Arc::clone(&limiter),
+        rlqs: rlqs.clone(),
     };
     // The reference's debug port (`DEBUG_PORT`) answers these; they are read-only and the
     // HTTP listener serves them to anyone, so they stay open under the token too.

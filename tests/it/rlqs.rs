@@ -336,6 +336,28 @@ async fn streams_share_a_bucket_and_a_closed_stream_gives_its_share_back() {
         .map(|reporter| reporter["share"].as_u64().expect("a share"))
         .collect();
     assert_eq!(shares, vec![10, 10], "{debug}");
+    // /debug/explain shows them for the descriptor the bucket reads as.
+    let explained = tokio::task::spawn_blocking({
+        let admin = running.admin;
+        move || {
+            crate::support::http_post(
+                admin,
+                "/debug/explain",
+                &[("content-type", "application/json")],
+                r#"{"domain":"quota","descriptors":[{"entries":[{"key":"api_key","value":"alice"}]}]}"#,
+            )
+            .expect("POST /debug/explain")
+        }
+    })
+    .await
+    .expect("explain");
+    assert_eq!(explained.status, 200, "{}", explained.body);
+    let explained: serde_json::Value = serde_json::from_str(&explained.body).expect("JSON");
+    let reporters = explained["descriptors"][0]["rlqs"]["reporters"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(reporters.len(), 2, "{explained}");
     // The second goes away: the first gets it all back without reporting.
     drop(b);
     assert_eq!(
