@@ -232,7 +232,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
             cluster.clone(),
             options.counters,
         ))
-        .merge(rlqs::router(rlqs));
+        .merge(rlqs::router(rlqs.clone()));
     if options.ui {
         router = router.merge(ui::router(ui::UiState {
             history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),
@@ -240,6 +240,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
             cluster,
             reload,
             counters: options.counters,
+            rlqs: rlqs.clone(),
         }));
     }
     let router = match token {

@@ -318,6 +318,14 @@ fn envoys_share_one_limit_by_demand_and_a_newcomer_gets_a_share() {
         "ratekeeper_rlqs_streams{domain=\"quota\"}",
     );
     assert_eq!(streams, 3.0, "one stream per Envoy");
+    // The dashboard's data lists the bucket with its three reporters.
+    let data =
+        crate::support::http_get(ratekeeper.admin_addr(), "/ui/data", &[]).expect("GET /ui/data");
+    let data: serde_json::Value = serde_json::from_str(&data.body).expect("JSON");
+    let reporters = data["rlqs"]["buckets"][0]["reporters"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert_eq!(reporters, 3, "{}", data["rlqs"]);
 }
 
 /// ratekeeper stops while an Envoy is over its share: Envoy keeps enforcing its assignment
