@@ -229,10 +229,11 @@ async fn run_stream(
         let report = match message {
             Ok(Some(report)) => report,
             Ok(None) => break Ok(()),
-            // Envoy went away (or sent something tonic could not read): nothing to answer.
+            // What tonic could not read (a message over its bound: OUT_OF_RANGE) is answered
+            // with tonic's status; a client that went away never sees it.
             Err(status) => {
-                tracing::debug!(%status, "rlqs stream ended by the client");
-                break Ok(());
+                tracing::debug!(%status, "rlqs stream ended reading a report");
+                break Err(status);
             }
         };
         match shared.take(&mut open, report, &tx) {
@@ -245,6 +246,7 @@ async fn run_stream(
             }
             Err((reason, status)) => {
                 shared.hub.stats().refuse(reason);
+                tracing::debug!(%status, "rlqs stream refused");
                 break Err(status);
             }
         }
@@ -253,7 +255,6 @@ async fn run_stream(
         shared.hub.close(id);
     }
     if let Err(status) = ended {
-        tracing::debug!(%status, "rlqs stream refused");
         let _ = tx.send(Err(status)).await;
     }
 }

@@ -455,6 +455,19 @@ async fn bad_reports_end_the_stream_with_a_status_naming_the_problem() {
         Code::ResourceExhausted,
         "more than the 512 allowed",
     );
+    // Over four times the bound: tonic refuses it while reading.
+    let huge = "x".repeat(4 * 512 + 100);
+    let mut stream = open(
+        &running.grpc,
+        report("quota", vec![usage("api_key", &huge, 1, 0, 0)]),
+    )
+    .await
+    .expect("opens");
+    refused(
+        stream.next().await.expect_err("refused"),
+        Code::OutOfRange,
+        "decoded message length too large",
+    );
     // Too many streams: two are open, the third is refused.
     let mut one = open(&running.grpc, first("a")).await.expect("opens");
     one.next().await.expect("answer");
