@@ -1283,8 +1283,11 @@ fn write_csv(path: &Path, samples: &[Sample]) {
             }
         }
         let load = change(Some(sample.load_cpu_s), previous.map(|p| p.load_cpu_s)).unwrap_or(0.0);
-        let busy =
-            change(Some(sample.machine_busy_s), previous.map(|p| p.machine_busy_s)).unwrap_or(0.0);
+        let busy = change(
+            Some(sample.machine_busy_s),
+            previous.map(|p| p.machine_busy_s),
+        )
+        .unwrap_or(0.0);
         let others = (busy - nodes_cpu - load).max(0.0);
         let _ = write!(csv, ",{load:.2},{busy:.2},{others:.2}");
         csv.push('\n');

@@ -20,6 +20,8 @@
 //! - `DELETE /counters/{domain}?descriptor=k=v,k=v`: resets one descriptor's counters
 //!   wherever they live (see [`counters`]); both `/counters` routes answer 404 with
 //!   `--admin-counters=false`;
+//! - `GET /debug/rlqs`: the RLQS buckets of this node with their reporters' demand and
+//!   shares (see [`rlqs`]);
 //! - `GET /ui`: the dashboard, one self-contained page polling `GET /ui/data` (see [`ui`]),
 //!   unless `--admin-ui=false`;
 //! - `GET /rlconfig`, `/stats` (the Prometheus text, as `/metrics`), `/metrics` and
@@ -60,6 +62,7 @@ mod json;
 pub mod names;
 mod nginx;
 mod rate;
+pub mod rlqs;
 mod ui;
 
 /// Which operator endpoints the admin listener serves.
@@ -97,6 +100,8 @@ pub struct Admin {
     pub cluster: Option<Cluster>,
     pub reload: Arc<ReloadStats>,
     pub options: AdminOptions,
+    /// The node's RLQS state (`None` where RLQS streams are refused).
+    pub rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
 }
 
 /// Whether the process is ready for traffic: serving (false once shutdown began) and, when
@@ -156,6 +161,8 @@ impl Default for Health {
 struct AdminState {
     health: Arc<Health>,
     limiter: Arc<Limiter>,
+    /// The node's RLQS state, for `/debug/explain` (admin listener only).
+    rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
 }
 
 /// The operator endpoints' paths: served on the admin listener only.
@@ -182,6 +189,7 @@ pub fn router(admin: &Admin, admin_addr: SocketAddr) -> Router {
         .with_state(AdminState {
             health: Arc::clone(&admin.health),
             limiter: Arc::clone(limiter),
+            rlqs: None,
         })
         .merge(rate::router(Arc::clone(limiter)))
         .merge(nginx::router(Arc::clone(limiter)));
@@ -210,10 +218,12 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
         cluster,
         reload,
         options,
+        rlqs,
     } = admin;
     let state = AdminState {
         health,
         limiter: Arc::clone(&limiter),
+        rlqs: rlqs.clone(),
     };
     // The reference's debug port (`DEBUG_PORT`) answers these; they are read-only and the
     // HTTP listener serves them to anyone, so they stay open under the token too.
@@ -232,7 +242,8 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
             names.clone(),
             cluster.clone(),
             options.counters,
-        ));
+        ))
+        .merge(rlqs::router(rlqs.clone()));
     if options.ui {
         router = router.merge(ui::router(ui::UiState {
             history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),
@@ -241,6 +252,7 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
             cluster,
             reload,
             counters: options.counters,
+            rlqs: rlqs.clone(),
         }));
     }
     let router = match token {

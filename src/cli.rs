@@ -12,6 +12,7 @@ use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand,
 
 use crate::admin::AdminOptions;
 use crate::admin::explain::client::ExplainRequest;
+use crate::envoy::rlqs::{HubOptions, RlqsOptions};
 use crate::envoy::xds::XdsOptions;
 use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::{ConfigErrors, Limits, LoadOptions, parse_duration};
@@ -474,6 +475,26 @@ pub struct ServeArgs {
     /// Most per-limit metric series (label sets).
     #[arg(long, env = "RATEKEEPER_METRICS_MAX_SERIES", default_value_t = 10_000)]
     pub metrics_max_series: usize,
+    /// RLQS: a bucket a stream reported no traffic for this long is abandoned (Envoy drops
+    /// it until its next request).
+    #[arg(long, env = "RATEKEEPER_RLQS_ABANDON_AFTER", value_parser = duration, default_value = "60s")]
+    pub rlqs_abandon_after: Duration,
+    /// RLQS: most streams open on this node.
+    #[arg(long, env = "RATEKEEPER_RLQS_MAX_STREAMS", default_value_t = 1024)]
+    pub rlqs_max_streams: usize,
+    /// RLQS: most buckets one stream may report.
+    #[arg(
+        long,
+        env = "RATEKEEPER_RLQS_MAX_BUCKETS_PER_STREAM",
+        default_value_t = 10_000
+    )]
+    pub rlqs_max_buckets_per_stream: usize,
+    /// RLQS: most buckets on this node, all streams together.
+    #[arg(long, env = "RATEKEEPER_RLQS_MAX_BUCKETS", default_value_t = 100_000)]
+    pub rlqs_max_buckets: usize,
+    /// RLQS: the largest report, in bytes.
+    #[arg(long, env = "RATEKEEPER_RLQS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
+    pub rlqs_max_message_bytes: usize,
     /// Where counters live: `memory` (this process; with --peers, the cluster), or Redis:
     /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, `rediss://...` (TLS),
     /// `redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]/MASTER[/DB]`,
@@ -705,6 +726,20 @@ impl ServeArgs {
             grpc_tls: self.tls_options(),
             admin_addr: self.admin_addr,
             admin_token: self.admin_token_file.clone(),
+            rlqs: {
+                let defaults = RlqsOptions::default();
+                RlqsOptions {
+                    hub: HubOptions {
+                        max_streams: self.rlqs_max_streams,
+                        max_buckets_per_stream: self.rlqs_max_buckets_per_stream,
+                        max_buckets: self.rlqs_max_buckets,
+                        abandon_after: self.rlqs_abandon_after,
+                        ..defaults.hub
+                    },
+                    max_message_bytes: self.rlqs_max_message_bytes,
+                    ..defaults
+                }
+            },
             ..ServerOptions::new(self.grpc_addr, self.http_addr)
         }
     }

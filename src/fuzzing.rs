@@ -138,6 +138,7 @@ impl Fixture {
                 ui: false,
                 counter_names: 100,
             },
+            rlqs: None,
         };
         let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6070));
         let http = crate::admin::router(&state, admin_addr);
@@ -704,6 +705,73 @@ pub fn inject_yaml(data: &[u8]) {
         back.yaml, original.yaml,
         "uninject did not give back the input"
     );
+}
+
+/// RLQS: report bytes -> prost -> [`crate::envoy::rlqs::usages`] -> a hub stream's report
+/// (rules read from the fixture limits) -> [`crate::envoy::rlqs::response`] -> bytes. A report
+/// that decodes is answered, one action per distinct bucket, or refused as
+/// `INVALID_ARGUMENT` / `RESOURCE_EXHAUSTED`; the answer decodes back to itself; the stream's
+/// state is gone once it closes.
+pub fn rlqs(data: &[u8]) {
+    use crate::envoy::rlqs::{self, Hub, HubError, HubOptions, RlqsStats};
+    use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+        RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    };
+    static HUB: OnceLock<Hub> = OnceLock::new();
+    let Ok(report) = RateLimitQuotaUsageReports::decode(data) else {
+        return;
+    };
+    let usages = match rlqs::usages(&report) {
+        Ok(usages) => usages,
+        Err(status) => {
+            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+            return;
+        }
+    };
+    let distinct: std::collections::HashSet<_> =
+        usages.iter().map(|usage| usage.bucket.clone()).collect();
+    let hub = HUB.get_or_init(|| {
+        Hub::new(
+            HubOptions {
+                max_streams: 4,
+                max_buckets_per_stream: 64,
+                max_buckets: 64,
+                stale_after: std::time::Duration::from_secs(15),
+                abandon_after: std::time::Duration::from_secs(60),
+            },
+            RlqsStats::default(),
+        )
+    });
+    let Ok(id) = hub.open(&report.domain, "fuzz", Box::new(|_| true)) else {
+        panic!("a stream opens (each input closes its own)");
+    };
+    let limits = Fixture::get().limiter.limits().load();
+    let domain = limits.domain(&report.domain);
+    let reported = hub.report(
+        id,
+        usages,
+        |bucket| rlqs::resolve(domain, bucket, false),
+        tokio::time::Instant::now(),
+    );
+    hub.close(id);
+    assert_eq!(hub.stream_count(), 0);
+    match reported {
+        Ok(reported) => {
+            assert_eq!(reported.actions.len(), distinct.len());
+            let response = rlqs::response(reported.actions, std::time::Duration::from_secs(15));
+            let bytes = response.encode_to_vec();
+            let decoded = RateLimitQuotaResponse::decode(bytes.as_slice())
+                .expect("an encoded response decodes");
+            assert_eq!(decoded, response);
+        }
+        Err(error) => assert!(
+            matches!(error, HubError::TooManyBuckets { .. }),
+            "{error:?}"
+        ),
+    }
+    for bucket in &distinct {
+        assert!(hub.reporters(&report.domain, bucket).is_empty());
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::names::CounterNames;
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
+use crate::envoy::rlqs::{RlqsOptions, RlqsService, RlqsStats};
 use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
 use crate::limiter::{Limiter, LimiterOptions};
@@ -177,6 +178,8 @@ pub struct ServerOptions {
     /// The bearer token every admin request must carry: this file's content, re-read while
     /// serving (see [`crate::admin::auth`]).
     pub admin_token: Option<PathBuf>,
+    /// The Rate Limit Quota Service (`StreamRateLimitQuotas`) on the gRPC listener.
+    pub rlqs: RlqsOptions,
 }
 
 impl ServerOptions {
@@ -202,6 +205,7 @@ impl ServerOptions {
             admin: AdminOptions::default(),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_token: None,
+            rlqs: RlqsOptions::default(),
         }
     }
 }
@@ -280,6 +284,10 @@ pub struct Server {
     /// The xDS subscription, stopped when the server is dropped.
     _xds: Option<AbortOnDrop>,
     xds_stats: Arc<XdsStats>,
+    rlqs: RlqsOptions,
+    rlqs_stats: RlqsStats,
+    /// Why RLQS streams are refused on this node (`--store redis`, cluster mode).
+    rlqs_refused: Option<String>,
 }
 
 impl Server {
@@ -400,6 +408,21 @@ impl Server {
             tls.stats()
                 .register_metrics_as(tls::PEER.what, &mut registry);
         }
+        let rlqs_stats = RlqsStats::default();
+        rlqs_stats.register(&mut registry);
+        let rlqs_refused = if options.store.is_some() {
+            Some(
+                "rlqs is not served with --store redis: every node would divide each limit alone, admitting up to one limit per node; serve RLQS from ratekeeper nodes with the memory store (one node, or one per Envoy pointed at the same node)"
+                    .to_owned(),
+            )
+        } else if options.cluster.is_some() {
+            Some(
+                "rlqs is not served in cluster mode yet: every node would divide each limit alone; point every Envoy's rate_limit_quota filter at one ratekeeper node"
+                    .to_owned(),
+            )
+        } else {
+            None
+        };
         let metrics = Arc::new(Metrics::new(options.metrics, registry));
         let watcher = match &options.watch {
             Some(path) => Some(reload::watch(
@@ -458,6 +481,9 @@ impl Server {
             _peer_tls_watch: peer_tls_watch,
             _xds: xds,
             xds_stats,
+            rlqs: options.rlqs,
+            rlqs_stats,
+            rlqs_refused,
         })
     }
 
@@ -542,8 +568,19 @@ impl Server {
         let incoming = self.grpc.incoming(self.tls.clone());
         // ShouldRateLimit is answered by `grpc` itself; health (and any other service) by
         // tonic's router, which also takes the calls `grpc` leaves to it.
+        // RLQS streams end when the server stops, so they do not hold up the drain.
+        let rlqs = RlqsService::new(
+            Arc::clone(&self.limiter),
+            self.rlqs,
+            self.rlqs_stats.clone(),
+            self.rlqs_refused.clone(),
+            stop_rx.clone(),
+        );
+        let _rlqs_sweep = AbortOnDrop(rlqs.sweeper().spawn().abort_handle());
+        let rlqs_hub = self.rlqs_refused.is_none().then(|| Arc::clone(rlqs.hub()));
         let routes = tonic::service::Routes::new(health_service)
             .add_service(rls)
+            .add_service(rlqs.into_server())
             .prepare();
         let grpc = crate::envoy::grpc::serve(
             incoming,
@@ -562,6 +599,7 @@ impl Server {
             cluster: self.cluster.clone(),
             reload: Arc::clone(&self.reload_stats),
             options: self.admin,
+            rlqs: rlqs_hub,
         };
         let app = admin::router(&shared, self.admin_addr);
         let http =

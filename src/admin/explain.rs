@@ -29,8 +29,11 @@
 //! `match` is one of `unknown_domain`, `no_match`, `allow_listed`, `replaced`, `unlimited`,
 //! `limited`, `request_limit`; `replaced` lists `{"limit", "by", "at"}` for the limits
 //! another descriptor's `replaces` dropped. `shard`/`shards` are present when this node
-//! holds the counters, `owner` in cluster mode. Errors: 400 for a bad body or request, 503
-//! when the store or the key's owner cannot answer.
+//! holds the counters, `owner` in cluster mode. A descriptor that is also an RLQS bucket of
+//! this node (its entries, ordered by key) gets `rlqs`: `{"reporters": [{"stream",
+//! "demand", "share"}]}`, the Envoy streams reporting it with their demand and share per
+//! unit. Errors: 400 for a bad body or request, 503 when the store or the key's owner
+//! cannot answer.
 
 pub mod client;
 
@@ -51,9 +54,27 @@ pub(super) async fn explain(State(state): State<AdminState>, body: Bytes) -> Res
     let query = request.query();
     match state.limiter.explain(&query).await {
         Ok(explanation) => {
-            (StatusCode::OK, axum::Json(render(&query, &explanation))).into_response()
+            let mut answer = render(&query, &explanation);
+            if let Some(hub) = &state.rlqs {
+                add_rlqs(&mut answer, &query, hub);
+            }
+            (StatusCode::OK, axum::Json(answer)).into_response()
         }
         Err(failed) => error_response(&failed),
+    }
+}
+
+/// Adds `rlqs` to each descriptor of `answer` that is a bucket `hub` holds.
+fn add_rlqs(answer: &mut Value, query: &Query<'_>, hub: &crate::envoy::rlqs::Hub) {
+    let Some(descriptors) = answer.get_mut("descriptors").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for (out, descriptor) in descriptors.iter_mut().zip(&query.descriptors) {
+        let bucket = crate::envoy::rlqs::bucket_key(descriptor.entries.iter().copied());
+        let reporters = hub.reporters(query.domain, &bucket);
+        if !reporters.is_empty() {
+            out["rlqs"] = json!({ "reporters": reporters });
+        }
     }
 }
 

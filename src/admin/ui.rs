@@ -66,6 +66,8 @@ pub(super) struct UiState {
     pub counters: bool,
     /// The per-limit totals of the last minutes, sampled in the background.
     pub history: History,
+    /// The node's RLQS state (`None` where RLQS is refused).
+    pub rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
 }
 
 pub(super) fn router(state: UiState) -> Router {
@@ -104,9 +106,30 @@ async fn data(State(state): State<UiState>) -> Response {
         "reload": reload(&state.reload),
         "counters_enabled": state.counters,
         "history": history_json(&state.history),
+        "rlqs": rlqs(state.rlqs.as_deref()),
     });
     ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
 }
+
+/// The RLQS buckets shown on the page (at most [`RLQS_BUCKETS`]), with their reporters'
+/// demand and shares.
+fn rlqs(hub: Option<&crate::envoy::rlqs::Hub>) -> Value {
+    match hub {
+        None => json!({"served": false, "streams": 0, "total": 0, "buckets": []}),
+        Some(hub) => {
+            let (buckets, total) = hub.snapshot(None, RLQS_BUCKETS);
+            json!({
+                "served": true,
+                "streams": hub.stream_count(),
+                "total": total,
+                "buckets": buckets,
+            })
+        }
+    }
+}
+
+/// The most RLQS buckets `/ui/data` lists (`/debug/rlqs` lists more).
+const RLQS_BUCKETS: usize = 50;
 
 /// The sampled per-limit totals, each point `[unix_ms, hits, over]`.
 fn history_json(history: &History) -> Value {

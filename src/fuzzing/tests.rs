@@ -82,3 +82,8 @@ fn admission_review_inputs_replay() {
 fn inject_yaml_inputs_replay() {
     replay("inject_yaml", super::inject_yaml);
 }
+
+#[test]
+fn rlqs_inputs_replay() {
+    replay("rlqs", super::rlqs);
+}

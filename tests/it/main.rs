@@ -39,6 +39,7 @@ mod redis_store;
 mod reference_env;
 mod reset;
 mod response_headers;
+mod rlqs;
 mod store_contract;
 mod tls;
 mod uds;
