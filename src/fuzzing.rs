@@ -310,7 +310,7 @@ pub fn grpc(data: &[u8]) {
 }
 
 /// Peer messages are chosen by the first byte.
-const PEER_MESSAGES: u8 = 12;
+const PEER_MESSAGES: u8 = 14;
 
 /// The peer protocol (`ratekeeper.peer.v1`): the first byte picks a message type, the rest
 /// is that message's protobuf. Requests go through this node's [`PeerService`] as a peer's
@@ -405,6 +405,20 @@ pub fn peer(data: &[u8]) {
                 };
                 names_reply(reply);
             }
+            12 => {
+                let Ok(report) = wire::QuotaReport::decode(bytes) else {
+                    return Ok(());
+                };
+                // The fixture serves no RLQS: the report is validated, then no share given.
+                let reply = service.quota(Request::new(report)).await?.into_inner();
+                assert!(!reply.serves_quota && reply.shares.is_empty());
+            }
+            13 => {
+                let Ok(reply) = wire::QuotaReply::decode(bytes) else {
+                    return Ok(());
+                };
+                quota_reply(reply);
+            }
             _ => {
                 let Ok(reply) = wire::PeekReply::decode(bytes) else {
                     return Ok(());
@@ -438,6 +452,26 @@ fn names_reply(reply: wire::NamesReply) {
     };
     let again = convert::names_from_wire("edge", LIMIT, convert::names_to_wire(Some(page.clone())));
     assert_eq!(again, Ok(Some(page)));
+}
+
+/// An owner's answer to a `Quota` report of two buckets: one share per bucket, each at most
+/// its limit, or refused.
+fn quota_reply(reply: wire::QuotaReply) {
+    use crate::store::cluster::quota::{QuotaBucket, QuotaDemand};
+    let sent = [10, u64::from(u32::MAX)].map(|limit| QuotaDemand {
+        bucket: QuotaBucket {
+            route: limit,
+            id: limit,
+        },
+        limit,
+        demand: limit,
+    });
+    if let Ok(Some(shares)) = convert::quota_shares_from_wire(&sent, reply) {
+        assert_eq!(shares.len(), sent.len());
+        for (share, demand) in shares.iter().zip(&sent) {
+            assert!(share.is_none_or(|share| (1..=demand.limit).contains(&share)));
+        }
+    }
 }
 
 /// A node in cluster mode with no other member, and the leases its remotes would keep.

@@ -31,6 +31,7 @@ use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::names::CounterNames;
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
+use crate::envoy::rlqs::cluster::{EXCHANGE_EVERY, Exchanger, FORGET_AFTER, Owner};
 use crate::envoy::rlqs::{RlqsOptions, RlqsService, RlqsStats};
 use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
@@ -286,7 +287,7 @@ pub struct Server {
     xds_stats: Arc<XdsStats>,
     rlqs: RlqsOptions,
     rlqs_stats: RlqsStats,
-    /// Why RLQS streams are refused on this node (`--store redis`, cluster mode).
+    /// Why RLQS streams are refused on this node (`--store redis`).
     rlqs_refused: Option<String>,
 }
 
@@ -413,11 +414,6 @@ impl Server {
         let rlqs_refused = if options.store.is_some() {
             Some(
                 "rlqs is not served with --store redis: every node would divide each limit alone, admitting up to one limit per node; serve RLQS from ratekeeper nodes with the memory store (one node, or one per Envoy pointed at the same node)"
-                    .to_owned(),
-            )
-        } else if options.cluster.is_some() {
-            Some(
-                "rlqs is not served in cluster mode yet: every node would divide each limit alone; point every Envoy's rate_limit_quota filter at one ratekeeper node"
                     .to_owned(),
             )
         } else {
@@ -577,6 +573,26 @@ impl Server {
             stop_rx.clone(),
         );
         let _rlqs_sweep = AbortOnDrop(rlqs.sweeper().spawn().abort_handle());
+        // Cluster mode: the quota buckets this node owns are divided among the nodes by
+        // `owner` (for the peer service's `Quota`); the exchanger sends this node's demand
+        // to the owners and divides its shares among its own streams.
+        let quota_owner = self
+            .cluster
+            .as_ref()
+            .map(|_| Arc::new(Owner::new(self.rlqs.hub.max_buckets, FORGET_AFTER)));
+        let _rlqs_exchange = match (&self.cluster, &quota_owner) {
+            (Some(cluster), Some(owner)) => {
+                let exchanger = Exchanger::new(
+                    rlqs.hub(),
+                    cluster.clone(),
+                    Arc::clone(owner),
+                    EXCHANGE_EVERY,
+                );
+                Some(AbortOnDrop(exchanger.spawn().abort_handle()))
+            }
+            _ => None,
+        };
+        let quota_source = quota_owner.as_ref().map(Owner::source);
         let rlqs_hub = self.rlqs_refused.is_none().then(|| Arc::clone(rlqs.hub()));
         let routes = tonic::service::Routes::new(health_service)
             .add_service(rls)
@@ -613,7 +629,7 @@ impl Server {
             let (Some((listener, _)), Some(cluster)) = (self.peer, &cluster) else {
                 return Ok(());
             };
-            let service = PeerService::with_names(cluster, names);
+            let service = PeerService::with_sources(cluster, names, quota_source);
             // Accepted (and, with mutual TLS, handshaken) like the gRPC listener's
             // connections; each request carries its connection's client certificate.
             let incoming = GrpcListener::from_tcp(listener)?.incoming(self.peer_tls);

@@ -14,9 +14,11 @@
 //!   or the bound (`RESOURCE_EXHAUSTED`), and changes nothing.
 //! - Streams end when the server stops (so the gRPC drain is not held up by them), and a
 //!   closed stream's shares go back to the others at once.
-//! - With `--store redis` or in cluster mode every stream is refused (`UNIMPLEMENTED`, the
-//!   reason in the message): those nodes would each divide the limit alone.
+//! - With `--store redis` every stream is refused (`UNIMPLEMENTED`, the reason in the
+//!   message): each node would divide the limit alone. In cluster mode each node divides
+//!   its share of the limit, from the bucket's owner ([`cluster`]).
 
+pub mod cluster;
 mod division;
 mod hub;
 mod rule;
@@ -49,7 +51,8 @@ use crate::limiter::Limiter;
 
 pub use self::division::{FLOOR_DIVISOR, TokenBucket, divide, keeps};
 pub use self::hub::{
-    Action, BucketView, Hub, HubError, HubOptions, ReporterView, Strategy, StreamId, Usage,
+    Action, BucketView, Hub, HubError, HubOptions, Members, NodeDemand, ReporterView, Strategy,
+    StreamId, Usage, node_limit,
 };
 pub use self::rule::{BucketKey, Rule, bucket_key, resolve};
 pub use self::stats::{RlqsStats, UNKNOWN_DOMAIN};
@@ -107,7 +110,7 @@ struct Shared {
     hub: Arc<Hub>,
     limiter: Arc<Limiter>,
     options: RlqsOptions,
-    /// Why every stream is refused (`--store redis`, cluster mode).
+    /// Why every stream is refused (`--store redis`).
     refused: Option<String>,
     stop: watch::Receiver<bool>,
 }

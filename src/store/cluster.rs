@@ -33,7 +33,11 @@
 //! (it died, the call failed, or the keys moved to another owner meanwhile) keeps that
 //! request's hits counted until the window ends, an under-admission, logged.
 //!
-//! No import cycle between the submodules: the vocabulary ([`names`], [`lease`],
+//! - [`quota`]: RLQS across the cluster: each node's demand for a quota bucket sent to its
+//!   owner, which answers the node's share (the division itself is installed by the
+//!   server, see [`quota::QuotaSource`]).
+//!
+//! No import cycle between the submodules: the vocabulary ([`names`], [`lease`], [`quota`],
 //! [`scatter`], [`ring`], [`proto`], [`identity`]) imports no sibling; `convert` maps it to
 //! the wire; [`remote`] (one peer's client) builds on `convert`; the jobs build on `remote`.
 
@@ -47,6 +51,7 @@ mod membership;
 mod metrics;
 pub mod names;
 pub mod proto;
+pub mod quota;
 mod rebalance;
 pub mod remote;
 pub mod ring;
@@ -185,6 +190,13 @@ pub struct ClusterStats {
     /// Peer messages refused: their client certificate does not speak for the node they
     /// concern (mutual TLS).
     pub refused: AtomicU64,
+    /// RLQS: bucket demands sent to their owners, those that got no share back (the owner
+    /// did not answer in time, or gave none), `Quota` calls that failed, and bucket demands
+    /// this node divided as their owner for other nodes.
+    pub quota_sent: AtomicU64,
+    pub quota_unanswered: AtomicU64,
+    pub quota_failed_calls: AtomicU64,
+    pub quota_received: AtomicU64,
 }
 
 /// The routing snapshot: the ring plus a client per member (None for this node). Rebuilt

@@ -2,6 +2,7 @@
 //! sends and is sent on the wire), then real Envoys with the `rate_limit_quota` filter
 //! (`rlqs::envoy`).
 
+mod cluster;
 mod envoy;
 
 use std::collections::HashMap;

@@ -10,11 +10,14 @@
 //! - A report that is refused changes nothing (its bucket count is checked before any
 //!   state is touched).
 //! - Per bucket, the shares of its reporters come from [`division::divide`] over their
-//!   latest demand: they add up to at most the limit (see there).
+//!   latest demand: they add up to at most the node's limit (see there). Alone, the node's
+//!   limit is the bucket's limit; in cluster mode it is the node's share from the bucket's
+//!   owner ([`Hub::set_node_shares`]), an equal part per member until the owner answered
+//!   (or while it cannot be reached).
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -121,6 +124,21 @@ struct Bucket {
     label: Arc<str>,
     rule: Rule,
     reporters: BTreeMap<StreamId, Reporter>,
+    /// Cluster mode: this node's share of the limit, as the bucket's owner last answered
+    /// (`None`: no answer yet, or the owner could not be reached).
+    granted: Option<u64>,
+}
+
+/// One bucket's demand on this node (cluster mode): what its streams want together.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeDemand {
+    pub domain: Arc<str>,
+    pub bucket: BucketKey,
+    /// The limit's requests per unit.
+    pub limit: u64,
+    /// The streams' demands summed, a stream whose demand is not known yet counting as the
+    /// whole limit; at most `limit`.
+    pub demand: u64,
 }
 
 #[derive(Default)]
@@ -129,6 +147,9 @@ struct State {
     streams: HashMap<StreamId, Stream>,
     buckets: HashMap<(Arc<str>, BucketKey), Bucket>,
 }
+
+/// Cluster mode: how many members the ring has now.
+pub type Members = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 /// A bucket's view for `GET /debug/rlqs`: its limit and its reporters.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -154,6 +175,8 @@ pub struct Hub {
     options: HubOptions,
     stats: RlqsStats,
     state: Mutex<State>,
+    /// Cluster mode: the ring's member count (unset: a single node).
+    members: OnceLock<Members>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -170,6 +193,7 @@ impl Hub {
             options,
             stats,
             state: Mutex::new(State::default()),
+            members: OnceLock::new(),
         }
     }
 
@@ -238,6 +262,7 @@ impl Hub {
                 }
             }
         }
+        let members = self.members();
         let mut state = self.lock();
         let State {
             streams, buckets, ..
@@ -295,6 +320,7 @@ impl Hub {
                         label: Arc::clone(&stream_label),
                         rule,
                         reporters: BTreeMap::new(),
+                        granted: None,
                     })
                 }
             };
@@ -358,7 +384,7 @@ impl Hub {
                     );
                 }
             }
-            for (reporter, strategy, changed) in redivide(bucket) {
+            for (reporter, strategy, changed) in redivide(bucket, members) {
                 let action = Action::Assign {
                     bucket: usage.bucket.clone(),
                     strategy,
@@ -389,6 +415,7 @@ impl Hub {
 
     /// Ends stream `id`: its shares go back to the other reporters of its buckets at once.
     pub fn close(&self, id: StreamId) {
+        let members = self.members();
         let mut state = self.lock();
         let State {
             streams, buckets, ..
@@ -410,7 +437,7 @@ impl Hub {
                 self.stats.buckets.get_or_create(&label).dec();
                 continue;
             }
-            collect_changes(bucket, &key.1, &mut pushes);
+            collect_changes(bucket, &key.1, members, &mut pushes);
         }
         self.deliver(streams, pushes);
     }
@@ -418,6 +445,7 @@ impl Hub {
     /// Drops reporters not heard for `stale_after`, abandons buckets without traffic for
     /// `abandon_after`, and pushes the shares that freed up.
     pub fn sweep(&self, now: Instant) {
+        let members = self.members();
         let mut state = self.lock();
         let State {
             streams, buckets, ..
@@ -452,7 +480,7 @@ impl Hub {
             if bucket.reporters.is_empty() {
                 empty.push(key.clone());
             } else if bucket.reporters.len() != before {
-                collect_changes(bucket, &key.1, &mut pushes);
+                collect_changes(bucket, &key.1, members, &mut pushes);
             }
         }
         for key in empty {
@@ -533,6 +561,76 @@ impl Hub {
         (views, total)
     }
 
+    /// Cluster mode: every divided bucket's demand on this node (shadow-mode ones too),
+    /// for the buckets' owners.
+    pub fn node_demands(&self) -> Vec<NodeDemand> {
+        let state = self.lock();
+        state
+            .buckets
+            .iter()
+            .filter_map(|((domain, bucket), held)| {
+                let Rule::Limited { rate, .. } = held.rule else {
+                    return None;
+                };
+                let limit = u64::from(rate.requests_per_unit);
+                let demand = held
+                    .reporters
+                    .values()
+                    .map(|reporter| reporter.demand.unwrap_or(limit))
+                    .fold(0u64, u64::saturating_add)
+                    .min(limit);
+                Some(NodeDemand {
+                    domain: Arc::clone(domain),
+                    bucket: bucket.clone(),
+                    limit,
+                    demand,
+                })
+            })
+            .collect()
+    }
+
+    /// Cluster mode: counts the ring's members with `members` from now on (alone, the
+    /// hub divides each bucket's whole limit). Set once; later calls change nothing.
+    pub fn follow_members(&self, members: Members) {
+        let _ = self.members.set(members);
+    }
+
+    /// The members on the ring (1 outside cluster mode).
+    fn members(&self) -> u64 {
+        self.members.get().map_or(1, |members| members().max(1))
+    }
+
+    /// Cluster mode: this node's share of each bucket as its owner answered (`None`: no
+    /// answer; an equal part per member is used). Buckets not named keep what they had
+    /// (they appeared since the demands were read). Every bucket is divided again (the
+    /// members may have changed) and the streams whose assignment changed are pushed it.
+    pub fn set_node_shares(
+        &self,
+        shares: impl IntoIterator<Item = ((Arc<str>, BucketKey), Option<u64>)>,
+    ) {
+        let shares: HashMap<(Arc<str>, BucketKey), Option<u64>> = shares.into_iter().collect();
+        let members = self.members();
+        let mut state = self.lock();
+        let State {
+            streams, buckets, ..
+        } = &mut *state;
+        let mut pushes = Vec::new();
+        for (key, bucket) in buckets.iter_mut() {
+            if let Some(&granted) = shares.get(key) {
+                bucket.granted = granted;
+            }
+            collect_changes(bucket, &key.1, members, &mut pushes);
+        }
+        self.deliver(streams, pushes);
+    }
+
+    /// Cluster mode: this node's share of `bucket` from its owner, when it answered.
+    pub fn node_share(&self, domain: &str, bucket: &BucketKey) -> Option<u64> {
+        let state = self.lock();
+        let key = (Arc::from(domain), bucket.clone());
+        state.buckets.get(&key).and_then(|bucket| bucket.granted)
+    }
+
     /// How many streams are open.
     pub fn stream_count(&self) -> usize {
         self.lock().streams.len()
@@ -568,8 +666,13 @@ fn scale(share: u64, elapsed: Duration, unit_secs: u64) -> u64 {
 }
 
 /// Redivides `bucket` and queues the assignments that changed.
-fn collect_changes(bucket: &mut Bucket, key: &BucketKey, pushes: &mut Vec<(StreamId, Action)>) {
-    for (reporter, strategy, changed) in redivide(bucket) {
+fn collect_changes(
+    bucket: &mut Bucket,
+    key: &BucketKey,
+    members: u64,
+    pushes: &mut Vec<(StreamId, Action)>,
+) {
+    for (reporter, strategy, changed) in redivide(bucket, members) {
         if changed {
             pushes.push((
                 reporter,
@@ -582,9 +685,20 @@ fn collect_changes(bucket: &mut Bucket, key: &BucketKey, pushes: &mut Vec<(Strea
     }
 }
 
-/// Divides the bucket's limit among its reporters from their demand; returns each
-/// reporter's strategy and whether it differs from what it was last sent.
-fn redivide(bucket: &mut Bucket) -> Vec<(StreamId, Strategy, bool)> {
+/// What this node divides among its streams of a bucket whose limit is `limit`: the whole
+/// limit alone; in cluster mode (`members` above 1) its share from the bucket's owner, or
+/// an equal part per member (at least 1) until the owner answered.
+pub fn node_limit(limit: u64, granted: Option<u64>, members: u64) -> u64 {
+    match granted {
+        Some(granted) => granted.min(limit),
+        None if members > 1 => (limit / members).max(1),
+        None => limit,
+    }
+}
+
+/// Divides the node's limit of the bucket among its reporters from their demand; returns
+/// each reporter's strategy and whether it differs from what it was last sent.
+fn redivide(bucket: &mut Bucket, members: u64) -> Vec<(StreamId, Strategy, bool)> {
     let shares = match bucket.rule {
         Rule::Limited { rate, .. } => {
             let demands: Vec<Option<u64>> = bucket
@@ -592,7 +706,8 @@ fn redivide(bucket: &mut Bucket) -> Vec<(StreamId, Strategy, bool)> {
                 .values()
                 .map(|reporter| reporter.demand)
                 .collect();
-            division::divide(u64::from(rate.requests_per_unit), &demands)
+            let limit = node_limit(u64::from(rate.requests_per_unit), bucket.granted, members);
+            division::divide(limit, &demands)
         }
         _ => Vec::new(),
     };

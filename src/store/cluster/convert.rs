@@ -12,6 +12,7 @@ use crate::error::ErrorKind;
 use crate::key::KeyId;
 
 use super::names::{self, Named, NamesPage};
+use super::quota::{self, QuotaBucket, QuotaDemand};
 
 /// The protocol version this build speaks.
 pub const VERSION: u32 = 1;
@@ -313,6 +314,70 @@ pub fn names_from_wire(
     }))
 }
 
+pub fn quota_demand_to_wire(demand: &QuotaDemand) -> wire::QuotaDemand {
+    wire::QuotaDemand {
+        route: demand.bucket.route,
+        id: demand.bucket.id,
+        limit: demand.limit,
+        demand: demand.demand,
+    }
+}
+
+/// The demands of a `Quota` report, bounded: at most [`quota::MAX_BUCKETS`], each limit
+/// within `u32`, each demand read as at most its limit.
+pub fn quota_demands_from_wire(buckets: &[wire::QuotaDemand]) -> Result<Vec<QuotaDemand>, String> {
+    if buckets.len() > quota::MAX_BUCKETS {
+        return Err(format!(
+            "buckets: {} given, at most {}",
+            buckets.len(),
+            quota::MAX_BUCKETS
+        ));
+    }
+    buckets
+        .iter()
+        .enumerate()
+        .map(|(index, bucket)| {
+            let name = QuotaBucket {
+                route: bucket.route,
+                id: bucket.id,
+            };
+            quota::bounded(name, bucket.limit, bucket.demand).ok_or_else(|| {
+                format!(
+                    "buckets[{index}].limit: {} is more than a limit can be ({})",
+                    bucket.limit,
+                    u32::MAX
+                )
+            })
+        })
+        .collect()
+}
+
+/// The owner's answer to `sent` demands: one share per demand, each at most its limit
+/// (`None` for 0: no share given); `Ok(None)` when the owner divides no quotas.
+pub fn quota_shares_from_wire(
+    sent: &[QuotaDemand],
+    reply: wire::QuotaReply,
+) -> Result<Option<Vec<Option<u64>>>, String> {
+    if !reply.serves_quota {
+        return Ok(None);
+    }
+    if reply.shares.len() != sent.len() {
+        return Err(format!(
+            "{} shares for {} buckets",
+            reply.shares.len(),
+            sent.len()
+        ));
+    }
+    Ok(Some(
+        reply
+            .shares
+            .iter()
+            .zip(sent)
+            .map(|(&share, demand)| (share > 0).then(|| share.min(demand.limit)))
+            .collect(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -417,6 +482,42 @@ mod tests {
         bad(
             &|reply| reply.names[0].entries[0].value = "x".repeat(names::MAX_NAME_BYTES),
             "out of bounds",
+        );
+    }
+
+    #[test]
+    fn quota_messages_are_bounded_both_ways() {
+        let bucket = |limit: u64, demand: u64| wire::QuotaDemand {
+            route: 1,
+            id: 2,
+            limit,
+            demand,
+        };
+        // A demand over the limit is read as the limit; a limit over u32 is refused.
+        let read = quota_demands_from_wire(&[bucket(20, 500)]).expect("valid");
+        assert_eq!(read[0].demand, 20);
+        let refused = quota_demands_from_wire(&[bucket(20, 1), bucket(u64::MAX, 1)]);
+        assert!(refused.is_err_and(|problem| problem.starts_with("buckets[1].limit")));
+        let too_many = vec![bucket(1, 1); quota::MAX_BUCKETS + 1];
+        assert!(quota_demands_from_wire(&too_many).is_err());
+        // Shares: one per bucket, at most its limit, 0 read as none given.
+        let sent = read;
+        let reply = |shares: Vec<u64>| wire::QuotaReply {
+            serves_quota: true,
+            shares,
+        };
+        assert_eq!(
+            quota_shares_from_wire(&sent, reply(vec![u64::MAX])),
+            Ok(Some(vec![Some(20)]))
+        );
+        assert_eq!(
+            quota_shares_from_wire(&sent, reply(vec![0])),
+            Ok(Some(vec![None]))
+        );
+        assert!(quota_shares_from_wire(&sent, reply(vec![1, 2])).is_err());
+        assert_eq!(
+            quota_shares_from_wire(&sent, wire::QuotaReply::default()),
+            Ok(None)
         );
     }
 }

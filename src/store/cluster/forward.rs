@@ -14,6 +14,7 @@ use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::names::{DEADLINE, MAX_NAMES, NamesPage};
+use super::quota::{self, QuotaDemand, QuotaSource};
 use super::remote::{self, PeerError, Remote};
 use super::scatter::Scatter;
 use super::{Cluster, ClusterError, Fallback, Node, Topology, convert, lease};
@@ -318,6 +319,89 @@ impl Cluster {
             (Arc::clone(peer.address()), answer)
         });
         futures_util::future::join_all(asked).await
+    }
+}
+
+impl Cluster {
+    /// RLQS: sends each bucket's demand to the bucket's owner on the ring, one batch per
+    /// owner (split at [`quota::MAX_BUCKETS`]), all owners at once, each call within
+    /// [`quota::DEADLINE`]; the buckets this node owns are divided by `here` (this node's
+    /// own division, with this node as the sender). Answers one share per demand, in
+    /// order: `None` where the owner did not answer in time or gave none.
+    pub async fn exchange_quota(
+        &self,
+        demands: &[QuotaDemand],
+        here: &QuotaSource,
+    ) -> Vec<Option<u64>> {
+        let node = &*self.node;
+        let mut shares = vec![None; demands.len()];
+        // Per owner (None: this node), the indices of its buckets.
+        let mut by_owner: Vec<(Option<Arc<Remote>>, Vec<usize>)> = Vec::new();
+        {
+            let topology = node.topology.load();
+            for (index, demand) in demands.iter().enumerate() {
+                let owner = topology.owner_of(demand.bucket.route).cloned();
+                let at = by_owner
+                    .iter()
+                    .position(|(known, _)| match (known, &owner) {
+                        (None, None) => true,
+                        (Some(known), Some(owner)) => Arc::ptr_eq(known, owner),
+                        _ => false,
+                    });
+                match at {
+                    Some(at) => by_owner[at].1.push(index),
+                    None => by_owner.push((owner, vec![index])),
+                }
+            }
+        }
+        let mut calls = Vec::new();
+        for (owner, indices) in &by_owner {
+            for chunk in indices.chunks(quota::MAX_BUCKETS) {
+                let batch: Vec<QuotaDemand> = chunk.iter().map(|&index| demands[index]).collect();
+                match owner {
+                    None => {
+                        let answered = here(&node.me, &batch);
+                        for (&index, share) in chunk.iter().zip(answered) {
+                            shares[index] = share;
+                        }
+                    }
+                    Some(remote) => calls
+                        .push(async move { (chunk, remote.quota(&batch, quota::DEADLINE).await) }),
+                }
+            }
+        }
+        let sent: usize = calls.len();
+        let answers = futures_util::future::join_all(calls).await;
+        let mut failed = 0u64;
+        let mut remote_buckets = 0u64;
+        for (chunk, answer) in answers {
+            remote_buckets += chunk.len() as u64;
+            match answer {
+                Ok(Some(answered)) => {
+                    for (&index, share) in chunk.iter().zip(answered) {
+                        shares[index] = share;
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    failed += 1;
+                    tracing::debug!(%error, "a quota owner did not answer: its buckets use an equal part per member");
+                }
+            }
+        }
+        let stats = &node.stats;
+        stats
+            .quota_sent
+            .fetch_add(remote_buckets, Ordering::Relaxed);
+        stats
+            .quota_failed_calls
+            .fetch_add(failed, Ordering::Relaxed);
+        let unanswered = shares.iter().filter(|share| share.is_none()).count() as u64;
+        stats
+            .quota_unanswered
+            .fetch_add(unanswered, Ordering::Relaxed);
+        tracing::trace!(buckets = demands.len(), calls = sent, "quota exchanged");
+        shares
     }
 }
 

@@ -1,5 +1,5 @@
-//! The cluster's metrics, read at scrape time: membership, fallbacks, handoffs, and
-//! per-peer forwarding figures.
+//! The cluster's metrics, read at scrape time: membership, fallbacks, handoffs, the RLQS
+//! quota exchange, and per-peer forwarding figures.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -25,7 +25,7 @@ impl Collector for ClusterCollector {
             "Nodes on this node's hash ring, itself included",
             self.cluster.member_count() as u64,
         )?;
-        let totals: [(&str, &str, &AtomicU64); 6] = [
+        let totals: [(&str, &str, &AtomicU64); 10] = [
             (
                 "cluster_fallbacks",
                 "Request groups decided by the fallback policy because their owner did not answer",
@@ -55,6 +55,26 @@ impl Collector for ClusterCollector {
                 "cluster_peer_refused",
                 "Peer messages refused because the client certificate does not speak for the node they concern (mutual TLS)",
                 &stats.refused,
+            ),
+            (
+                "cluster_quota_sent",
+                "RLQS: bucket demands sent to their owners (one per bucket per report interval)",
+                &stats.quota_sent,
+            ),
+            (
+                "cluster_quota_unanswered",
+                "RLQS: bucket demands that got no share back (owner unreachable or full): the bucket used an equal part of its limit per member",
+                &stats.quota_unanswered,
+            ),
+            (
+                "cluster_quota_failed_calls",
+                "RLQS: Quota calls to an owner that failed or timed out",
+                &stats.quota_failed_calls,
+            ),
+            (
+                "cluster_quota_received",
+                "RLQS: bucket demands this node divided as their owner for other nodes",
+                &stats.quota_received,
             ),
         ];
         for (name, help, value) in totals {

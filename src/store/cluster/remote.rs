@@ -422,6 +422,27 @@ impl Remote {
             .map_err(|problem| self.answered(format!("a malformed listing: {problem}")))
     }
 
+    /// Sends this peer (their owner) this node's demand for quota buckets, within
+    /// `deadline`: the share of each, in order (`None`: none given); `Ok(None)` when it
+    /// divides no quotas. At most [`quota::MAX_BUCKETS`](super::quota::MAX_BUCKETS)
+    /// demands (the caller splits larger batches).
+    pub async fn quota(
+        &self,
+        demands: &[super::quota::QuotaDemand],
+        deadline: Duration,
+    ) -> Result<Option<Vec<Option<u64>>>, PeerError> {
+        let message = wire::QuotaReport {
+            version: VERSION,
+            sender: self.me.to_string(),
+            buckets: demands.iter().map(convert::quota_demand_to_wire).collect(),
+        };
+        let send =
+            |mut client: PeerClient<Channel>, request| async move { client.quota(request).await };
+        let reply = self.call("divide quotas", deadline, message, send).await?;
+        convert::quota_shares_from_wire(demands, reply)
+            .map_err(|problem| self.answered(format!("a malformed quota answer: {problem}")))
+    }
+
     /// Tells this peer we joined; returns the members it knows.
     pub async fn join(&self) -> Result<Vec<String>, PeerError> {
         self.membership(true).await

@@ -1,6 +1,6 @@
 //! The peer service other nodes call: forwarded checks, handoffs, membership, the failure
 //! detector's pings, and the operator's resets, explanations (peeks) and counter listings
-//! (names).
+//! (names), and RLQS quota reports (`Quota`, divided by the installed [`QuotaSource`]).
 //!
 //! Everything a peer sends is validated (see `convert`); a malformed message is
 //! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. With mutual TLS,
@@ -20,6 +20,7 @@ use super::lease;
 use super::names::{self, NameSource};
 use super::proto::v1 as wire;
 use super::proto::v1::peer_server::{Peer, PeerServer};
+use super::quota::QuotaSource;
 use super::{Cluster, Node};
 use crate::algorithm;
 use crate::check::{Check, Checks, Counter};
@@ -32,6 +33,9 @@ pub struct PeerService {
     cluster: Cluster,
     /// This node's counter names, for `Names` (`None`: it keeps none).
     names: Option<NameSource>,
+    /// This node's division of the quota buckets it owns, for `Quota` (`None`: it serves
+    /// no RLQS).
+    quota: Option<QuotaSource>,
 }
 
 impl std::fmt::Debug for PeerService {
@@ -39,6 +43,7 @@ impl std::fmt::Debug for PeerService {
         f.debug_struct("PeerService")
             .field("cluster", &self.cluster)
             .field("names", &self.names.is_some())
+            .field("quota", &self.quota.is_some())
             .finish()
     }
 }
@@ -51,9 +56,20 @@ impl PeerService {
 
     /// [`PeerService::new`], serving the counter names `names` gives (`Names`).
     pub fn with_names(cluster: &Cluster, names: Option<NameSource>) -> PeerServer<PeerService> {
+        PeerService::with_sources(cluster, names, None)
+    }
+
+    /// [`PeerService::with_names`], dividing the quota buckets this node owns with `quota`
+    /// (`Quota`).
+    pub fn with_sources(
+        cluster: &Cluster,
+        names: Option<NameSource>,
+        quota: Option<QuotaSource>,
+    ) -> PeerServer<PeerService> {
         PeerServer::new(PeerService {
             cluster: cluster.clone(),
             names,
+            quota,
         })
         .max_decoding_message_size(64 << 20)
     }
@@ -64,6 +80,7 @@ impl PeerService {
         PeerService {
             cluster: cluster.clone(),
             names: None,
+            quota: None,
         }
     }
 
@@ -393,6 +410,41 @@ impl Peer for PeerService {
             .as_ref()
             .and_then(|names| names(&message.domain, after, limit));
         Ok(Response::new(convert::names_to_wire(page)))
+    }
+
+    async fn quota(
+        &self,
+        request: Request<wire::QuotaReport>,
+    ) -> Result<Response<wire::QuotaReply>, Status> {
+        let node = self.node();
+        count_within(
+            "sender bytes",
+            request.get_ref().sender.len(),
+            1,
+            convert::MAX_ADDRESS_BYTES,
+        )?;
+        // A report speaks for its sender: its demand takes a share from the others.
+        authorize(node, &request, &request.get_ref().sender)?;
+        let report = request.into_inner();
+        same_version(report.version)?;
+        let demands =
+            convert::quota_demands_from_wire(&report.buckets).map_err(Status::invalid_argument)?;
+        let Some(quota) = &self.quota else {
+            return Ok(Response::new(wire::QuotaReply::default()));
+        };
+        node.stats
+            .quota_received
+            .fetch_add(demands.len() as u64, Ordering::Relaxed);
+        let mut shares: Vec<u64> = quota(&report.sender, &demands)
+            .into_iter()
+            .map(|share| share.unwrap_or(0))
+            .collect();
+        // One share per bucket, whatever the source answered.
+        shares.resize(demands.len(), 0);
+        Ok(Response::new(wire::QuotaReply {
+            serves_quota: true,
+            shares,
+        }))
     }
 
     async fn ping(
