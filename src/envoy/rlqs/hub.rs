@@ -160,6 +160,10 @@ pub struct BucketView {
     /// What the limits say: `allow_all`, `deny_all`, `unknown_domain`, or the divided
     /// limit (`20/second burst 10`, `shadow` appended in shadow mode).
     pub rule: String,
+    /// Cluster mode: what this node divides among its streams of a divided limit (its
+    /// share from the bucket's owner, or `limit / members` until the owner answered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_share: Option<u64>,
     pub reporters: Vec<ReporterView>,
 }
 
@@ -514,6 +518,8 @@ impl Hub {
     /// Up to `max` buckets (of `domain` when given), ordered by domain and id, and how many
     /// buckets there are in all.
     pub fn snapshot(&self, domain: Option<&str>, max: usize) -> (Vec<BucketView>, usize) {
+        let cluster = self.members.get().is_some();
+        let members = self.members();
         let state = self.lock();
         let mut keys: Vec<&(Arc<str>, BucketKey)> = state
             .buckets
@@ -545,6 +551,14 @@ impl Hub {
                             rate.burst,
                             if shadow { " shadow" } else { "" }
                         ),
+                    },
+                    node_share: match bucket.rule {
+                        Rule::Limited { rate, .. } if cluster => Some(node_limit(
+                            u64::from(rate.requests_per_unit),
+                            bucket.granted,
+                            members,
+                        )),
+                        _ => None,
                     },
                     reporters: bucket
                         .reporters

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::{LIMITS, RateLimitQuotaUsageReports, Stream, first, open, pairs, read, report, usage};
+use super::{
+    LIMITS, RateLimitQuotaUsageReports, Stream, debug_rlqs, first, open, pairs, read, report, usage,
+};
 use ratekeeper::envoy::rlqs::bucket_key;
 use ratekeeper::envoy::rlqs::cluster::quota_bucket;
 use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 
-use crate::support::{Ratekeeper, TempDir, metric_total, start_cluster, write_config};
+use crate::support::{Ratekeeper, TempDir, metric, metric_total, start_cluster, write_config};
 
 /// README: a dead node is forgotten after two report intervals and the survivors get its
 /// share at their next exchange: three intervals.
@@ -67,6 +69,9 @@ async fn report_until(
     done: impl Fn(&[String]) -> bool,
 ) -> (Vec<String>, Duration, bool) {
     let started = Instant::now();
+    // The client reports every second (Envoy every 5 s; faster only makes the test
+    // shorter), and looks at the assignments every 100 ms.
+    let mut reported: Option<Instant> = None;
     loop {
         let latest: Vec<String> = followers
             .iter()
@@ -78,13 +83,15 @@ async fn report_until(
         if started.elapsed() > within {
             return (latest, started.elapsed(), false);
         }
-        for (sender, requests) in reports {
-            let allowed = requests / 2;
-            let usage = usage("api_key", "alice", allowed, requests - allowed, 1);
-            let _ = sender.send(report("quota", vec![usage])).await;
+        if reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+            reported = Some(Instant::now());
+            for (sender, requests) in reports {
+                let allowed = requests / 2;
+                let usage = usage("api_key", "alice", allowed, requests - allowed, 1);
+                let _ = sender.send(report("quota", vec![usage])).await;
+            }
         }
-        // The client's report interval (Envoy's is 5 s; faster only makes the test shorter).
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -159,6 +166,11 @@ fn two_nodes_share_a_limit_and_a_survivor_gets_a_dead_nodes_share() {
         nodes[1].stderr()
     );
     eprintln!("equal demand: settled at {settled:?} in {took:?}");
+    // Each node's `/debug/rlqs` shows the share it divides among its own streams.
+    for node in &nodes {
+        let debug = runtime.block_on(debug_rlqs(node.admin_addr()));
+        assert_eq!(debug["buckets"][0]["node_share"], 10, "{debug}");
+    }
     assert!(
         metric_total(&nodes, "ratekeeper_cluster_quota_sent_total") >= 1.0,
         "the non-owner sent its demand to the owner"
@@ -172,10 +184,29 @@ fn two_nodes_share_a_limit_and_a_survivor_gets_a_dead_nodes_share() {
         .map(|node| node.peer_addr().to_string())
         .collect();
     let bucket = quota_bucket("quota", &bucket_key([("api_key", "alice")]));
-    let owner = Ring::new(&members, DEFAULT_VNODES)
-        .owner_index(bucket.route)
+    let ring = Ring::new(&members, DEFAULT_VNODES);
+    let owner_address = ring
+        .owner(bucket.route)
         .expect("a ring with members has an owner");
+    let owner = members
+        .iter()
+        .position(|member| **member == **owner_address)
+        .expect("the owner is a member");
     let dead = 1 - owner;
+    assert!(
+        metric(
+            nodes[owner].http_addr(),
+            "ratekeeper_cluster_quota_received_total"
+        ) >= 1.0,
+        "node {owner} owns the bucket: the other node sends it its demand"
+    );
+    assert_eq!(
+        metric(
+            nodes[dead].http_addr(),
+            "ratekeeper_cluster_quota_received_total"
+        ),
+        0.0
+    );
     nodes[dead].process().kill();
     let (survived, took, ok) = runtime.block_on(report_until(
         &[(&reports[owner], 40)],
