@@ -413,7 +413,7 @@ impl Server {
         rlqs_stats.register(&mut registry);
         let rlqs_refused = if options.store.is_some() {
             Some(
-                "rlqs is not served with --store redis: every node would divide each limit alone, admitting up to one limit per node; serve RLQS from ratekeeper nodes with the memory store (one node, or one per Envoy pointed at the same node)"
+                "rlqs is not served with --store redis: every node would divide each limit alone, admitting up to one limit per node; serve RLQS from ratekeeper nodes with the memory store (one node every Envoy points at, or cluster mode, where the nodes share each limit)"
                     .to_owned(),
             )
         } else {

@@ -1,5 +1,6 @@
 //! Real Envoys (1.40, `rate_limit_quota` filter) sharing one ratekeeper: the limit divided
-//! among them under uneven load and a newcomer, and a ratekeeper restart.
+//! among them under uneven load and a newcomer, and a ratekeeper restart; and two Envoys,
+//! each behind its own node of a cluster, sharing the limit through the bucket's owner.
 //!
 //! The Envoy config is `examples/rlqs/envoy.yaml` with only its addresses swapped, and the
 //! limits are `examples/rlqs/limits.yaml` as shipped: 20 requests per second per api key,
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::{
     Envoy, Ratekeeper, START_TIMEOUT, TempDir, Upstream, eventually, ratekeeper_command,
+    start_cluster,
 };
 
 /// The example limits: 20 per second, burst 10.
@@ -414,5 +416,82 @@ fn envoy_keeps_its_assignment_until_the_ttl_then_falls_back_then_gets_a_new_one(
         !ratekeeper.stderr().contains("panicked"),
         "the second ratekeeper panicked:\n{}",
         ratekeeper.stderr()
+    );
+}
+
+/// Cluster mode: two ratekeeper nodes, each with its own Envoy (a sidecar each), share the
+/// key `alice` (20 per second, burst 10) through the bucket's owner on the ring over a
+/// 25 s window: the busy Envoy offers 24 per second, the light one 6. Until the owner's
+/// first answer each node divides half the limit (16 per second admitted together), then
+/// the owner divides by demand. Together they stay within 10 % of the limit plus one burst,
+/// the limit is used, the light Envoy gets what it asks for, and the nodes' shares add up to
+/// the limit.
+#[test]
+fn envoys_behind_two_cluster_nodes_share_one_limit() {
+    let dir = TempDir::new("rlqs-envoys-cluster");
+    let upstream = Upstream::start();
+    let nodes = start_cluster(&repo_file("examples/rlqs/limits.yaml"), 2, &[]);
+    let (_busy_envoy, busy) = start_envoy(&dir, "busy", nodes[0].grpc_addr(), upstream.addr());
+    let (_light_envoy, light) = start_envoy(&dir, "light", nodes[1].grpc_addr(), upstream.addr());
+    let window = Duration::from_secs(25);
+    let origin = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy_seen = paced(
+        busy,
+        "alice",
+        24.0,
+        origin,
+        Duration::ZERO,
+        window,
+        Arc::clone(&stop),
+    );
+    let light_seen = paced(
+        light,
+        "alice",
+        6.0,
+        origin,
+        Duration::ZERO,
+        window,
+        Arc::clone(&stop),
+    );
+    let busy_seen = busy_seen.join().expect("the busy client");
+    let light_seen = light_seen.join().expect("the light client");
+    let admitted = [busy_seen.admitted(), light_seen.admitted()];
+    let total: usize = admitted.iter().sum();
+    let seconds = window.as_secs_f64();
+    let bound = 1.1 * LIMIT_PER_SECOND * seconds + BURST;
+    assert!(
+        (total as f64) <= bound,
+        "admitted {admitted:?} = {total} over {seconds} s, more than the bound {bound}"
+    );
+    assert!(
+        (total as f64) >= 0.8 * LIMIT_PER_SECOND * seconds,
+        "admitted {admitted:?} = {total}: the shares leave the limit unused"
+    );
+    assert!(
+        light_seen.admitted() as f64 >= 0.8 * 6.0 * seconds,
+        "the light Envoy got {} of its {} requests",
+        light_seen.admitted(),
+        light_seen.answers.len()
+    );
+    eprintln!("admitted {admitted:?} = {total} over {seconds} s");
+    // Each node shows the share it divides among its Envoys: together, the limit.
+    let node_shares: Vec<u64> = nodes
+        .iter()
+        .map(|node| {
+            let answer = crate::support::http_get(node.admin_addr(), "/debug/rlqs", &[])
+                .expect("GET /debug/rlqs");
+            let debug: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
+            debug["buckets"][0]["node_share"].as_u64().unwrap_or(0)
+        })
+        .collect();
+    assert_eq!(
+        node_shares.iter().sum::<u64>(),
+        20,
+        "the nodes' shares {node_shares:?} (admitted {admitted:?})"
+    );
+    assert!(
+        node_shares[0] > node_shares[1],
+        "the busy node's share is larger: {node_shares:?}"
     );
 }
