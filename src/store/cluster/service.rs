@@ -1,6 +1,7 @@
 //! The peer service other nodes call: forwarded checks, handoffs, membership, the failure
 //! detector's pings, and the operator's resets, explanations (peeks) and counter listings
-//! (names), and RLQS quota reports (`Quota`, divided by the installed [`QuotaSource`]).
+//! (names), and RLQS quota reports (`Quota`, divided by the installed [`QuotaSource`] for
+//! senders on this node's ring).
 //!
 //! Everything a peer sends is validated (see `convert`); a malformed message is
 //! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. With mutual TLS,
@@ -432,6 +433,20 @@ impl Peer for PeerService {
         let Some(quota) = &self.quota else {
             return Ok(Response::new(wire::QuotaReply::default()));
         };
+        // Only a member on this node's ring takes a share of a limit: a stranger (or a
+        // member this node finds down) gets none and falls back to an equal part.
+        let member = self
+            .cluster
+            .members()
+            .iter()
+            .any(|member| **member == *report.sender);
+        if !member {
+            tracing::debug!(sender = %report.sender, "a quota report from a node not on this ring: no share given");
+            return Ok(Response::new(wire::QuotaReply {
+                serves_quota: true,
+                shares: vec![0; demands.len()],
+            }));
+        }
         node.stats
             .quota_received
             .fetch_add(demands.len() as u64, Ordering::Relaxed);

@@ -1,3 +1,4 @@
+use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
 use super::membership::tests::set;
@@ -440,4 +441,122 @@ async fn a_request_failing_here_gives_back_what_its_owner_admitted_in_the_owners
         2,
         "B took back what it admitted for the failed request"
     );
+}
+
+/// A quota source answering `share` for every bucket, recording who asked for how many.
+fn recording(share: u64, asked: &Arc<Mutex<Vec<(String, usize)>>>) -> quota::QuotaSource {
+    let asked = Arc::clone(asked);
+    Arc::new(move |sender: &str, demands: &[quota::QuotaDemand]| {
+        asked
+            .lock()
+            .expect("lock")
+            .push((sender.to_owned(), demands.len()));
+        vec![Some(share); demands.len()]
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_demands_go_to_each_buckets_owner_in_one_call_and_strangers_get_no_share() {
+    use super::proto::v1 as wire;
+    let ((a_listener, a_address), (b_listener, b_address)) = (bind_peer().await, bind_peer().await);
+    let a = Cluster::join(MemoryStore::new(engine()), {
+        let mut options = ClusterOptions::new(&a_address);
+        options.peers = vec![b_address.clone()];
+        options
+    });
+    let b = Cluster::join(MemoryStore::new(engine()), {
+        let mut options = ClusterOptions::new(&b_address);
+        options.peers = vec![a_address.clone()];
+        options
+    });
+    let b_asked = Arc::new(Mutex::new(Vec::new()));
+    let b_service = service::PeerService::with_sources(&b, None, Some(recording(7, &b_asked)));
+    let b_server = tokio::spawn(async move {
+        let incoming = tonic::transport::server::TcpIncoming::from(b_listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(b_service)
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    let a_server = serve_peer(&a, a_listener);
+    assert!(
+        within_5s(|| a.members().len() == 2 && b.members().len() == 2).await,
+        "the two nodes meet"
+    );
+    // Twenty buckets, spread over both owners: b's go to b in one call, a's to its own
+    // division without a call.
+    let demands: Vec<quota::QuotaDemand> = (0..20u64)
+        .map(|n| quota::QuotaDemand {
+            bucket: quota::QuotaBucket {
+                route: crate::key::fmix64(n),
+                id: n,
+            },
+            limit: 10,
+            demand: 5,
+        })
+        .collect();
+    let ring = Ring::new([a_address.as_str(), b_address.as_str()], DEFAULT_VNODES);
+    let owned_by_b = |demand: &quota::QuotaDemand| {
+        ring.owner(demand.bucket.route)
+            .is_some_and(|owner| **owner == *b_address)
+    };
+    let at_b = demands.iter().filter(|demand| owned_by_b(demand)).count();
+    assert!(at_b > 0 && at_b < demands.len(), "{at_b} of 20 at b");
+    let here_asked = Arc::new(Mutex::new(Vec::new()));
+    let shares = a.exchange_quota(&demands, &recording(3, &here_asked)).await;
+    for (demand, share) in demands.iter().zip(&shares) {
+        let expected = if owned_by_b(demand) { 7 } else { 3 };
+        assert_eq!(*share, Some(expected), "{demand:?}");
+    }
+    assert_eq!(*b_asked.lock().expect("lock"), [(a_address.clone(), at_b)]);
+    assert_eq!(
+        *here_asked.lock().expect("lock"),
+        [(a_address.clone(), demands.len() - at_b)]
+    );
+    assert_eq!(a.stats().0.quota_sent.load(Ordering::Relaxed), at_b as u64);
+    assert_eq!(
+        b.stats().0.quota_received.load(Ordering::Relaxed),
+        at_b as u64
+    );
+    // Straight to b's peer service: a node not on b's ring gets no share, and numbers out
+    // of bounds or another version are refused.
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{b_address}"))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("connects");
+    let mut client = wire::peer_client::PeerClient::new(channel);
+    let report = |sender: &str, limit: u64, version: u32| wire::QuotaReport {
+        version,
+        sender: sender.to_owned(),
+        buckets: vec![wire::QuotaDemand {
+            route: 1,
+            id: 1,
+            limit,
+            demand: 1,
+        }],
+    };
+    let stranger = client
+        .quota(report("127.0.0.1:9", 10, convert::VERSION))
+        .await
+        .expect("answered")
+        .into_inner();
+    assert_eq!(stranger.shares, [0]);
+    assert_eq!(
+        b_asked.lock().expect("lock").len(),
+        1,
+        "the stranger was not divided"
+    );
+    let huge = client
+        .quota(report(&a_address, u64::MAX, convert::VERSION))
+        .await
+        .expect_err("refused");
+    assert_eq!(huge.code(), tonic::Code::InvalidArgument, "{huge:?}");
+    let other = client
+        .quota(report(&a_address, 10, convert::VERSION + 1))
+        .await
+        .expect_err("refused");
+    assert_eq!(other.code(), tonic::Code::FailedPrecondition, "{other:?}");
+    a_server.abort();
+    b_server.abort();
 }
