@@ -474,3 +474,45 @@ async fn three_nodes_a_newcomer_and_a_death_stay_within_the_bound() {
         envoys[0].admitted
     );
 }
+
+/// The exchanger's task on a lone member: every interval it hands the owner's answer (this
+/// node's own division) to the hub, and it ends once the hub is gone.
+#[tokio::test(start_paused = true)]
+async fn the_exchanger_hands_the_owners_answer_to_the_hub_every_interval() {
+    use crate::store::cluster::ClusterOptions;
+    use crate::store::memory::MemoryStore;
+    use crate::store::memory::tests::engine;
+    let me = "127.0.0.1:1";
+    let cluster = Cluster::join(MemoryStore::new(engine()), ClusterOptions::new(me));
+    let hub = Arc::new(Hub::new(hub_options(), RlqsStats::default()));
+    let owner = Arc::new(Owner::new(10, FORGET_AFTER));
+    let exchanger = Exchanger::new(&hub, cluster, Arc::clone(&owner), INTERVAL).spawn();
+    let (id, _) = open(&hub);
+    let usage = |allowed, elapsed| Usage {
+        bucket: alice(),
+        allowed,
+        denied: 0,
+        elapsed: Duration::from_secs(elapsed),
+    };
+    // One member: the whole limit, before and after the owner answered.
+    assert_eq!(
+        tokens(&report(&hub, id, usage(1, 0), limited(100, 20))),
+        Some(100)
+    );
+    assert_eq!(hub.node_share("edge", &alice()), None);
+    advance(INTERVAL).await;
+    report(&hub, id, usage(50, 5), limited(100, 20));
+    for _ in 0..2 {
+        advance(INTERVAL).await;
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(hub.node_share("edge", &alice()), Some(100));
+    let bucket = quota_bucket("edge", &alice());
+    // 10 per second with headroom: 10 + 1 + 1.
+    assert_eq!(owner.nodes(bucket), vec![(Arc::from(me), 12)]);
+    // The hub gone, the task ends at its next tick.
+    drop(hub);
+    advance(INTERVAL).await;
+    tokio::task::yield_now().await;
+    assert!(exchanger.is_finished(), "the exchanger ends with its hub");
+}
