@@ -272,6 +272,63 @@ async fn under_mtls_a_leave_for_another_node_is_refused_and_the_ring_stays() {
     );
 }
 
+/// RLQS across the cluster under mutual TLS: a `Quota` report takes a share of a limit for
+/// the node it names, so only that node's certificate may send it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_mtls_a_quota_report_speaks_only_for_its_sender() {
+    let dir = TempDir::new("cluster-mtls-quota");
+    let config = write_config(dir.path(), "edge.yaml", LIMITS);
+    let certs = TempDir::new("cluster-mtls-quota-certs");
+    let ca = TestCa::new("peers");
+    let (nodes, leaves) = start_mtls_cluster(&config, certs.path(), &ca, 2);
+    let (a, b) = (nodes[0].peer_addr(), nodes[1].peer_addr());
+    let report = |sender: SocketAddr| wire::QuotaReport {
+        version: VERSION,
+        sender: sender.to_string(),
+        buckets: vec![wire::QuotaDemand {
+            route: 1,
+            id: 2,
+            limit: 20,
+            demand: 20,
+        }],
+    };
+    let mut as_b = peer_client(a, Some(&ca), Some(&leaves[1]))
+        .await
+        .expect("B's certificate connects");
+    // B's certificate cannot report for A.
+    let spoofed = as_b
+        .quota(report(a))
+        .await
+        .expect_err("a quota report for A signed by B");
+    assert_eq!(
+        spoofed.code(),
+        tonic::Code::PermissionDenied,
+        "{}",
+        spoofed.message()
+    );
+    // It reports for B: A, the owner it asked, divides the limit and answers B's share.
+    let answered = as_b
+        .quota(report(b))
+        .await
+        .expect("B's own report")
+        .into_inner();
+    assert!(answered.serves_quota);
+    assert_eq!(answered.shares.len(), 1);
+    assert!(
+        (1..=20).contains(&answered.shares[0]),
+        "{:?}",
+        answered.shares
+    );
+    assert_eq!(
+        metric_sum(
+            nodes[0].http_addr(),
+            "ratekeeper_cluster_peer_refused_total"
+        ),
+        1.0,
+        "the refusal is counted"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_mtls_a_spoofed_leave_heals_within_3s_and_the_limit_is_exact_again() {
     let dir = TempDir::new("cluster-spoofed-leave");

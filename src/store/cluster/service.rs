@@ -6,7 +6,7 @@
 //! Everything a peer sends is validated (see `convert`); a malformed message is
 //! `INVALID_ARGUMENT`, a different protocol version `FAILED_PRECONDITION`. With mutual TLS,
 //! a message that changes state on behalf of a node (`Join`, `Leave`, `Handoff`, `Reset`,
-//! `Refund`) is accepted only from that node (`identity`): `PERMISSION_DENIED` otherwise. Forwarded checks go
+//! `Refund`, `Quota`) is accepted only from that node (`identity`): `PERMISSION_DENIED` otherwise. Forwarded checks go
 //! through the same engine as local ones, one engine call per originating request.
 
 use std::collections::HashMap;
