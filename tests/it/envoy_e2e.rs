@@ -7,7 +7,6 @@
 //! works; `envoy --mode validate` checks the file itself verbatim.
 
 use std::ffi::OsStr;
-use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,7 +14,8 @@ use std::time::Duration;
 
 use crate::support::{
     Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, TestCa, UPSTREAM_BODY, Upstream,
-    envoy_binary, eventually, http_get, run_ratekeeper, run_to_end, write_config,
+    envoy_binary, eventually, example_envoy_config, http_get, ratelimit_filters_and_clusters,
+    run_ratekeeper, run_to_end, write_config,
 };
 
 /// `api_key` allows 3 requests. A token bucket of 3 refilled at 3 per hour gains its next
@@ -59,27 +59,7 @@ enum Reach {
 /// an edit to the example that this derivation no longer understands fails here instead of
 /// testing something else.
 fn envoy_config(ratekeeper: &Reach, upstream: SocketAddr) -> String {
-    let example_path = repo_file("examples/envoy.yaml");
-    let mut config = fs::read_to_string(&example_path)
-        .unwrap_or_else(|error| panic!("read {}: {error}", example_path.display()));
-    let replacements = [
-        // The listener: loopback and any free port (read back from the admin API).
-        (
-            "socket_address: { address: 0.0.0.0, port_value: 10000 }".to_owned(),
-            "socket_address: { address: 127.0.0.1, port_value: 0 }".to_owned(),
-        ),
-        // The admin API: any free port (written to --admin-address-path).
-        (
-            "socket_address: { address: 127.0.0.1, port_value: 9901 }".to_owned(),
-            "socket_address: { address: 127.0.0.1, port_value: 0 }".to_owned(),
-        ),
-        (
-            "socket_address: { address: 127.0.0.1, port_value: 8000 }".to_owned(),
-            format!(
-                "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
-                upstream.port()
-            ),
-        ),
+    let more = vec![
         (
             "socket_address: { address: 127.0.0.1, port_value: 8081 }".to_owned(),
             match ratekeeper {
@@ -109,16 +89,7 @@ fn envoy_config(ratekeeper: &Reach, upstream: SocketAddr) -> String {
         // call was answered.
         ("timeout: 0.02s".to_owned(), "timeout: 5s".to_owned()),
     ];
-    for (from, to) in replacements {
-        assert_eq!(
-            config.matches(&from).count(),
-            1,
-            "{} should contain `{from}` exactly once",
-            example_path.display()
-        );
-        config = config.replace(&from, &to);
-    }
-    config
+    example_envoy_config("examples/envoy.yaml", upstream, more)
 }
 
 /// ratekeeper, an upstream and Envoy wired together as in the examples. Fields drop in
@@ -698,49 +669,8 @@ static_resources:
                                     - request_headers: {{ header_name: x-api-key, descriptor_key: api_key }}
                                   hits_addend: {{ format: "%REQ(x-refund)%", is_negative_hits: true }}
                                   apply_on_stream_done: true
-                http_filters:
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: edge
-                      failure_mode_deny: true
-                      timeout: 5s
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service:
-                          envoy_grpc: {{ cluster_name: ratekeeper }}
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: app
-      type: STATIC
-      connect_timeout: 1s
-      load_assignment:
-        cluster_name: app
-        endpoints:
-          - lb_endpoints:
-              - endpoint:
-                  address:
-                    socket_address: {{ address: 127.0.0.1, port_value: {upstream} }}
-    - name: ratekeeper
-      type: STATIC
-      connect_timeout: 1s
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config:
-            http2_protocol_options: {{}}
-      load_assignment:
-        cluster_name: ratekeeper
-        endpoints:
-          - lb_endpoints:
-              - endpoint:
-                  address:
-                    socket_address: {{ address: 127.0.0.1, port_value: {ratekeeper} }}
-"#,
-        upstream = upstream.port(),
-        ratekeeper = ratekeeper.port(),
+{tail}"#,
+        tail = ratelimit_filters_and_clusters(true, upstream.port(), ratekeeper.port()),
     )
 }
 

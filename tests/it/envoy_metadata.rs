@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use crate::support::{
     Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, UPSTREAM_BODY, Upstream, eventually,
-    http_get, write_config,
+    http_get, ratelimit_filters_and_clusters, write_config,
 };
 
 /// Token buckets refilled per hour: within a test no token comes back, whatever the clock.
@@ -68,49 +68,8 @@ static_resources:
                                   - request_headers: {{ header_name: x-primary, descriptor_key: model }}
                               - actions:
                                   - request_headers: {{ header_name: x-fallback, descriptor_key: model }}
-                http_filters:
-                  - name: envoy.filters.http.ratelimit
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-                      domain: edge
-                      failure_mode_deny: false
-                      timeout: 5s
-                      rate_limit_service:
-                        transport_api_version: V3
-                        grpc_service:
-                          envoy_grpc: {{ cluster_name: ratekeeper }}
-                  - name: envoy.filters.http.router
-                    typed_config:
-                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-    - name: app
-      type: STATIC
-      connect_timeout: 1s
-      load_assignment:
-        cluster_name: app
-        endpoints:
-          - lb_endpoints:
-              - endpoint:
-                  address:
-                    socket_address: {{ address: 127.0.0.1, port_value: {upstream_port} }}
-    - name: ratekeeper
-      type: STATIC
-      connect_timeout: 1s
-      typed_extension_protocol_options:
-        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-          explicit_http_config:
-            http2_protocol_options: {{}}
-      load_assignment:
-        cluster_name: ratekeeper
-        endpoints:
-          - lb_endpoints:
-              - endpoint:
-                  address:
-                    socket_address: {{ address: 127.0.0.1, port_value: {ratekeeper_port} }}
-"#,
-        upstream_port = upstream.port(),
-        ratekeeper_port = ratekeeper.port(),
+{tail}"#,
+        tail = ratelimit_filters_and_clusters(false, upstream.port(), ratekeeper.port()),
     )
 }
 

@@ -680,85 +680,69 @@ async fn a_script_call_that_fails_part_way_consumes_nothing() {
     );
 }
 
-/// The script refuses an algorithm code it does not know (one a newer ratekeeper might send)
-/// with an error naming it, before writing anything: an earlier check of the same call that
-/// it admitted leaves no trace.
-#[test]
-fn the_script_refuses_an_unknown_algorithm_and_writes_nothing() {
-    let dir = TempDir::new("redis-unknown-algorithm");
+/// Runs the Redis script on two checks (each `[cost, charge, counters, algorithm,
+/// requests_per_unit, unit seconds, burst, interval]`, as `redis.rs` packs them) against
+/// the keys `keys`: the call must fail naming `problem`, and neither key may exist after.
+fn assert_script_refuses(label: &str, checks: [[f64; 8]; 2], keys: [&str; 2], problem: &str) {
+    let dir = TempDir::new(label);
     let server = RedisServer::start(dir.path(), &[]);
     let client = redis::Client::open(server.url()).expect("a redis url");
     let mut connection = client.get_connection().expect("connects");
-    let mut packed = Vec::new();
-    let mut push = |number: f64| packed.extend_from_slice(&number.to_le_bytes());
-    // Check 1: cost 1, charge 0 (admitted hits), one counter: fixed window, 5 per 60 s
-    // (admitted).
-    for number in [1.0, 0.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
-        push(number);
-    }
-    // Check 2: cost 1, charge 0, one counter with algorithm code 7.
-    for number in [1.0, 0.0, 1.0, 7.0, 5.0, 60.0, 5.0, 0.0] {
-        push(number);
-    }
+    let packed: Vec<u8> = checks
+        .iter()
+        .flatten()
+        .flat_map(|number| number.to_le_bytes())
+        .collect();
     let reply: redis::RedisResult<Vec<u8>> = redis::cmd("EVAL")
         .arg(include_str!("../../src/store/redis.lua"))
         .arg(2)
-        .arg("known")
-        .arg("unknown")
+        .arg(keys[0])
+        .arg(keys[1])
         .arg(1_704_326_400)
         .arg(0)
         .arg(1000)
         .arg(packed)
         .query(&mut connection);
-    let error = reply.expect_err("an unknown algorithm is an error");
-    assert!(
-        error.to_string().contains("unknown algorithm code 7"),
-        "{error}"
-    );
+    let error = reply.expect_err("the script refuses the call");
+    assert!(error.to_string().contains(problem), "{error}");
     let exists: u32 = redis::cmd("EXISTS")
-        .arg("known")
-        .arg("unknown")
+        .arg(keys[0])
+        .arg(keys[1])
         .query(&mut connection)
         .expect("EXISTS");
     assert_eq!(exists, 0, "nothing written");
+}
+
+/// The script refuses an algorithm code it does not know (one a newer ratekeeper might send)
+/// with an error naming it, before writing anything: an earlier check of the same call that
+/// it admitted leaves no trace.
+#[test]
+fn the_script_refuses_an_unknown_algorithm_and_writes_nothing() {
+    // Check 1: cost 1, charge 0 (admitted hits), one counter: fixed window, 5 per 60 s
+    // (admitted); check 2: the same with algorithm code 7.
+    assert_script_refuses(
+        "redis-unknown-algorithm",
+        [
+            [1.0, 0.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0],
+            [1.0, 0.0, 1.0, 7.0, 5.0, 60.0, 5.0, 0.0],
+        ],
+        ["known", "unknown"],
+        "unknown algorithm code 7",
+    );
 }
 
 /// Likewise a charge code it does not know: refused naming it, nothing written (a check
 /// that counts rejections or a refund is never decided as another charge).
 #[test]
 fn the_script_refuses_an_unknown_charge_and_writes_nothing() {
-    let dir = TempDir::new("redis-unknown-charge");
-    let server = RedisServer::start(dir.path(), &[]);
-    let client = redis::Client::open(server.url()).expect("a redis url");
-    let mut connection = client.get_connection().expect("connects");
-    let mut packed = Vec::new();
-    let mut push = |number: f64| packed.extend_from_slice(&number.to_le_bytes());
     // Check 1: a refund of 1 (charge 2), fixed window, 5 per 60 s; check 2: charge 3.
-    for number in [1.0, 2.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
-        push(number);
-    }
-    for number in [1.0, 3.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0] {
-        push(number);
-    }
-    let reply: redis::RedisResult<Vec<u8>> = redis::cmd("EVAL")
-        .arg(include_str!("../../src/store/redis.lua"))
-        .arg(2)
-        .arg("refunded")
-        .arg("unknown")
-        .arg(1_704_326_400)
-        .arg(0)
-        .arg(1000)
-        .arg(packed)
-        .query(&mut connection);
-    let error = reply.expect_err("an unknown charge is an error");
-    assert!(
-        error.to_string().contains("unknown charge code 3"),
-        "{error}"
+    assert_script_refuses(
+        "redis-unknown-charge",
+        [
+            [1.0, 2.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0],
+            [1.0, 3.0, 1.0, 0.0, 5.0, 60.0, 5.0, 0.0],
+        ],
+        ["refunded", "unknown"],
+        "unknown charge code 3",
     );
-    let exists: u32 = redis::cmd("EXISTS")
-        .arg("refunded")
-        .arg("unknown")
-        .query(&mut connection)
-        .expect("EXISTS");
-    assert_eq!(exists, 0, "nothing written");
 }

@@ -207,3 +207,101 @@ pub fn envoy_validate(config: &Path) -> (ExitStatus, String, String) {
         Duration::from_secs(60),
     )
 }
+
+/// The end of an Envoy bootstrap whose HTTP connection manager has just listed its routes
+/// (at the indentation the tests' bootstraps use): the ratelimit filter (domain `edge`,
+/// asking the `ratekeeper` cluster with a 5 s timeout), the router, and the STATIC clusters
+/// `app` (the upstream) and `ratekeeper` (HTTP/2), both on loopback.
+pub fn ratelimit_filters_and_clusters(
+    failure_mode_deny: bool,
+    upstream: u16,
+    ratekeeper: u16,
+) -> String {
+    format!(
+        r#"                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: edge
+                      failure_mode_deny: {failure_mode_deny}
+                      timeout: 5s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service:
+                          envoy_grpc: {{ cluster_name: ratekeeper }}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: app
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: app
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: {{ address: 127.0.0.1, port_value: {upstream} }}
+    - name: ratekeeper
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config:
+            http2_protocol_options: {{}}
+      load_assignment:
+        cluster_name: ratekeeper
+        endpoints:
+          - lb_endpoints:
+              - endpoint:
+                  address:
+                    socket_address: {{ address: 127.0.0.1, port_value: {ratekeeper} }}
+"#
+    )
+}
+
+/// The example Envoy bootstrap at `path` (repository-relative) as the tests run it: its
+/// listener and admin API on loopback at free ports, its upstream (`127.0.0.1:8000`) at
+/// `upstream`, and `more` (from, to) replacements. Every text replaced must appear exactly
+/// once, so an edit to the example that this derivation no longer understands fails here
+/// instead of testing something else.
+pub fn example_envoy_config(
+    path: &str,
+    upstream: SocketAddr,
+    more: Vec<(String, String)>,
+) -> String {
+    let example = super::repo_path(path);
+    let mut config = fs::read_to_string(&example)
+        .unwrap_or_else(|error| panic!("read {}: {error}", example.display()));
+    let ports = [
+        // The listener: loopback and any free port (read back from the admin API).
+        (
+            "socket_address: { address: 0.0.0.0, port_value: 10000 }".to_owned(),
+            "socket_address: { address: 127.0.0.1, port_value: 0 }".to_owned(),
+        ),
+        // The admin API: any free port (written to --admin-address-path).
+        (
+            "socket_address: { address: 127.0.0.1, port_value: 9901 }".to_owned(),
+            "socket_address: { address: 127.0.0.1, port_value: 0 }".to_owned(),
+        ),
+        (
+            "socket_address: { address: 127.0.0.1, port_value: 8000 }".to_owned(),
+            format!(
+                "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+                upstream.port()
+            ),
+        ),
+    ];
+    for (from, to) in ports.into_iter().chain(more) {
+        assert_eq!(
+            config.matches(&from).count(),
+            1,
+            "{} should contain `{from}` exactly once",
+            example.display()
+        );
+        config = config.replace(&from, &to);
+    }
+    config
+}

@@ -21,8 +21,9 @@
 //! - A key is kept while its state can still change an answer ([`algorithm::lifetime`]:
 //!   until its window ends, the following window for a sliding window, or its bucket is
 //!   full again), rounded up to an [`expiry`] tick (a quarter second), then forgotten
-//!   within [`SWEEP_EVERY`]: the sweep goes through one part of the table per step (see
-//!   [`table`]), so no step looks at the whole table.
+//!   within [`SWEEP_EVERY`]: the sweep goes through the table a part at a time, at most
+//!   [`SWEEP_STEP_KEYS`] keys per step (see [`table`]), so no step looks at more than a
+//!   sliver of the table.
 //! - A waiter whose caller has gone away is dropped without consuming.
 //! - Waiters on one key are served first in, first out; a new waiting check never overtakes
 //!   one already queued on the same key.
@@ -50,9 +51,13 @@ use table::Table;
 pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
 /// Parts of a shard's key table (see [`table`]): a handoff exports one per lock hold.
 pub const TABLE_PARTS: usize = table::PARTS;
-/// Parts swept in one step at most, when the timer task is late: a late sweep catches up
-/// in steps that release the lock in between, never the whole table at once.
-const SWEEP_CATCH_UP: u64 = 8;
+/// Keys one sweep step looks at, at most (a step sweeps one part at least): a step holds
+/// the shard's lock for some tens of microseconds whatever the table's size, and a late
+/// sweep catches up in steps that release the lock in between.
+const SWEEP_STEP_KEYS: usize = 2048;
+/// Parts one step sweeps at most, parts not yet due included: a small table (its parts a
+/// few keys each) is swept in a few wake-ups a second rather than one per part.
+const SWEEP_AHEAD: u64 = 64;
 
 /// Sizes of one shard.
 #[derive(Clone, Copy, Debug)]
@@ -334,22 +339,29 @@ impl Shard {
         Ok(Stepped::Waiting { reply: rx, wake })
     }
 
-    /// The timer task's step: serves every queue whose timer is due, sweeps the next part
-    /// of the table when a sweep step is due, and returns when it must run next (Unix
+    /// The timer task's step: serves every queue whose timer is due, sweeps the next parts
+    /// of the table when their turn has come (each part once per [`SWEEP_EVERY`], at most
+    /// [`SWEEP_STEP_KEYS`] keys per step), and returns when it must run next (Unix
     /// nanoseconds; `now` or earlier: at once, after letting others take the lock).
     pub fn tick(&mut self, now: u64) -> u64 {
         self.fire_timers(now);
         if now >= self.next_sweep {
             let cycle = duration_nanos(SWEEP_EVERY);
-            let step = (cycle / table::PARTS as u64).max(1);
+            let per_part = (cycle / table::PARTS as u64).max(1);
             // Behind by more than a cycle: one cycle of steps is all there is to catch up.
             let behind = (now - self.next_sweep).min(cycle);
-            let due = 1 + behind / step;
-            let parts = due.min(SWEEP_CATCH_UP);
-            for _ in 0..parts {
-                self.sweep(now);
+            let due = 1 + behind / per_part;
+            let most = due.max(SWEEP_AHEAD).min(table::PARTS as u64);
+            let (mut swept, mut looked) = (0, 0);
+            while swept < most {
+                let next = self.counters.keys.part_len(self.sweep_part);
+                if swept > 0 && looked + next > SWEEP_STEP_KEYS {
+                    break;
+                }
+                looked += self.sweep(now);
+                swept += 1;
             }
-            self.next_sweep = (now - behind).saturating_add(parts * step);
+            self.next_sweep = (now - behind).saturating_add(swept * per_part);
         }
         let next_timer = self.timers.peek().map_or(u64::MAX, |Reverse((at, _))| *at);
         self.armed_at = next_timer.min(self.next_sweep);
@@ -444,10 +456,11 @@ impl Shard {
     }
 
     /// Forgets the idle keys of the next part of the table (and shrinks it if it emptied
-    /// out: see [`table`]).
-    fn sweep(&mut self, now: u64) {
+    /// out: see [`table`]); answers how many keys it looked at.
+    fn sweep(&mut self, now: u64) -> usize {
         let now_tick = expiry::tick(now);
         let part = self.sweep_part;
+        let looked = self.counters.keys.part_len(part);
         self.sweep_part = (part + 1) % table::PARTS;
         let Counters { keys, rules, .. } = &mut self.counters;
         let expired = keys.retain_part(part, |key, slot| {
@@ -467,6 +480,7 @@ impl Shard {
                 .expired_keys
                 .fetch_add(expired as u64, Ordering::Relaxed);
         }
+        looked
     }
 
     /// Removes the counters (and pending handoffs) of one part of the table (see

@@ -17,8 +17,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    Envoy, Ratekeeper, START_TIMEOUT, TempDir, Upstream, eventually, ratekeeper_command,
-    start_cluster,
+    Envoy, Ratekeeper, START_TIMEOUT, TempDir, Upstream, eventually, example_envoy_config,
+    ratekeeper_command, start_cluster,
 };
 
 /// The example limits: 20 per second, burst 10.
@@ -33,42 +33,14 @@ fn repo_file(path: &str) -> PathBuf {
 /// text must appear exactly once, so an edit to the example this no longer understands
 /// fails here.
 fn envoy_config(ratekeeper: SocketAddr, upstream: SocketAddr) -> String {
-    let path = repo_file("examples/rlqs/envoy.yaml");
-    let mut config = fs::read_to_string(&path)
-        .unwrap_or_else(|error| panic!("read {}: {error}", path.display()));
-    for (from, to) in [
-        (
-            "socket_address: { address: 0.0.0.0, port_value: 10000 }".to_owned(),
-            "socket_address: { address: 127.0.0.1, port_value: 0 }".to_owned(),
+    let more = vec![(
+        "socket_address: { address: 127.0.0.1, port_value: 8081 }".to_owned(),
+        format!(
+            "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+            ratekeeper.port()
         ),
-        (
-            "socket_address: { address: 127.0.0.1, port_value: 9901 }".to_owned(),
-            "socket_address: { address: 127.0.0.1, port_value: 0 }".to_owned(),
-        ),
-        (
-            "socket_address: { address: 127.0.0.1, port_value: 8000 }".to_owned(),
-            format!(
-                "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
-                upstream.port()
-            ),
-        ),
-        (
-            "socket_address: { address: 127.0.0.1, port_value: 8081 }".to_owned(),
-            format!(
-                "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
-                ratekeeper.port()
-            ),
-        ),
-    ] {
-        assert_eq!(
-            config.matches(&from).count(),
-            1,
-            "{} should contain `{from}` once",
-            path.display()
-        );
-        config = config.replace(&from, &to);
-    }
-    config
+    )];
+    example_envoy_config("examples/rlqs/envoy.yaml", upstream, more)
 }
 
 /// An Envoy of the example, and its listener.

@@ -3,16 +3,18 @@
 //!
 //! A table of a million keys is one allocation of tens of megabytes: growing it rehashes
 //! every key at once, and sweeping it looks at every key at once, both under the shard's
-//! lock (every request of the shard waits). Cut into parts, a part grows alone (1/64 of the
-//! pause), the sweep goes through one part per step ([`Table::retain_part`]), and a part
-//! whose keys went is shrunk alone, giving its memory back.
+//! lock (every request of the shard waits). Cut into parts, a part grows alone (1/1024 of
+//! the pause), the sweep goes through a part at a time ([`Table::retain_part`]: 2,000 keys
+//! of a shard of 2 million, some tens of microseconds), and a part whose keys went is shrunk
+//! alone, giving its memory back.
 //!
 //! A hash map's room doubles when it fills, so one map's memory is anywhere from 1.1 to 2.3
-//! times what its keys need, and jumps. The parts are therefore unequal on purpose: part
-//! `i` takes a share of the keys proportional to `64 + i`, so the parts fill (and double)
-//! at different table sizes, and the table's room follows its keys smoothly (about 1.6
-//! times them) instead of doubling all at once: memory then goes up and down with the live
-//! keys, not with the most the table ever held.
+//! times what its keys need, and jumps. The parts therefore come in [`GROUPS`] groups of
+//! unequal size on purpose: group `g` takes a share of the keys proportional to `64 + g`,
+//! split evenly over its [`PER_GROUP`] parts, so the groups fill (and double) at different
+//! table sizes, and the table's room follows its keys smoothly (about 1.5 times them)
+//! instead of doubling all at once: memory then goes up and down with the live keys, not
+//! with the most the table ever held.
 //!
 //! Invariant: `len` is the sum of the parts' lengths.
 
@@ -21,8 +23,12 @@ use std::hash::BuildHasher;
 
 use crate::key::{KeyHasher, KeyId};
 
+/// Groups of parts, each its share of the keys (see the module docs).
+pub const GROUPS: usize = 64;
+/// Parts per group: equal shares of the group's keys.
+pub const PER_GROUP: usize = 16;
 /// Parts per table: a power of two.
-pub const PARTS: usize = 64;
+pub const PARTS: usize = GROUPS * PER_GROUP;
 
 /// When a part is swept it is shrunk to fit its keys plus this share of them, if that
 /// frees at least half of its room (a map's room only halves or doubles): 1/8 more keys
@@ -30,25 +36,25 @@ pub const PARTS: usize = 64;
 /// shrink again, so a part does not rehash back and forth at the key rate.
 const SHRINK_HEADROOM: usize = 8;
 /// Parts with room for no more than this are left as they are.
-const SHRINK_ABOVE: usize = 256;
+const SHRINK_ABOVE: usize = 64;
 
-/// Which part each of 1024 equal hash ranges goes to: part `i` gets a number of ranges
-/// proportional to `64 + i` (see the module docs).
-static PART_OF: [u8; 1024] = part_ranges();
+/// Which group each of 1024 equal hash ranges goes to: group `g` gets a number of ranges
+/// proportional to `64 + g` (see the module docs).
+static GROUP_OF: [u8; 1024] = group_ranges();
 
-const fn part_ranges() -> [u8; 1024] {
+const fn group_ranges() -> [u8; 1024] {
     let total_weight = (64 + 127) * 64 / 2;
     let mut ranges = [0u8; 1024];
-    let (mut part, mut filled, mut weight_so_far) = (0, 0, 0);
-    while part < PARTS {
-        weight_so_far += 64 + part;
-        // The ranges up to this part's end, rounded: every part gets 10 or more.
+    let (mut group, mut filled, mut weight_so_far) = (0, 0, 0);
+    while group < GROUPS {
+        weight_so_far += 64 + group;
+        // The ranges up to this group's end, rounded: every group gets 10 or more.
         let end = (weight_so_far * 1024 + total_weight / 2) / total_weight;
         while filled < end {
-            ranges[filled] = part as u8;
+            ranges[filled] = group as u8;
             filled += 1;
         }
-        part += 1;
+        group += 1;
     }
     ranges
 }
@@ -70,10 +76,17 @@ impl<V> Table<V> {
 
     /// The part of `key`, from bits of the map's own hash that neither the bucket index (the
     /// low bits) nor the control byte (the top 7) use, so a part's keys still spread over
-    /// its buckets.
+    /// its buckets: 10 bits pick the group, 4 more the part within it.
     fn part(key: &KeyId) -> usize {
-        let range = (KeyHasher::default().hash_one(key) >> 40) as usize & (PART_OF.len() - 1);
-        usize::from(PART_OF[range])
+        let hash = KeyHasher::default().hash_one(key);
+        let range = (hash >> 40) as usize & (GROUP_OF.len() - 1);
+        let within = (hash >> 50) as usize & (PER_GROUP - 1);
+        usize::from(GROUP_OF[range]) * PER_GROUP + within
+    }
+
+    /// The keys in part `index` (mod [`PARTS`]).
+    pub fn part_len(&self, index: usize) -> usize {
+        self.parts[index & (PARTS - 1)].len()
     }
 
     pub fn len(&self) -> usize {
@@ -171,7 +184,7 @@ impl<V> Table<V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{PARTS, Table};
+    use super::{GROUPS, PARTS, PER_GROUP, Table};
     use crate::key::KeyId;
 
     fn key(n: u64) -> KeyId {
@@ -189,14 +202,24 @@ mod tests {
         }
         assert_eq!(table.insert(key(7), 70), Some(7), "a known key is replaced");
         assert_eq!(table.len(), 6400);
-        let sizes: Vec<usize> = table.parts.iter().map(|part| part.len()).collect();
+        let used = table.parts.iter().filter(|part| !part.is_empty()).count();
+        assert!(
+            used > PARTS * 97 / 100,
+            "keys in {used} of the {PARTS} parts"
+        );
+        let sizes: Vec<usize> = table
+            .parts
+            .chunks(PER_GROUP)
+            .map(|group| group.iter().map(|part| part.len()).sum())
+            .collect();
+        assert_eq!(sizes.len(), GROUPS);
         assert!(
             sizes.iter().all(|&size| (35..=170).contains(&size)),
-            "67 to 133 keys in each of the {PARTS} parts: {sizes:?}"
+            "67 to 133 keys in each of the {GROUPS} groups: {sizes:?}"
         );
         assert!(
             sizes[..8].iter().sum::<usize>() * 3 < sizes[56..].iter().sum::<usize>() * 2,
-            "the last parts take about twice the first's share: {sizes:?}"
+            "the last groups take about twice the first's share: {sizes:?}"
         );
         assert_eq!(table.remove(&key(1)), Some(1));
         assert_eq!(table.remove(&key(1)), None);
@@ -247,7 +270,7 @@ mod tests {
         let removed = table.retain_part(3, |_, _| false);
         assert_eq!(table.len(), 64_000 - removed);
         assert!(
-            (500..=1500).contains(&removed),
+            (15..=100).contains(&removed),
             "one part of {PARTS}: {removed}"
         );
         // Everything but 1 key in 10 goes: each part shrinks as it is swept.

@@ -602,3 +602,53 @@ async fn a_rules_key_count_follows_resets_handoffs_and_imports() {
     );
     assert_eq!(engine.rule(CAPPED).live, 3);
 }
+
+#[test]
+fn a_sweep_step_looks_at_a_bounded_number_of_keys_however_large_the_table() {
+    let config = ShardConfig {
+        max_keys: 1_000_000,
+        max_waiters: 10,
+        rule_max_keys: 1_000_000,
+        shards: 1,
+    };
+    let mut shard = Shard::new(0, config, None, Arc::new(ShardStats::default()));
+    let hour = Rate::fixed(10, Unit::Hour);
+    let mut out = Decisions::new();
+    for n in 0..300_000 {
+        let check = check(vec![counter(&n.to_string(), hour)], 1, None);
+        assert!(matches!(
+            shard.check(&check, MIDNIGHT, &mut out),
+            Ok(Stepped::Decided)
+        ));
+        out.clear();
+    }
+    // A whole cycle late: every part is due, yet one step looks at about SWEEP_STEP_KEYS
+    // keys (a part is about 300 here) and asks to run again at once, lock released.
+    let late = MIDNIGHT + 2 * S;
+    let mut steps = 0;
+    let mut parts = 0;
+    loop {
+        let before = shard.sweep_part;
+        let next = shard.tick(late);
+        let swept = (shard.sweep_part + table::PARTS - before) % table::PARTS;
+        assert!(
+            (1..=SWEEP_STEP_KEYS / 200).contains(&swept),
+            "step {steps} swept {swept} parts"
+        );
+        parts += swept;
+        steps += 1;
+        if next > late {
+            break;
+        }
+    }
+    assert!(
+        (table::PARTS..table::PARTS + 2 * SWEEP_AHEAD as usize).contains(&parts),
+        "the late cycle caught up, part by part: {parts}"
+    );
+    assert!(steps >= 300_000 / SWEEP_STEP_KEYS, "{steps} steps");
+    assert_eq!(
+        shard.live_keys(),
+        300_000,
+        "nothing expired within the hour"
+    );
+}
