@@ -161,6 +161,18 @@ fn micros(nanos: u64) -> f64 {
     nanos as f64 / 1000.0
 }
 
+/// Steps that found their shard busy, and how long they waited in all, so far.
+fn lock_waits(engine: &Engine) -> (u64, Duration) {
+    engine
+        .stats()
+        .fold((0, Duration::ZERO), |(count, sum), stats| {
+            (
+                count + stats.contended.load(std::sync::atomic::Ordering::Relaxed),
+                sum + stats.lock_wait.sum(),
+            )
+        })
+}
+
 fn live_keys(engine: &Engine) -> usize {
     engine.figures().iter().map(|shard| shard.live_keys).sum()
 }
@@ -224,6 +236,7 @@ async fn size(settings: &Settings, workload: &Workload) {
         // Let the fill's table growth settle before measuring.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut histogram = Histogram::default();
+        let waits_before = lock_waits(&engine);
         let base = target * 10;
         let errors = paced(
             &engine,
@@ -235,6 +248,15 @@ async fn size(settings: &Settings, workload: &Workload) {
         )
         .await;
         let live = live_keys(&engine);
+        let (waits_after, waited_after) = lock_waits(&engine);
+        let (waits, waited) = (
+            waits_after - waits_before.0,
+            waited_after.saturating_sub(waits_before.1),
+        );
+        println!(
+            "size: {live:>9} live keys: {waits} steps found their shard busy (requests or the sweep), {:.1} us each on average",
+            waited.as_secs_f64() * 1e6 / waits.max(1) as f64
+        );
         let (p99, p999, max) = (
             histogram.quantile(0.99),
             histogram.quantile(0.999),

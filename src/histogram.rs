@@ -41,6 +41,11 @@ impl AtomicHistogram {
             .map(|bucket| bucket.load(Ordering::Relaxed))
             .sum()
     }
+
+    /// The sum of the durations observed.
+    pub fn sum(&self) -> Duration {
+        Duration::from_nanos(self.sum_nanos.load(Ordering::Relaxed))
+    }
 }
 
 impl TypedMetric for AtomicHistogram {
