@@ -75,6 +75,15 @@ pub struct RuleKeys {
     pub budget: u64,
 }
 
+/// Summing one rule's keys over shards.
+impl std::ops::AddAssign for RuleKeys {
+    fn add_assign(&mut self, other: RuleKeys) {
+        self.live += other.live;
+        self.refused += other.refused;
+        self.budget += other.budget;
+    }
+}
+
 /// The limits of one request descriptor, decided together.
 #[derive(Clone, Debug)]
 pub struct Check {

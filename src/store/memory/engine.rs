@@ -236,10 +236,7 @@ impl Engine {
         for cell in self.inner.cells.iter() {
             let shard = cell.lock();
             for (rule, keys) in shard.rule_keys() {
-                let sum = rules.entry(rule).or_default();
-                sum.live += keys.live;
-                sum.refused += keys.refused;
-                sum.budget += keys.budget;
+                *rules.entry(rule).or_default() += keys;
             }
         }
         rules.into_iter().collect()
@@ -250,10 +247,7 @@ impl Engine {
         let mut sum = RuleKeys::default();
         for cell in self.inner.cells.iter() {
             let shard = cell.lock();
-            let keys = shard.rule_keys_of(rule);
-            sum.live += keys.live;
-            sum.refused += keys.refused;
-            sum.budget += keys.budget;
+            sum += shard.rule_keys_of(rule);
         }
         sum
     }

@@ -244,16 +244,10 @@ impl Shard {
 
     /// Each rule's live keys and refusals here, with its budget on this shard.
     pub fn rule_keys(&self) -> impl Iterator<Item = (u32, RuleKeys)> + '_ {
-        self.counters.rules.iter().map(|(&rule, count)| {
-            (
-                rule,
-                RuleKeys {
-                    live: u64::from(count.live),
-                    refused: u64::from(count.refused),
-                    budget: self.counters.budgets.per_shard(rule) as u64,
-                },
-            )
-        })
+        self.counters
+            .rules
+            .keys()
+            .map(|&rule| (rule, self.rule_keys_of(rule)))
     }
 
     /// Looks up the counters of `checks` without changing anything, so that the steps that
