@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use crate::support::{
     Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, TestCa, UPSTREAM_BODY, Upstream,
-    envoy_binary, eventually, example_envoy_config, http_get, ratelimit_filters_and_clusters,
-    run_ratekeeper, run_to_end, write_config,
+    envoy_binary, eventually, example_envoy_config, http_get, ratelimit_bootstrap, run_ratekeeper,
+    run_to_end, write_config,
 };
 
 /// `api_key` allows 3 requests. A token bucket of 3 refilled at 3 per hour gains its next
@@ -634,43 +634,23 @@ fn example_limits_pass_ratekeeper_validation() {
 /// no header, so the client names it in the request (`%REQ(...)%`, evaluated at stream end
 /// all the same).
 fn refund_envoy_config(ratekeeper: SocketAddr, upstream: SocketAddr) -> String {
-    format!(
-        r#"
-admin:
-  address:
-    socket_address: {{ address: 127.0.0.1, port_value: 0 }}
-static_resources:
-  listeners:
-    - name: edge
-      address:
-        socket_address: {{ address: 127.0.0.1, port_value: 0 }}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: edge
-                route_config:
-                  name: edge
-                  virtual_hosts:
-                    - name: app
-                      domains: ["*"]
-                      routes:
-                        - match: {{ prefix: "/" }}
-                          route: {{ cluster: app }}
+    ratelimit_bootstrap(
+        r#"                          route: { cluster: app }
                           typed_per_filter_config:
                             envoy.filters.http.ratelimit:
                               "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
                               rate_limits:
                                 - actions:
-                                    - request_headers: {{ header_name: x-api-key, descriptor_key: api_key }}
-                                  hits_addend: {{ format: "%REQ(x-reserve)%" }}
+                                    - request_headers: { header_name: x-api-key, descriptor_key: api_key }
+                                  hits_addend: { format: "%REQ(x-reserve)%" }
                                 - actions:
-                                    - request_headers: {{ header_name: x-api-key, descriptor_key: api_key }}
-                                  hits_addend: {{ format: "%REQ(x-refund)%", is_negative_hits: true }}
+                                    - request_headers: { header_name: x-api-key, descriptor_key: api_key }
+                                  hits_addend: { format: "%REQ(x-refund)%", is_negative_hits: true }
                                   apply_on_stream_done: true
-{tail}"#,
-        tail = ratelimit_filters_and_clusters(true, upstream.port(), ratekeeper.port()),
+"#,
+        true,
+        upstream.port(),
+        ratekeeper.port(),
     )
 }
 

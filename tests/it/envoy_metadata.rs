@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 
 use crate::support::{
     Envoy, HttpResponse, Ratekeeper, START_TIMEOUT, TempDir, UPSTREAM_BODY, Upstream, eventually,
-    http_get, ratelimit_filters_and_clusters, write_config,
+    http_get, ratelimit_bootstrap, write_config,
 };
 
 /// Token buckets refilled per hour: within a test no token comes back, whatever the clock.
@@ -34,42 +34,22 @@ descriptors:
 /// One descriptor per header (`x-primary`, `x-fallback`), and three response headers read
 /// from the ratelimit filter's dynamic metadata (Envoy adds them to its own 429 too).
 fn envoy_config(ratekeeper: SocketAddr, upstream: SocketAddr) -> String {
-    format!(
-        r#"
-admin:
-  address:
-    socket_address: {{ address: 127.0.0.1, port_value: 0 }}
-static_resources:
-  listeners:
-    - name: edge
-      address:
-        socket_address: {{ address: 127.0.0.1, port_value: 0 }}
-      filter_chains:
-        - filters:
-            - name: envoy.filters.network.http_connection_manager
-              typed_config:
-                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-                stat_prefix: edge
-                route_config:
-                  name: edge
-                  virtual_hosts:
-                    - name: app
-                      domains: ["*"]
-                      routes:
-                        - match: {{ prefix: "/" }}
-                          response_headers_to_add:
-                            - header: {{ key: x-quota-violations, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:quotaModeViolations)%" }}
-                            - header: {{ key: x-backend, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:backend)%" }}
-                            - header: {{ key: x-rl-domain, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:domain)%" }}
+    ratelimit_bootstrap(
+        r#"                          response_headers_to_add:
+                            - header: { key: x-quota-violations, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:quotaModeViolations)%" }
+                            - header: { key: x-backend, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:backend)%" }
+                            - header: { key: x-rl-domain, value: "%DYNAMIC_METADATA(envoy.filters.http.ratelimit:domain)%" }
                           route:
                             cluster: app
                             rate_limits:
                               - actions:
-                                  - request_headers: {{ header_name: x-primary, descriptor_key: model }}
+                                  - request_headers: { header_name: x-primary, descriptor_key: model }
                               - actions:
-                                  - request_headers: {{ header_name: x-fallback, descriptor_key: model }}
-{tail}"#,
-        tail = ratelimit_filters_and_clusters(false, upstream.port(), ratekeeper.port()),
+                                  - request_headers: { header_name: x-fallback, descriptor_key: model }
+"#,
+        false,
+        upstream.port(),
+        ratekeeper.port(),
     )
 }
 

@@ -208,6 +208,43 @@ pub fn envoy_validate(config: &Path) -> (ExitStatus, String, String) {
     )
 }
 
+/// An Envoy bootstrap for the tests: admin and one listener on loopback at free ports, one
+/// route matching every path whose own fields are `route` (YAML lines at the route's
+/// indentation, e.g. `route: { cluster: app }`), then [`ratelimit_filters_and_clusters`].
+pub fn ratelimit_bootstrap(
+    route: &str,
+    failure_mode_deny: bool,
+    upstream: u16,
+    ratekeeper: u16,
+) -> String {
+    format!(
+        r#"
+admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: 0 }}
+static_resources:
+  listeners:
+    - name: edge
+      address:
+        socket_address: {{ address: 127.0.0.1, port_value: 0 }}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: edge
+                route_config:
+                  name: edge
+                  virtual_hosts:
+                    - name: app
+                      domains: ["*"]
+                      routes:
+                        - match: {{ prefix: "/" }}
+{route}{tail}"#,
+        tail = ratelimit_filters_and_clusters(failure_mode_deny, upstream, ratekeeper),
+    )
+}
+
 /// The end of an Envoy bootstrap whose HTTP connection manager has just listed its routes
 /// (at the indentation the tests' bootstraps use): the ratelimit filter (domain `edge`,
 /// asking the `ratekeeper` cluster with a 5 s timeout), the router, and the STATIC clusters
