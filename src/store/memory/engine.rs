@@ -11,7 +11,7 @@
 //! many keys each lookup misses the cache, and back to back the misses overlap.
 //!
 //! What must happen later runs on one timer task per shard, under the same lock: waking
-//! checks that wait for capacity (`max_wait`) and sweeping idle keys once a second. The
+//! checks that wait for capacity (`max_wait`) and sweeping idle keys (every part twice a second). The
 //! engine holds no counters itself: only shards mutate state. The timer tasks end when the
 //! last handle drops.
 

@@ -45,7 +45,7 @@ use crate::key::{KeyHasher, KeyId};
 use table::Table;
 
 /// How often a shard sweeps out keys whose state no longer matters: every part of its table
-/// once in this time, one part per step. A key is forgotten on average half of this after
+/// once in this time, a few parts per step. A key is forgotten on average half of this after
 /// its expiry (and the quarter second of rounding), so memory holds about
 /// `(lifetime + 0.4 s) / lifetime` times what the windows need: 1.007x for a minute window.
 pub const SWEEP_EVERY: Duration = Duration::from_millis(500);
