@@ -78,8 +78,13 @@ impl Collector for EngineCollector {
                 encode_counter(family.encode_family(&labels)?, read(shard))?;
             }
         }
-        let rules = self.engine.rule_keys();
-        let rule_label = |rule: u32| [("rule", self.engine.rule_name(rule).to_string())];
+        // Each rule named once per scrape, for the three families.
+        let rules: Vec<([(&str, String); 1], RuleKeys)> = self
+            .engine
+            .rule_keys()
+            .into_iter()
+            .map(|(rule, keys)| ([("rule", self.engine.rule_name(rule).to_string())], keys))
+            .collect();
         type Keys = fn(&RuleKeys) -> u64;
         let rule_gauges: [(&str, &str, Keys); 2] = [
             ("rule_keys", "Live keys of each rule on this node", |k| {
@@ -93,8 +98,8 @@ impl Collector for EngineCollector {
         ];
         for (name, help, read) in rule_gauges {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            for (rule, keys) in &rules {
-                encode_gauge(family.encode_family(&rule_label(*rule))?, read(keys))?;
+            for (label, keys) in &rules {
+                encode_gauge(family.encode_family(label)?, read(keys))?;
             }
         }
         let mut refusals = encoder.encode_descriptor(
@@ -103,8 +108,8 @@ impl Collector for EngineCollector {
             None,
             MetricType::Counter,
         )?;
-        for (rule, keys) in &rules {
-            encode_counter(refusals.encode_family(&rule_label(*rule))?, keys.refused)?;
+        for (label, keys) in &rules {
+            encode_counter(refusals.encode_family(label)?, keys.refused)?;
         }
         let mut wait = encoder.encode_descriptor(
             "shard_lock_wait_seconds",
