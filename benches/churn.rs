@@ -173,6 +173,14 @@ fn lock_waits(engine: &Engine) -> (u64, Duration) {
         })
 }
 
+/// Keys the sweep has looked at so far, over all shards.
+fn swept_keys(engine: &Engine) -> u64 {
+    engine
+        .stats()
+        .map(|stats| stats.swept_keys.load(std::sync::atomic::Ordering::Relaxed))
+        .sum()
+}
+
 fn live_keys(engine: &Engine) -> usize {
     engine.figures().iter().map(|shard| shard.live_keys).sum()
 }
@@ -237,6 +245,7 @@ async fn size(settings: &Settings, workload: &Workload) {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let mut histogram = Histogram::default();
         let waits_before = lock_waits(&engine);
+        let swept_before = swept_keys(&engine);
         let base = target * 10;
         let errors = paced(
             &engine,
@@ -254,8 +263,9 @@ async fn size(settings: &Settings, workload: &Workload) {
             waited_after.saturating_sub(waits_before.1),
         );
         println!(
-            "size: {live:>9} live keys: {waits} steps found their shard busy (requests or the sweep), {:.1} us each on average",
-            waited.as_secs_f64() * 1e6 / waits.max(1) as f64
+            "size: {live:>9} live keys: {waits} steps found their shard busy (requests or the sweep), {:.1} us each on average; the sweep looked at {:.0} keys a second",
+            waited.as_secs_f64() * 1e6 / waits.max(1) as f64,
+            (swept_keys(&engine) - swept_before) as f64 / settings.size_secs as f64
         );
         let (p99, p999, max) = (
             histogram.quantile(0.99),

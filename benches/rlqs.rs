@@ -5,8 +5,9 @@
 //!     (`examples/envoy.yaml`),
 //! (c) `rate_limit_quota` with ratekeeper (`examples/rlqs/envoy.yaml`): Envoy enforces its
 //!     assignment itself,
-//! with limits high enough never to deny (every answer must be 200), and ratekeeper's CPU
-//! time per 1000 Envoy requests under (b) and (c) (from `/proc/PID/stat`).
+//! with limits high enough never to deny (every answer must be 200), and ratekeeper's and
+//! Envoy's CPU time per 1000 Envoy requests under each (from `/proc/PID/stat`): Envoy's
+//! shows what its own filter costs.
 //! Targets: (c) >= 0.95 x (a) and >= 1.3 x (b).
 //!
 //! Each setup gets its own Envoy (`--concurrency 1`) and the same ratekeeper and upstream;
@@ -361,7 +362,7 @@ fn main() {
     let mut rows = Vec::new();
     for (index, (name, config, listener_port)) in setups.iter().enumerate() {
         let listener = SocketAddr::from(([127, 0, 0, 1], *listener_port));
-        let _envoy = envoy(&dir, &format!("envoy-{index}"), config);
+        let envoy = envoy(&dir, &format!("envoy-{index}"), config);
         ready(listener);
         load(
             listener,
@@ -369,6 +370,7 @@ fn main() {
             Duration::from_secs(options.warmup_secs),
         );
         let before = cpu_ticks(ratekeeper.0.id());
+        let envoy_before = cpu_ticks(envoy.0.id());
         let started = Instant::now();
         let rate = load(
             listener,
@@ -376,20 +378,24 @@ fn main() {
             Duration::from_secs(options.seconds),
         );
         let elapsed = started.elapsed().as_secs_f64();
-        let ticks = cpu_ticks(ratekeeper.0.id()).saturating_sub(before);
         // Clock ticks are 1/100 s on Linux.
-        let cpu_ms_per_1000 = ticks as f64 * 10.0 / (rate * elapsed / 1000.0);
+        let per_1000 = |ticks: u64| ticks as f64 * 10.0 / (rate * elapsed / 1000.0);
+        let cpu_ms_per_1000 = per_1000(cpu_ticks(ratekeeper.0.id()).saturating_sub(before));
+        let envoy_ms_per_1000 = per_1000(cpu_ticks(envoy.0.id()).saturating_sub(envoy_before));
         println!(
-            "{name}: {rate:.0} requests/s, ratekeeper {cpu_ms_per_1000:.2} ms CPU per 1000 requests"
+            "{name}: {rate:.0} requests/s, ratekeeper {cpu_ms_per_1000:.2} ms and Envoy \
+             {envoy_ms_per_1000:.1} ms CPU per 1000 requests"
         );
-        rows.push((*name, rate, cpu_ms_per_1000));
+        rows.push((*name, rate, cpu_ms_per_1000, envoy_ms_per_1000));
     }
     let (a, b, c) = (rows[0].1, rows[1].1, rows[2].1);
     let mut summary = String::from(
-        "| setup | requests/s | ratekeeper CPU ms / 1000 requests |\n| --- | --- | --- |\n",
+        "| setup | requests/s | ratekeeper CPU ms / 1000 requests | Envoy CPU ms / 1000 requests |\n| --- | --- | --- | --- |\n",
     );
-    for (name, rate, cpu) in &rows {
-        summary.push_str(&format!("| {name} | {rate:.0} | {cpu:.2} |\n"));
+    for (name, rate, cpu, envoy_cpu) in &rows {
+        summary.push_str(&format!(
+            "| {name} | {rate:.0} | {cpu:.2} | {envoy_cpu:.1} |\n"
+        ));
     }
     summary.push_str(&format!(
         "\n(c)/(a) = {:.2} (target >= 0.95), (c)/(b) = {:.2} (target >= 1.3); {} connections, {} s each after {} s of warm-up\n",

@@ -11,7 +11,11 @@
 //!    with the other two peers.
 //! 2. Saturation: the project's load generator ([`loadgen::client`], one child process per
 //!    node, closed loop, 8 connections x 32 streams each) for `--saturation-secs`; the sum
-//!    of the three rates is saturation.
+//!    of the three rates is the closed loop's saturation. Then the soak's own load (open
+//!    loop, below) runs at a quarter of that for as long, and the share of the machine's
+//!    CPU it takes gives the rate at which that load would saturate the machine: the
+//!    saturation the soak halves (requests sent one at a time cost more each than a closed
+//!    loop's batches; see `open_loop_saturation`).
 //! 3. The soak, `--minutes` long, in intervals of `--interval-secs`: each interval runs three
 //!    open-loop load generators (one per node) at a third of half of saturation each, 2
 //!    descriptors per request (so requests span owners) over a key space that slides by
@@ -671,6 +675,75 @@ fn saturation(grpc: &[SocketAddr], seconds: Duration) -> (f64, Vec<Report>) {
     (total, reports)
 }
 
+/// The open-loop trial's rate, as a share of the closed loop's saturation.
+const OPEN_LOOP_TRIAL: f64 = 4.0;
+
+/// Starts the soak's load on every node: open loop at `per_node_rate` requests a second
+/// each, for `length`, over `workload`'s keys (one load generator process per node).
+fn open_loop(
+    grpc: &[SocketAddr],
+    workload: Workload,
+    per_node_rate: u64,
+    length: Duration,
+    seed: u64,
+) -> Vec<thread::JoinHandle<Report>> {
+    grpc.iter()
+        .enumerate()
+        .map(|(index, addr)| {
+            let mut config = load_config(*addr, workload, seed + index as u64);
+            config.warmup = Duration::ZERO;
+            config.stop = Stop::After(length);
+            config.rate = per_node_rate;
+            config.connections = 2;
+            config.streams = 64;
+            thread::spawn(move || client::spawn(&config))
+        })
+        .collect()
+}
+
+/// The rate at which the soak's own load (open loop: each request sent when due, so one
+/// at a time, never in the batches a closed loop's queue makes) would keep the whole
+/// machine busy: measured at a quarter of the closed loop's saturation, from the share of
+/// the machine's CPU it takes (nodes, load generators and all; `/proc/stat`). Answers it
+/// and that share. A closed loop at saturation packs many requests into each write and
+/// wake-up; sent one by one they cost the machine much more each, so half of the closed
+/// loop's rate, open loop, kept this machine 95 % busy (2026-11-26): queueing, not the
+/// server, then made the p99.
+fn open_loop_saturation(grpc: &[SocketAddr], closed: f64, length: Duration) -> (f64, f64) {
+    let ticks = loadgen::clock_ticks();
+    let cores = thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let trial = (closed / OPEN_LOOP_TRIAL).max(3.0);
+    let workload = Workload {
+        descriptors: DESCRIPTORS,
+        keys: KEY_SPACE,
+        first: 1 << 40,
+    };
+    // A second to open connections and warm up, then the measured part.
+    let warm = Duration::from_secs(1);
+    let loads = open_loop(
+        grpc,
+        workload,
+        (trial / 3.0).ceil() as u64,
+        warm + length,
+        7000,
+    );
+    thread::sleep(warm);
+    let busy_before = loadgen::machine_busy(ticks);
+    let measured = Instant::now();
+    for load in loads {
+        let report = load.join().expect("a load thread");
+        assert_eq!(
+            report.errors, 0,
+            "open-loop trial failed: {:?}",
+            report.first_error
+        );
+    }
+    let busy = (loadgen::machine_busy(ticks) - busy_before).as_secs_f64()
+        / (measured.elapsed().as_secs_f64() * cores);
+    let busy = busy.clamp(0.01, 1.0);
+    ((trial / busy).min(closed), busy)
+}
+
 fn main() {
     client::run_if_asked();
     let settings = Settings::from_args();
@@ -748,12 +821,17 @@ fn main() {
     }
     let grpc = cluster.grpc();
 
-    // Step 2: saturation.
+    // Step 2: saturation, closed loop, then of the soak's own open-loop load (see
+    // `open_loop_saturation`).
     let (saturated, reports) = saturation(&grpc, settings.saturation);
-    let rate = (saturated / 2.0).round().max(3.0) as u64;
+    let (open_saturated, trial_busy) = open_loop_saturation(&grpc, saturated, settings.saturation);
+    let rate = (open_saturated / 2.0).round().max(3.0) as u64;
     say(format!(
-        "saturation: {saturated:.0} req/s (closed loop, 3 x 8 x 32 streams, {} s; per node {}; \
-         p99 per node {} ms); soak rate {rate} req/s",
+        "saturation: {saturated:.0} req/s closed loop; {open_saturated:.0} req/s open loop \
+         (the machine {:.0} % busy at {:.0} req/s); soak rate {rate} req/s, half of the open \
+         loop's (closed loop: 3 x 8 x 32 streams, {} s; per node {}; p99 per node {} ms)",
+        trial_busy * 100.0,
+        saturated / OPEN_LOOP_TRIAL,
         settings.saturation.as_secs_f64(),
         reports
             .iter()
@@ -822,19 +900,13 @@ fn main() {
             keys: KEY_SPACE,
             first: interval_number * (KEY_SPACE / 2),
         };
-        let loads: Vec<_> = grpc
-            .iter()
-            .enumerate()
-            .map(|(index, addr)| {
-                let mut config = load_config(*addr, workload, interval_number * 3 + index as u64);
-                config.warmup = Duration::ZERO;
-                config.stop = Stop::After(settings.interval);
-                config.rate = per_node_rate;
-                config.connections = 2;
-                config.streams = 64;
-                thread::spawn(move || client::spawn(&config))
-            })
-            .collect();
+        let loads = open_loop(
+            &grpc,
+            workload,
+            per_node_rate,
+            settings.interval,
+            interval_number * 3,
+        );
         // The reload, then the readings.
         let yaml = limits_yaml(MINUTE_LIMITS[(interval_number as usize + 1) % 2]);
         for addrs_dir in NAMES {

@@ -755,13 +755,22 @@ pub fn rlqs(data: &[u8]) {
     let Ok(report) = RateLimitQuotaUsageReports::decode(data) else {
         return;
     };
-    let usages = match rlqs::usages(&report) {
-        Ok(usages) => usages,
-        Err(status) => {
-            assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-            return;
-        }
-    };
+    let rlqs::Usages {
+        valid: usages,
+        invalid,
+    } = rlqs::usages(&report);
+    assert_eq!(
+        usages.len() + invalid.len(),
+        report.bucket_quota_usages.len(),
+        "every bucket is read or set apart"
+    );
+    for bucket in &invalid {
+        assert!(
+            bucket.problem.starts_with("bucket_quota_usages["),
+            "{}",
+            bucket.problem
+        );
+    }
     let distinct: std::collections::HashSet<_> =
         usages.iter().map(|usage| usage.bucket.clone()).collect();
     let hub = HUB.get_or_init(|| {

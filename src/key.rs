@@ -10,7 +10,10 @@
 //! - `id`: FNV-1a 128 over the same bytes plus the slot: the counter's identity, except
 //!   that its low 32 bits are the tag of the rule (the configured limit) the key counts
 //!   for ([`KeyId::rule`]), so a shard can keep each rule's keys within its budget without
-//!   storing anything more per key. 96 bits of hash remain for the identity.
+//!   storing anything more per key, and bit 32 says whether the limit's unit is a minute or
+//!   longer ([`KeyId::long_lived`]), so a shard keeps such keys apart from those of
+//!   per-second limits and does not look at them twice a second only to keep them
+//!   (see `store::memory::shard::table`). 95 bits of hash remain for the identity.
 //!
 //! Every field is length-prefixed, so `("ab", "c")` and `("a", "bc")` never collide.
 //! FNV's low bits are weak for `% n`, so routing mixes the hash with murmur3's `fmix64`
@@ -67,6 +70,13 @@ impl KeyId {
         self.id[1] as u32
     }
 
+    /// Whether this key counts for a limit whose unit is a minute or longer (see
+    /// [`KeyBuilder::rule_key`]): its state usually matters for a minute or more. A hint
+    /// for where a shard keeps the key, never for what it decides.
+    pub fn long_lived(&self) -> bool {
+        self.id[1] & LONG_LIVED != 0
+    }
+
     /// The shard (of `shards`) that owns this key.
     pub fn shard(&self, shards: usize) -> usize {
         shard_of(self.route, shards)
@@ -85,6 +95,12 @@ impl Hash for KeyId {
         state.write_u64(self.id[0] ^ self.id[1]);
     }
 }
+
+/// The bit of [`KeyId::id`]`[1]` that marks a key of a limit whose unit is a minute or
+/// longer ([`KeyId::long_lived`]).
+const LONG_LIVED: u64 = 1 << 32;
+/// Units from which a key is [`KeyId::long_lived`].
+const LONG_LIVED_FROM: u64 = 60 * crate::algorithm::NANOS_PER_SEC;
 
 /// The top bit of a length prefix: marks a shared wildcard pattern (see
 /// [`KeyBuilder::shared_entry`]).
@@ -151,15 +167,20 @@ impl KeyBuilder {
 
     /// The key of one limit of this descriptor, counting for the rule tagged `rule`
     /// ([`Limit::rule`](crate::limits::Limit::rule)): the tag replaces the low 32 bits of
-    /// the id.
+    /// the id, and bit 32 is set for a unit of a minute or longer ([`KeyId::long_lived`]).
     pub fn rule_key(&self, rate: &Rate, rule: u32) -> KeyId {
         let slot = [rate.unit.to_proto() as u8, rate.algorithm.code()];
         let id = fnv1a128(self.id, &slot);
+        let long_lived = if rate.unit.nanos() >= LONG_LIVED_FROM {
+            LONG_LIVED
+        } else {
+            0
+        };
         KeyId {
             route: self.route,
             id: [
                 (id >> 64) as u64,
-                (id as u64 & !0xffff_ffff) | u64::from(rule),
+                (id as u64 & !(LONG_LIVED | 0xffff_ffff)) | long_lived | u64::from(rule),
             ],
         }
     }

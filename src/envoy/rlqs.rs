@@ -11,7 +11,10 @@
 //!
 //! Invariants:
 //! - A refused report ends its stream with a status naming the field (`INVALID_ARGUMENT`)
-//!   or the bound (`RESOURCE_EXHAUSTED`), and changes nothing.
+//!   or the bound (`RESOURCE_EXHAUSTED`), and changes nothing. A bucket whose id cannot be
+//!   read as a descriptor (empty, too many pairs, a pair too long) is denied all on its own
+//!   and the stream goes on ([`usages`]): ids come from request headers, and one client's
+//!   must not end every bucket's assignment.
 //! - Streams end when the server stops (so the gRPC drain is not held up by them), and a
 //!   closed stream's shares go back to the others at once.
 //! - With `--store redis` every stream is refused (`UNIMPLEMENTED`, the reason in the
@@ -113,7 +116,12 @@ struct Shared {
     /// Why every stream is refused (`--store redis`).
     refused: Option<String>,
     stop: watch::Receiver<bool>,
+    /// When an invalid bucket id was last logged.
+    invalid_logged: std::sync::Mutex<Option<Instant>>,
 }
+
+/// Invalid bucket ids are logged at most this often (the metric counts every one).
+const INVALID_LOG_EVERY: Duration = Duration::from_secs(60);
 
 impl RlqsService {
     /// A service over `limiter`'s limits. `refused`: the reason every stream is refused;
@@ -132,6 +140,7 @@ impl RlqsService {
                 options,
                 refused,
                 stop,
+                invalid_logged: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -281,7 +290,7 @@ impl Shared {
                 )),
             ));
         }
-        let usages = usages(&report).map_err(|status| ("invalid_argument", status))?;
+        let Usages { valid, invalid } = usages(&report);
         let (id, domain) = match open {
             Some((id, domain)) => {
                 if !report.domain.is_empty() && report.domain != *domain {
@@ -331,16 +340,50 @@ impl Shared {
         let limits = self.limiter.limits().load();
         let shadow = self.limiter.options().shadow_mode;
         let domain_limits = limits.domain(&domain);
-        let reported = self
+        let mut actions = self
             .hub
             .report(
                 id,
-                usages,
+                valid,
                 |bucket| rule::resolve(domain_limits, bucket, shadow),
                 Instant::now(),
             )
-            .map_err(|error| ("too_many_buckets", hub_status(&error)))?;
-        Ok(response(reported.actions, self.options.assignment_ttl))
+            .map_err(|error| ("too_many_buckets", hub_status(&error)))?
+            .actions;
+        if !invalid.is_empty() {
+            actions.extend(self.deny_invalid(&domain, invalid));
+        }
+        Ok(response(actions, self.options.assignment_ttl))
+    }
+
+    /// Answers buckets whose id cannot be read as a descriptor: deny all, each counted by
+    /// its reason, the first logged at most once a minute.
+    fn deny_invalid(&self, domain: &str, mut invalid: Vec<InvalidBucket>) -> Vec<Action> {
+        invalid.sort_by(|a, b| a.bucket.cmp(&b.bucket));
+        invalid.dedup_by(|a, b| a.bucket == b.bucket);
+        for bucket in &invalid {
+            self.hub.stats().invalid_bucket(bucket.reason);
+        }
+        let mut logged = self
+            .invalid_logged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if logged.is_none_or(|at| at.elapsed() >= INVALID_LOG_EVERY) {
+            *logged = Some(Instant::now());
+            tracing::warn!(
+                domain,
+                buckets = invalid.len(),
+                problem = %invalid[0].problem,
+                "rlqs buckets whose id cannot be read as a descriptor are denied all (logged at most once a minute; ratekeeper_rlqs_invalid_buckets_total counts them)"
+            );
+        }
+        invalid
+            .into_iter()
+            .map(|bucket| Action::Assign {
+                bucket: bucket.bucket,
+                strategy: Strategy::DenyAll,
+            })
+            .collect()
     }
 }
 
@@ -353,55 +396,97 @@ fn hub_status(error: &HubError) -> Status {
     }
 }
 
-/// The report's usages as plain values; the error names the field at fault.
-pub fn usages(report: &RateLimitQuotaUsageReports) -> Result<Vec<Usage>, Status> {
-    report
-        .bucket_quota_usages
-        .iter()
-        .enumerate()
-        .map(|(index, usage)| {
-            let field = format!("bucket_quota_usages[{index}].bucket_id");
-            let pairs = usage
-                .bucket_id
-                .as_ref()
-                .map(|id| &id.bucket)
-                .filter(|pairs| !pairs.is_empty())
-                .ok_or_else(|| {
-                    Status::invalid_argument(format!(
-                        "{field}: missing or empty; a bucket id needs at least one pair"
-                    ))
-                })?;
-            if pairs.len() > MAX_BUCKET_ENTRIES {
-                return Err(Status::invalid_argument(format!(
-                    "{field}: {} pairs, more than the {MAX_BUCKET_ENTRIES} allowed",
-                    pairs.len()
-                )));
-            }
-            if let Some((key, _)) = pairs
-                .iter()
-                .find(|(key, value)| key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES)
-            {
-                let shown: String = key.chars().take(32).collect();
-                return Err(Status::invalid_argument(format!(
-                    "{field}: the pair {shown:?} is longer than {MAX_ENTRY_BYTES} bytes"
-                )));
-            }
-            let seconds = usage
-                .time_elapsed
-                .as_ref()
-                .map_or(0, |elapsed| elapsed.seconds.clamp(0, 86_400 * 366));
-            Ok(Usage {
-                bucket: bucket_key(
-                    pairs
-                        .iter()
-                        .map(|(key, value)| (key.as_str(), value.as_str())),
+/// A report's buckets: those read as descriptors, and those whose id cannot be (answered
+/// DENY_ALL on their own while the stream goes on: see [`usages`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Usages {
+    pub valid: Vec<Usage>,
+    pub invalid: Vec<InvalidBucket>,
+}
+
+/// A bucket whose id cannot be read as a descriptor.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InvalidBucket {
+    /// The id as reported, to echo (Envoy matches an answer to its bucket by the id).
+    pub bucket: BucketKey,
+    /// The metric's reason: `empty`, `too_many_pairs` or `pair_too_long`.
+    pub reason: &'static str,
+    /// What is wrong, naming the field.
+    pub problem: String,
+}
+
+/// The report's usages as plain values. A bucket id without pairs, with more than
+/// [`MAX_BUCKET_ENTRIES`] pairs or a pair over [`MAX_ENTRY_BYTES`] is set apart rather than
+/// ending the stream: bucket ids come from request headers, and one client's empty or
+/// oversized `x-api-key` must not cost every bucket of its Envoy its assignments (Envoy
+/// would fall back to its `expired_assignment_behavior`, often allow all). Such a bucket is
+/// denied all: nothing a client sends buys it more than a valid id would.
+pub fn usages(report: &RateLimitQuotaUsageReports) -> Usages {
+    let mut read = Usages::default();
+    for (index, usage) in report.bucket_quota_usages.iter().enumerate() {
+        let pairs = usage.bucket_id.as_ref().map(|id| &id.bucket);
+        let bucket = || {
+            bucket_key(
+                pairs
+                    .into_iter()
+                    .flatten()
+                    .map(|(key, value)| (key.as_str(), value.as_str())),
+            )
+        };
+        let field = || format!("bucket_quota_usages[{index}].bucket_id");
+        let count = pairs.map_or(0, |pairs| pairs.len());
+        let too_long = pairs
+            .into_iter()
+            .flatten()
+            .find(|(key, value)| key.len() > MAX_ENTRY_BYTES || value.len() > MAX_ENTRY_BYTES);
+        let invalid = if count == 0 {
+            Some((
+                "empty",
+                format!(
+                    "{}: missing or empty; a bucket id needs at least one pair",
+                    field()
                 ),
-                allowed: usage.num_requests_allowed,
-                denied: usage.num_requests_denied,
-                elapsed: Duration::from_secs(seconds.unsigned_abs()),
+            ))
+        } else if count > MAX_BUCKET_ENTRIES {
+            Some((
+                "too_many_pairs",
+                format!(
+                    "{}: {count} pairs, more than the {MAX_BUCKET_ENTRIES} allowed",
+                    field()
+                ),
+            ))
+        } else {
+            too_long.map(|(key, _)| {
+                let shown: String = key.chars().take(32).collect();
+                (
+                    "pair_too_long",
+                    format!(
+                        "{}: the pair {shown:?} is longer than {MAX_ENTRY_BYTES} bytes",
+                        field()
+                    ),
+                )
             })
-        })
-        .collect()
+        };
+        if let Some((reason, problem)) = invalid {
+            read.invalid.push(InvalidBucket {
+                bucket: bucket(),
+                reason,
+                problem,
+            });
+            continue;
+        }
+        let seconds = usage
+            .time_elapsed
+            .as_ref()
+            .map_or(0, |elapsed| elapsed.seconds.clamp(0, 86_400 * 366));
+        read.valid.push(Usage {
+            bucket: bucket(),
+            allowed: usage.num_requests_allowed,
+            denied: usage.num_requests_denied,
+            elapsed: Duration::from_secs(seconds.unsigned_abs()),
+        });
+    }
+    read
 }
 
 /// The message carrying `actions`, each assignment living `ttl` (whole seconds).

@@ -64,6 +64,29 @@ fn limits_of_one_descriptor_share_a_route_but_not_an_identity() {
     );
 }
 
+#[test]
+fn keys_of_minute_and_longer_units_are_marked_long_lived_and_keep_their_rule() {
+    let entries = [("api_key", "abc")];
+    let mut builder = KeyBuilder::new("edge");
+    builder.entry("api_key", "abc");
+    for unit in Unit::ALL {
+        let long_lived = unit != Unit::Second;
+        for algorithm in Algorithm::ALL {
+            let rate = Rate::new(algorithm, 10, unit, None);
+            for rule in [0, 1, u32::MAX] {
+                let key = builder.rule_key(&rate, rule);
+                assert_eq!(key.long_lived(), long_lived, "{unit:?} {algorithm:?}");
+                assert_eq!(key.rule(), rule, "the mark leaves the rule tag alone");
+            }
+        }
+    }
+    // The mark is part of the identity, so it never makes two units one counter.
+    assert_ne!(
+        key_of("edge", &entries, &Rate::fixed(1, Unit::Second)).id,
+        key_of("edge", &entries, &Rate::fixed(1, Unit::Minute)).id
+    );
+}
+
 /// Counts keys per shard and checks every shard is within 4.5 standard deviations of the
 /// mean of a fair random assignment (a skewed hash misses this by far; the inputs are fixed,
 /// so the test is deterministic).

@@ -406,24 +406,42 @@ async fn bad_reports_end_the_stream_with_a_status_naming_the_problem() {
         Code::InvalidArgument,
         "domain: the first report of a stream must name the domain",
     );
-    // A bucket id must have a pair.
+    // A bucket id that cannot be read as a descriptor (here: no pair; an empty header
+    // value makes one) is denied all on its own: the stream and its other buckets go on.
     let mut stream = open(
         &running.grpc,
         report(
             "quota",
-            vec![BucketQuotaUsage {
-                bucket_id: None,
-                ..usage("api_key", "a", 1, 0, 0)
-            }],
+            vec![
+                BucketQuotaUsage {
+                    bucket_id: None,
+                    ..usage("api_key", "a", 1, 0, 0)
+                },
+                usage("api_key", "ok", 1, 0, 0),
+            ],
         ),
     )
     .await
     .expect("opens");
-    refused(
-        stream.next().await.expect_err("refused"),
-        Code::InvalidArgument,
-        "bucket_quota_usages[0].bucket_id: missing or empty",
+    let answer = read(&stream.next().await.expect("answered, not ended"));
+    assert_eq!(answer.len(), 2, "{answer:?}");
+    let (denied, valid): (Vec<_>, Vec<_>) = answer.iter().partition(|(id, _)| id.is_empty());
+    assert!(denied[0].1.starts_with("deny ttl"), "{answer:?}");
+    assert!(!valid[0].1.starts_with("deny"), "{answer:?}");
+    stream
+        .send(report("quota", vec![usage("api_key", "ok", 2, 0, 5)]))
+        .await;
+    let again = read(&stream.next().await.expect("the stream goes on"));
+    assert_eq!(again, valid.into_iter().cloned().collect::<Vec<_>>());
+    assert_eq!(
+        scrape(
+            running.http,
+            "ratekeeper_rlqs_invalid_buckets_total{reason=\"empty\"}"
+        )
+        .await,
+        1.0
     );
+    drop(stream);
     // Too many buckets for one stream.
     let mut stream = open(
         &running.grpc,
@@ -494,7 +512,7 @@ async fn bad_reports_end_the_stream_with_a_status_naming_the_problem() {
             "ratekeeper_rlqs_refused_total{reason=\"invalid_argument\"}"
         )
         .await,
-        3.0
+        2.0
     );
     assert_eq!(
         scrape(

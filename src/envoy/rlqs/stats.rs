@@ -1,5 +1,6 @@
 //! The RLQS figures, per limits domain: streams and buckets open, reports, assignments and
-//! abandons sent, shadow-mode violations, and streams refused. Registered by the server
+//! abandons sent, shadow-mode violations, streams refused, and buckets denied for an
+//! invalid id. Registered by the server
 //! under `ratekeeper_rlqs_*`.
 //!
 //! Invariant: the `domain` label is a configured domain's name or `_unknown`, never a name
@@ -36,6 +37,7 @@ pub struct RlqsStats {
     pub shadow_violations: Family<DomainLabel, Counter>,
     pub unknown_domain_reports: Counter,
     pub refused: Family<RefusedLabel, Counter>,
+    pub invalid_buckets: Family<RefusedLabel, Counter>,
 }
 
 impl RlqsStats {
@@ -87,12 +89,25 @@ impl RlqsStats {
             "RLQS streams ended with an error, by reason",
             self.refused.clone(),
         );
+        sub.register(
+            "invalid_buckets",
+            "Reported buckets whose id cannot be read as a descriptor (empty, too many pairs, a pair too long), answered deny all, by reason",
+            self.invalid_buckets.clone(),
+        );
     }
 
     pub fn label(domain: &str) -> DomainLabel {
         DomainLabel {
             domain: domain.to_owned(),
         }
+    }
+
+    pub fn invalid_bucket(&self, reason: &str) {
+        self.invalid_buckets
+            .get_or_create(&RefusedLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub fn refuse(&self, reason: &str) {

@@ -23,7 +23,9 @@
 //!   full again), rounded up to an [`expiry`] tick (a quarter second), then forgotten
 //!   within [`SWEEP_EVERY`]: the sweep goes through the table a part at a time, at most
 //!   [`SWEEP_STEP_KEYS`] keys per step (see [`table`]), so no step looks at more than a
-//!   sliver of the table.
+//!   sliver of the table, and passing over parts none of whose keys can be due yet (keys of
+//!   limits of a minute or longer have parts of their own, so they are looked at about
+//!   when they are due, not twice a second).
 //! - A waiter whose caller has gone away is dropped without consuming.
 //! - Waiters on one key are served first in, first out; a new waiting check never overtakes
 //!   one already queued on the same key.
@@ -75,6 +77,8 @@ pub struct ShardConfig {
 #[derive(Debug, Default)]
 pub struct ShardStats {
     pub expired_keys: AtomicU64,
+    /// Keys the sweep looked at (kept or forgotten): the sweep's work.
+    pub swept_keys: AtomicU64,
     pub key_capacity_hits: AtomicU64,
     pub waits_admitted: AtomicU64,
     pub waits_rejected: AtomicU64,
@@ -347,8 +351,9 @@ impl Shard {
             let due = 1 + behind / per_part;
             let most = due.max(SWEEP_AHEAD).min(table::PARTS as u64);
             let (mut swept, mut looked) = (0, 0);
+            let now_tick = expiry::tick(now);
             while swept < most {
-                let next = self.counters.keys.part_len(self.sweep_part);
+                let next = self.counters.keys.due_len(self.sweep_part, now_tick);
                 if swept > 0 && looked + next > SWEEP_STEP_KEYS {
                     break;
                 }
@@ -450,27 +455,35 @@ impl Shard {
     }
 
     /// Forgets the idle keys of the next part of the table (and shrinks it if it emptied
-    /// out: see [`table`]); answers how many keys it looked at.
+    /// out: see [`table`]), unless none of them can be due yet; answers how many keys it
+    /// looked at.
     fn sweep(&mut self, now: u64) -> usize {
         let now_tick = expiry::tick(now);
         let part = self.sweep_part;
-        let looked = self.counters.keys.part_len(part);
+        let looked = self.counters.keys.due_len(part, now_tick);
         self.sweep_part = (part + 1) % table::PARTS;
         let Counters { keys, rules, .. } = &mut self.counters;
-        let expired = keys.retain_part(part, |key, slot| {
-            let keep = slot.expires > now_tick;
-            if !keep {
-                forget(rules, key.rule());
-            }
-            keep
-        });
-        self.counters.pending.retain_part(part, |_, slots| {
-            slots.retain(|slot| slot.expires > now_tick);
-            !slots.is_empty()
-        });
-        if expired > 0 {
-            self.counters
-                .stats
+        let expired = if looked > 0 {
+            keys.retain_part(part, |key, slot| {
+                let keep = slot.expires > now_tick;
+                if !keep {
+                    forget(rules, key.rule());
+                }
+                keep
+            })
+        } else {
+            0
+        };
+        if self.counters.pending.due_len(part, now_tick) > 0 {
+            self.counters.pending.retain_part(part, |_, slots| {
+                slots.retain(|slot| slot.expires > now_tick);
+                !slots.is_empty()
+            });
+        }
+        if looked > 0 {
+            let stats = &self.counters.stats;
+            stats.swept_keys.fetch_add(looked as u64, Ordering::Relaxed);
+            stats
                 .expired_keys
                 .fetch_add(expired as u64, Ordering::Relaxed);
         }
@@ -593,14 +606,20 @@ impl Counters {
                 algorithm::apply(&counter.rate, &mut state, now, check.cost, check.charge);
             out.push(decision);
             if check.writes(decision.allowed) {
+                let until = expires(
+                    now,
+                    algorithm::lifetime(&counter.rate, decision.reset_after),
+                );
+                let earlier = until < slot.expires;
                 *slot = Slot {
                     a: state.a,
                     b: state.b,
-                    expires: expires(
-                        now,
-                        algorithm::lifetime(&counter.rate, decision.reset_after),
-                    ),
+                    expires: until,
                 };
+                if earlier {
+                    // A refund can bring a bucket's full time forward.
+                    self.keys.lower_due(&counter.key, until);
+                }
             }
             if !decision.allowed {
                 return Ok(Outcome::Denied {
@@ -766,6 +785,7 @@ impl Counters {
                 let room = self.pending.len() < self.max_keys;
                 if room {
                     self.pending.get_or_insert_with(key, Vec::new).push(slot);
+                    self.pending.lower_due(&key, slot.expires);
                 }
                 room
             } else if self.keys.len() < self.max_keys

@@ -44,11 +44,16 @@ impl Collector for EngineCollector {
             }
         }
         type Read = fn(&ShardStats) -> u64;
-        let counters: [(&str, &str, Read); 5] = [
+        let counters: [(&str, &str, Read); 6] = [
             (
                 "shard_expired_keys",
                 "Keys forgotten once their state could no longer change an answer, per shard",
                 |s| s.expired_keys.load(Ordering::Relaxed),
+            ),
+            (
+                "shard_swept_keys",
+                "Keys the sweep of idle keys looked at, per shard (the sweep's work)",
+                |s| s.swept_keys.load(Ordering::Relaxed),
             ),
             (
                 "shard_contended",

@@ -16,19 +16,51 @@
 //! instead of doubling all at once: memory then goes up and down with the live keys, not
 //! with the most the table ever held.
 //!
-//! Invariant: `len` is the sum of the parts' lengths.
+//! Keys of limits of a minute or longer ([`KeyId::long_lived`]) have parts of their own
+//! (the second half), and each part knows a tick before which none of its keys expires
+//! ([`Table::part_due`]): the sweep passes over a part with nothing due without looking at
+//! its keys. Kept with the keys of per-second limits, which expire all the time, a million
+//! keys of an hourly limit would be looked at twice a second for an hour only to be kept;
+//! in parts of their own they are looked at when they are due.
+//!
+//! Invariants: `len` is the sum of the parts' lengths; no value of part `i` expires before
+//! `due[i]` ([`Expires`]; a caller that moves a held value's expiry earlier through
+//! [`Table::get_mut`] or [`Table::get_or_insert_with`] says so with [`Table::lower_due`]).
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 
+use crate::check::Slot;
 use crate::key::{KeyHasher, KeyId};
 
-/// Groups of parts, each its share of the keys (see the module docs).
+/// Groups of parts of each class of keys, each its share of the class's keys (see the
+/// module docs).
 pub const GROUPS: usize = 64;
 /// Parts per group: equal shares of the group's keys.
 pub const PER_GROUP: usize = 16;
+/// Classes of keys with parts of their own: keys of per-second limits, and
+/// [`KeyId::long_lived`] keys.
+pub const CLASSES: usize = 2;
 /// Parts per table: a power of two.
-pub const PARTS: usize = GROUPS * PER_GROUP;
+pub const PARTS: usize = CLASSES * GROUPS * PER_GROUP;
+
+/// A value that may be forgotten from an [`expiry`](crate::check::expiry) tick on.
+pub trait Expires {
+    fn expires(&self) -> u32;
+}
+
+impl Expires for Slot {
+    fn expires(&self) -> u32 {
+        self.expires
+    }
+}
+
+/// Handed-over states of one key: due when the first of them is.
+impl Expires for Vec<Slot> {
+    fn expires(&self) -> u32 {
+        self.iter().map(|slot| slot.expires).min().unwrap_or(0)
+    }
+}
 
 /// When a part is swept it is shrunk to fit its keys plus this share of them, if that
 /// frees at least half of its room (a map's room only halves or doubles): 1/8 more keys
@@ -61,32 +93,59 @@ const fn group_ranges() -> [u8; 1024] {
 
 pub struct Table<V> {
     parts: Box<[HashMap<KeyId, V, KeyHasher>]>,
+    /// Per part: no value in it expires before this tick (`u32::MAX`: none held since the
+    /// part was last swept).
+    due: Box<[u32]>,
     len: usize,
 }
 
-impl<V> Table<V> {
+impl<V: Expires> Table<V> {
     pub fn new() -> Table<V> {
         Table {
             parts: (0..PARTS)
                 .map(|_| HashMap::with_hasher(KeyHasher::default()))
                 .collect(),
+            due: vec![u32::MAX; PARTS].into_boxed_slice(),
             len: 0,
         }
     }
 
-    /// The part of `key`, from bits of the map's own hash that neither the bucket index (the
-    /// low bits) nor the control byte (the top 7) use, so a part's keys still spread over
-    /// its buckets: 10 bits pick the group, 4 more the part within it.
+    /// The part of `key`: its class's half of the table, then bits of the map's own hash
+    /// that neither the bucket index (the low bits) nor the control byte (the top 7) use,
+    /// so a part's keys still spread over its buckets: 10 bits pick the group, 4 more the
+    /// part within it.
     fn part(key: &KeyId) -> usize {
         let hash = KeyHasher::default().hash_one(key);
         let range = (hash >> 40) as usize & (GROUP_OF.len() - 1);
         let within = (hash >> 50) as usize & (PER_GROUP - 1);
-        usize::from(GROUP_OF[range]) * PER_GROUP + within
+        let class = usize::from(key.long_lived()) * (GROUPS * PER_GROUP);
+        class + usize::from(GROUP_OF[range]) * PER_GROUP + within
     }
 
     /// The keys in part `index` (mod [`PARTS`]).
     pub fn part_len(&self, index: usize) -> usize {
         self.parts[index & (PARTS - 1)].len()
+    }
+
+    /// A tick before which no value of part `index` (mod [`PARTS`]) expires.
+    pub fn part_due(&self, index: usize) -> u32 {
+        self.due[index & (PARTS - 1)]
+    }
+
+    /// The keys a sweep of part `index` at `tick` looks at: none if none can be due.
+    pub fn due_len(&self, index: usize, tick: u32) -> usize {
+        if self.part_due(index) <= tick {
+            self.part_len(index)
+        } else {
+            0
+        }
+    }
+
+    /// Notes that `key`'s held value may now expire from `tick` on (its expiry was moved
+    /// earlier in place).
+    pub fn lower_due(&mut self, key: &KeyId, tick: u32) {
+        let due = &mut self.due[Self::part(key)];
+        *due = (*due).min(tick);
     }
 
     pub fn len(&self) -> usize {
@@ -115,7 +174,9 @@ impl<V> Table<V> {
     }
 
     pub fn insert(&mut self, key: KeyId, value: V) -> Option<V> {
-        let old = self.parts[Self::part(&key)].insert(key, value);
+        let index = Self::part(&key);
+        self.due[index] = self.due[index].min(value.expires());
+        let old = self.parts[index].insert(key, value);
         if old.is_none() {
             self.len += 1;
         }
@@ -132,23 +193,36 @@ impl<V> Table<V> {
 
     /// The value of `key`, inserted with `make` if there is none.
     pub fn get_or_insert_with(&mut self, key: KeyId, make: impl FnOnce() -> V) -> &mut V {
-        let part = &mut self.parts[Self::part(&key)];
+        let index = Self::part(&key);
+        let part = &mut self.parts[index];
         if !part.contains_key(&key) {
             self.len += 1;
         }
-        part.entry(key).or_insert_with(make)
+        let value = part.entry(key).or_insert_with(make);
+        self.due[index] = self.due[index].min(value.expires());
+        value
     }
 
     /// Keeps the entries of part `index` (mod [`PARTS`]) that `keep` accepts, then shrinks
-    /// the part if half of its room is not needed; returns how many were removed.
+    /// the part if half of its room is not needed; returns how many were removed. The
+    /// part's due tick becomes the earliest expiry of what is kept.
     pub fn retain_part(
         &mut self,
         index: usize,
         mut keep: impl FnMut(&KeyId, &mut V) -> bool,
     ) -> usize {
-        let part = &mut self.parts[index & (PARTS - 1)];
+        let index = index & (PARTS - 1);
+        let part = &mut self.parts[index];
         let before = part.len();
-        part.retain(|key, value| keep(key, value));
+        let mut due = u32::MAX;
+        part.retain(|key, value| {
+            let kept = keep(key, value);
+            if kept {
+                due = due.min(value.expires());
+            }
+            kept
+        });
+        self.due[index] = due;
         let removed = before - part.len();
         self.len -= removed;
         if part.capacity() > SHRINK_ABOVE {
@@ -184,9 +258,23 @@ impl<V> Table<V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{GROUPS, PARTS, PER_GROUP, Table};
+    use super::{CLASSES, Expires, GROUPS, PARTS, PER_GROUP, Table};
     use crate::key::KeyId;
 
+    /// A test value is its own expiry tick.
+    impl Expires for u64 {
+        fn expires(&self) -> u32 {
+            u32::try_from(*self).unwrap_or(u32::MAX)
+        }
+    }
+
+    impl Expires for () {
+        fn expires(&self) -> u32 {
+            u32::MAX
+        }
+    }
+
+    /// A key of a per-second limit (`n` below 2^32).
     fn key(n: u64) -> KeyId {
         KeyId {
             route: n,
@@ -194,32 +282,51 @@ mod tests {
         }
     }
 
+    /// A [`KeyId::long_lived`] key (`n` below 2^32).
+    fn long_key(n: u64) -> KeyId {
+        KeyId {
+            route: n,
+            id: [n.wrapping_mul(0x9e37_79b9_7f4a_7c15), n | 1 << 32],
+        }
+    }
+
     #[test]
-    fn keys_spread_over_every_part_and_len_follows_every_change() {
+    fn keys_spread_over_every_part_of_their_class_and_len_follows_every_change() {
         let mut table = Table::new();
         for n in 0..6400 {
             assert_eq!(table.insert(key(n), n), None);
+            assert_eq!(table.insert(long_key(n), n), None);
         }
         assert_eq!(table.insert(key(7), 70), Some(7), "a known key is replaced");
-        assert_eq!(table.len(), 6400);
-        let used = table.parts.iter().filter(|part| !part.is_empty()).count();
+        assert_eq!(table.len(), 12_800);
+        let half = PARTS / CLASSES;
+        for (class, parts) in table.parts.chunks(half).enumerate() {
+            let used = parts.iter().filter(|part| !part.is_empty()).count();
+            assert!(
+                used > half * 97 / 100,
+                "class {class}: keys in {used} of {half} parts"
+            );
+            assert_eq!(parts.iter().map(|part| part.len()).sum::<usize>(), 6400);
+            let sizes: Vec<usize> = parts
+                .chunks(PER_GROUP)
+                .map(|group| group.iter().map(|part| part.len()).sum())
+                .collect();
+            assert_eq!(sizes.len(), GROUPS);
+            assert!(
+                sizes.iter().all(|&size| (35..=170).contains(&size)),
+                "67 to 133 keys in each of the {GROUPS} groups: {sizes:?}"
+            );
+            assert!(
+                sizes[..8].iter().sum::<usize>() * 3 < sizes[56..].iter().sum::<usize>() * 2,
+                "the last groups take about twice the first's share: {sizes:?}"
+            );
+        }
         assert!(
-            used > PARTS * 97 / 100,
-            "keys in {used} of the {PARTS} parts"
-        );
-        let sizes: Vec<usize> = table
-            .parts
-            .chunks(PER_GROUP)
-            .map(|group| group.iter().map(|part| part.len()).sum())
-            .collect();
-        assert_eq!(sizes.len(), GROUPS);
-        assert!(
-            sizes.iter().all(|&size| (35..=170).contains(&size)),
-            "67 to 133 keys in each of the {GROUPS} groups: {sizes:?}"
-        );
-        assert!(
-            sizes[..8].iter().sum::<usize>() * 3 < sizes[56..].iter().sum::<usize>() * 2,
-            "the last groups take about twice the first's share: {sizes:?}"
+            table.parts[half..]
+                .iter()
+                .flat_map(|part| part.keys())
+                .all(KeyId::long_lived),
+            "the second half holds the long-lived keys only"
         );
         assert_eq!(table.remove(&key(1)), Some(1));
         assert_eq!(table.remove(&key(1)), None);
@@ -227,9 +334,45 @@ mod tests {
         *table.get_or_insert_with(key(1), || 0) += 5;
         assert_eq!(table.get(&key(1)), Some(&10));
         let odd = table.extract(|key, _| key.route % 2 == 1);
-        assert_eq!(odd.len(), 3200);
-        assert_eq!(table.len(), 3200);
+        assert_eq!(odd.len(), 6400);
+        assert_eq!(table.len(), 6400);
         assert!(!table.contains_key(&key(1)) && table.contains_key(&key(2)));
+    }
+
+    #[test]
+    fn a_part_is_due_at_the_earliest_expiry_it_holds() {
+        let mut table: Table<u64> = Table::new();
+        let part = |key: &KeyId| Table::<u64>::part(key);
+        let a = long_key(1);
+        let index = part(&a);
+        assert_eq!(
+            table.part_due(index),
+            u32::MAX,
+            "an empty part is never due"
+        );
+        table.insert(a, 500);
+        assert_eq!((table.part_due(index), table.due_len(index, 499)), (500, 0));
+        assert_eq!(table.due_len(index, 500), table.part_len(index));
+        // A later expiry leaves the part due at the earliest; an earlier one moves it.
+        table.insert(a, 900);
+        assert_eq!(
+            table.part_due(index),
+            500,
+            "a lower bound, made exact by a sweep"
+        );
+        *table.get_mut(&a).expect("held") = 300;
+        table.lower_due(&a, 300);
+        assert_eq!(table.part_due(index), 300);
+        // A sweep makes it exact: the earliest expiry of what it keeps.
+        let neighbours = (2..).map(long_key).filter(|key| part(key) == index);
+        for (key, expires) in neighbours.zip([700, 800, 600]) {
+            table.insert(key, expires);
+        }
+        assert_eq!(table.part_len(index), 4);
+        table.retain_part(index, |_, &mut expires| expires > 650);
+        assert_eq!(table.part_due(index), 700, "300 and 600 went; 700 is next");
+        table.retain_part(index, |_, _| false);
+        assert_eq!(table.part_due(index), u32::MAX);
     }
 
     #[test]

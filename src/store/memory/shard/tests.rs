@@ -603,37 +603,57 @@ async fn a_rules_key_count_follows_resets_handoffs_and_imports() {
     assert_eq!(engine.rule(CAPPED).live, 3);
 }
 
-#[test]
-fn a_sweep_step_looks_at_a_bounded_number_of_keys_however_large_the_table() {
+fn big_shard() -> Shard {
     let config = ShardConfig {
         max_keys: 1_000_000,
         max_waiters: 10,
         rule_max_keys: 1_000_000,
         shards: 1,
     };
-    let mut shard = Shard::new(0, config, None, Arc::new(ShardStats::default()));
-    let hour = Rate::fixed(10, Unit::Hour);
+    Shard::new(0, config, None, Arc::new(ShardStats::default()))
+}
+
+/// Checks one key of `rate` for each of `values` at `now`.
+fn fill(shard: &mut Shard, rate: Rate, values: std::ops::Range<u64>, now: u64) {
     let mut out = Decisions::new();
-    for n in 0..300_000 {
-        let check = check(vec![counter(&n.to_string(), hour)], 1, None);
+    for n in values {
+        let check = check(vec![counter(&n.to_string(), rate)], 1, None);
         assert!(matches!(
-            shard.check(&check, MIDNIGHT, &mut out),
+            shard.check(&check, now, &mut out),
             Ok(Stepped::Decided)
         ));
         out.clear();
     }
-    // A whole cycle late: every part is due, yet one step looks at about SWEEP_STEP_KEYS
-    // keys (a part is about 300 here) and asks to run again at once, lock released.
+}
+
+fn swept_keys(shard: &Shard) -> u64 {
+    shard.counters.stats.swept_keys.load(Ordering::Relaxed)
+}
+
+#[test]
+fn a_sweep_step_looks_at_a_bounded_number_of_keys_however_large_the_table() {
+    let mut shard = big_shard();
+    fill(
+        &mut shard,
+        Rate::fixed(10, Unit::Second),
+        0..300_000,
+        MIDNIGHT,
+    );
+    // A whole cycle late, every key is due, yet one step looks at no more than
+    // SWEEP_STEP_KEYS keys (a part is about 300 here) and asks to run again at once, lock
+    // released.
     let late = MIDNIGHT + 2 * S;
     let mut steps = 0;
     let mut parts = 0;
     loop {
-        let before = shard.sweep_part;
+        let (before, looked) = (shard.sweep_part, swept_keys(&shard));
         let next = shard.tick(late);
         let swept = (shard.sweep_part + table::PARTS - before) % table::PARTS;
+        let looked = swept_keys(&shard) - looked;
+        assert!(swept >= 1, "step {steps} swept no part");
         assert!(
-            (1..=SWEEP_STEP_KEYS / 200).contains(&swept),
-            "step {steps} swept {swept} parts"
+            looked <= SWEEP_STEP_KEYS as u64,
+            "step {steps} looked at {looked} keys"
         );
         parts += swept;
         steps += 1;
@@ -646,9 +666,41 @@ fn a_sweep_step_looks_at_a_bounded_number_of_keys_however_large_the_table() {
         "the late cycle caught up, part by part: {parts}"
     );
     assert!(steps >= 300_000 / SWEEP_STEP_KEYS, "{steps} steps");
-    assert_eq!(
-        shard.live_keys(),
-        300_000,
-        "nothing expired within the hour"
+    assert_eq!(shard.live_keys(), 0, "every second's key went");
+    assert_eq!(swept_keys(&shard), 300_000, "each looked at once");
+}
+
+#[test]
+fn keys_of_long_limits_are_looked_at_when_due_not_on_every_sweep() {
+    let mut shard = big_shard();
+    // 100,000 keys of an hourly limit beside 100 of a per-second one, swept for a minute.
+    fill(
+        &mut shard,
+        Rate::fixed(10, Unit::Hour),
+        0..100_000,
+        MIDNIGHT,
     );
+    let second = Rate::fixed(10, Unit::Second);
+    let sweep_until = |shard: &mut Shard, from: u64, to: u64| {
+        let (mut at, mut next_fill) = (from, from);
+        while at < to {
+            if at >= next_fill {
+                fill(shard, second, 0..100, at);
+                next_fill = at + S / 2;
+            }
+            at = shard.tick(at).max(at + 1);
+        }
+    };
+    sweep_until(&mut shard, MIDNIGHT, MIDNIGHT + 60 * S);
+    let looked = swept_keys(&shard);
+    assert!(
+        looked < 50_000,
+        "the hourly keys were passed over: {looked} keys looked at in a minute"
+    );
+    assert_eq!(shard.live_keys(), 100_000 + 100);
+    // When the hour ends they are all due, and all go within the sweep's cycle.
+    let hour = MIDNIGHT + 3_600 * S;
+    sweep_until(&mut shard, hour, hour + 9 * S / 10);
+    assert_eq!(shard.live_keys(), 100, "only this second's keys are left");
+    assert!(swept_keys(&shard) - looked >= 100_000);
 }
