@@ -5,6 +5,8 @@
 //!     (`examples/envoy.yaml`),
 //! (c) `rate_limit_quota` with ratekeeper (`examples/rlqs/envoy.yaml`): Envoy enforces its
 //!     assignment itself,
+//! (d) the same with one static bucket for every request (a `string_value` bucket id): the
+//!     filter's cost without the per-request `custom_value` input,
 //! with limits high enough never to deny (every answer must be 200), and ratekeeper's and
 //! Envoy's CPU time per 1000 Envoy requests under each (from `/proc/PID/stat`): Envoy's
 //! shows what its own filter costs.
@@ -207,6 +209,25 @@ fn without_filter(rlqs_config: &str) -> String {
     format!("{}{}", &rlqs_config[..start], &rlqs_config[end..])
 }
 
+/// (d): the RLQS example with one bucket for all requests (a `string_value` bucket id, no
+/// header read): what the filter costs when no `custom_value` input is built per request.
+fn static_bucket(rlqs_config: &str) -> String {
+    let custom = "                                          custom_value:
+                                            name: api_key
+                                            typed_config:
+                                              \"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                                              header_name: x-api-key
+";
+    assert!(
+        rlqs_config.contains(custom),
+        "the custom_value bucket id in the example"
+    );
+    rlqs_config.replace(
+        custom,
+        "                                          string_value: everyone\n",
+    )
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
@@ -338,7 +359,7 @@ fn main() {
     let upstream = upstream();
     let (ratekeeper, grpc) = ratekeeper(&dir);
     let rlqs = "examples/rlqs/envoy.yaml";
-    let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
+    let ports: Vec<(u16, u16)> = (0..4).map(|_| (free_port(), free_port())).collect();
     let b = config(
         "examples/envoy.yaml",
         ports[1].0,
@@ -346,7 +367,7 @@ fn main() {
         upstream,
         grpc,
     );
-    let setups: [(&str, String, u16); 3] = [
+    let setups: [(&str, String, u16); 4] = [
         (
             "(a) no filter",
             without_filter(&config(rlqs, ports[0].0, ports[0].1, upstream, grpc)),
@@ -357,6 +378,11 @@ fn main() {
             "(c) rate_limit_quota",
             config(rlqs, ports[2].0, ports[2].1, upstream, grpc),
             ports[2].0,
+        ),
+        (
+            "(d) rate_limit_quota, one static bucket",
+            static_bucket(&config(rlqs, ports[3].0, ports[3].1, upstream, grpc)),
+            ports[3].0,
         ),
     ];
     let mut rows = Vec::new();
@@ -388,7 +414,7 @@ fn main() {
         );
         rows.push((*name, rate, cpu_ms_per_1000, envoy_ms_per_1000));
     }
-    let (a, b, c) = (rows[0].1, rows[1].1, rows[2].1);
+    let (a, b, c, d) = (rows[0].1, rows[1].1, rows[2].1, rows[3].1);
     let mut summary = String::from(
         "| setup | requests/s | ratekeeper CPU ms / 1000 requests | Envoy CPU ms / 1000 requests |\n| --- | --- | --- | --- |\n",
     );
@@ -398,9 +424,10 @@ fn main() {
         ));
     }
     summary.push_str(&format!(
-        "\n(c)/(a) = {:.2} (target >= 0.95), (c)/(b) = {:.2} (target >= 1.3); {} connections, {} s each after {} s of warm-up\n",
+        "\n(c)/(a) = {:.2} (target >= 0.95), (c)/(b) = {:.2} (target >= 1.3), (d)/(a) = {:.2}; {} connections, {} s each after {} s of warm-up\n",
         c / a,
         c / b,
+        d / a,
         options.connections,
         options.seconds,
         options.warmup_secs

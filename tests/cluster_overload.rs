@@ -1,7 +1,7 @@
 //! A cluster under overload admits exactly its limits: three real ratekeeper nodes with the
 //! default peer settings on this small machine, three closed-loop load generators (2
 //! connections x 16 streams each, the project's own, from `benches/loadgen`) hitting all
-//! nodes at once, for one hot key (100/hour) and for 500 keys (4/hour each), 20 runs each
+//! nodes at once, for one hot key (100/hour) and for 500 keys (4/hour each), 10 runs each
 //! with fresh keys.
 //!
 //! The machine is saturated on purpose (debug builds, six busy processes on two cores):
@@ -87,7 +87,7 @@ fn saturate(label: &str, keys: u64, limit: u64, requests: u64) {
     let _serial = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let runs = env_or("OVERLOAD_RUNS", 20);
+    let runs = env_or("OVERLOAD_RUNS", 10);
     let dir = TempDir::new(label);
     write_config(dir.path(), "bench.yaml", &limits(limit));
     let nodes = start_cluster(dir.path(), 3, &[]);
