@@ -23,7 +23,7 @@
 //!   full again), rounded up to an [`expiry`] tick (a quarter second), then forgotten
 //!   within [`SWEEP_EVERY`]: the sweep goes through the table a part at a time, at most
 //!   [`SWEEP_STEP_KEYS`] keys per step (see [`table`]), so no step looks at more than a
-//!   sliver of the table, and passing over parts none of whose keys can be due yet (keys of
+//!   sliver of the table, and it passes over parts none of whose keys can be due yet (keys of
 //!   limits of a minute or longer have parts of their own, so they are looked at about
 //!   when they are due, not twice a second).
 //! - A waiter whose caller has gone away is dropped without consuming.

@@ -704,3 +704,37 @@ fn keys_of_long_limits_are_looked_at_when_due_not_on_every_sweep() {
     assert_eq!(shard.live_keys(), 100, "only this second's keys are left");
     assert!(swept_keys(&shard) - looked >= 100_000);
 }
+
+#[test]
+fn a_refund_that_fills_a_bucket_again_lets_its_key_go_at_once() {
+    let mut shard = big_shard();
+    // A token bucket of 10 a minute, emptied: it matters until it is full again, a minute
+    // on; its part is due then.
+    let rate = Rate::new(Algorithm::TokenBucket, 10, Unit::Minute, None);
+    let counter = counter("alice", rate);
+    let mut out = Decisions::new();
+    let spend = check(vec![counter.clone()], 10, None);
+    assert!(matches!(
+        shard.check(&spend, MIDNIGHT, &mut out),
+        Ok(Stepped::Decided)
+    ));
+    assert!(out[0].allowed);
+    // Given back a second later (its request failed): full again, nothing left to keep.
+    out.clear();
+    let refund = Check {
+        charge: Charge::Refund,
+        ..spend
+    };
+    let at = MIDNIGHT + S;
+    assert!(matches!(
+        shard.check(&refund, at, &mut out),
+        Ok(Stepped::Decided)
+    ));
+    assert_eq!(shard.live_keys(), 1);
+    // Within one sweep cycle it is gone, not a minute later.
+    let mut now = at;
+    while now < at + S {
+        now = shard.tick(now).max(now + 1);
+    }
+    assert_eq!(shard.live_keys(), 0, "the refunded key went with the sweep");
+}
