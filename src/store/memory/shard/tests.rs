@@ -713,7 +713,7 @@ fn a_refund_that_fills_a_bucket_again_lets_its_key_go_at_once() {
     let rate = Rate::new(Algorithm::TokenBucket, 10, Unit::Minute, None);
     let counter = counter("alice", rate);
     let mut out = Decisions::new();
-    let spend = check(vec![counter.clone()], 10, None);
+    let spend = check(vec![counter], 10, None);
     assert!(matches!(
         shard.check(&spend, MIDNIGHT, &mut out),
         Ok(Stepped::Decided)
