@@ -23,6 +23,8 @@
 
 pub mod cluster;
 mod division;
+#[cfg(test)]
+mod envoy_model;
 mod hub;
 mod rule;
 mod stats;

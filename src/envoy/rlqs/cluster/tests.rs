@@ -9,9 +9,10 @@ use tokio::time::advance;
 
 use super::*;
 use crate::algorithm::{Algorithm, Rate, Unit};
+use crate::envoy::rlqs::envoy_model::EnvoyModel;
 use crate::envoy::rlqs::hub::{Action, HubOptions, StreamId, Usage};
 use crate::envoy::rlqs::rule::{Rule, bucket_key};
-use crate::envoy::rlqs::{RlqsStats, Strategy, TokenBucket, node_limit};
+use crate::envoy::rlqs::{RlqsStats, Strategy, node_limit};
 
 const INTERVAL: Duration = EXCHANGE_EVERY;
 
@@ -257,79 +258,6 @@ async fn each_node_divides_its_share_among_its_streams() {
     assert!(u64::from(b_shares) <= b_limit, "{b_shares} over {b_limit}");
 }
 
-/// Envoy's token bucket as Envoy 1.40 keeps it (as in the hub's tests): a new assignment
-/// starts a new bucket, full; the same assignment again keeps it.
-struct EnvoyModel {
-    assignment: Option<TokenBucket>,
-    tokens: f64,
-    admitted: u64,
-    since_report: (u64, u64),
-    changes: u64,
-}
-
-impl EnvoyModel {
-    fn new() -> EnvoyModel {
-        EnvoyModel {
-            assignment: None,
-            tokens: 0.0,
-            admitted: 0,
-            since_report: (0, 0),
-            changes: 0,
-        }
-    }
-
-    fn assign(&mut self, actions: &[Action]) {
-        for action in actions {
-            if let Action::Assign {
-                strategy: Strategy::TokenBucket(bucket),
-                ..
-            } = action
-                && self.assignment != Some(*bucket)
-            {
-                self.assignment = Some(*bucket);
-                self.tokens = f64::from(bucket.max_tokens);
-                self.changes += 1;
-            }
-        }
-    }
-
-    /// `requests` spread evenly over one second.
-    fn second(&mut self, requests: u64) {
-        for _ in 0..requests {
-            let allowed = match self.assignment {
-                None => true,
-                Some(bucket) => {
-                    let rate = f64::from(bucket.tokens_per_fill) / bucket.fill_interval_secs as f64;
-                    self.tokens =
-                        (self.tokens + rate / requests as f64).min(f64::from(bucket.max_tokens));
-                    if self.tokens >= 1.0 {
-                        self.tokens -= 1.0;
-                        true
-                    } else {
-                        false
-                    }
-                }
-            };
-            if allowed {
-                self.admitted += 1;
-                self.since_report.0 += 1;
-            } else {
-                self.since_report.1 += 1;
-            }
-        }
-    }
-
-    fn usage(&mut self, elapsed: u64) -> Usage {
-        let (allowed, denied) = std::mem::take(&mut self.since_report);
-        Usage {
-            bucket: alice(),
-            allowed,
-            denied,
-            elapsed: Duration::from_secs(elapsed),
-        }
-    }
-}
-
 /// README "RLQS", the bound in cluster mode, checked against the model: three nodes (one
 /// Envoy each) share a limit of R per second with burst B; a and b from the start, c from
 /// 20 s, b's pod dies at 40 s. Nodes exchange with the owner at different offsets within
@@ -379,7 +307,7 @@ async fn three_nodes_a_newcomer_and_a_death_stay_within_the_bound() {
                 let (id, pushed) = open(&nodes[index].hub);
                 let envoy = &mut envoys[index];
                 envoy.second(1);
-                let first = envoy.usage(0);
+                let first = envoy.usage(alice(), 0);
                 envoy.assign(&report(&nodes[index].hub, id, first, rule));
                 streams[index] = Some((id, pushed));
             }
@@ -400,7 +328,7 @@ async fn three_nodes_a_newcomer_and_a_death_stay_within_the_bound() {
             let since = second.saturating_sub(joins[index]);
             // Envoy reports every 5 s after its bucket appeared.
             if since % 5 == 4 {
-                let usage = envoys[index].usage(5);
+                let usage = envoys[index].usage(alice(), 5);
                 let actions = report(&nodes[index].hub, *id, usage, rule);
                 envoys[index].assign(&actions);
             }
