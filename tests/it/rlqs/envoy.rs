@@ -173,6 +173,28 @@ impl Client {
     }
 }
 
+/// The 80/20 load of the sharing tests on `alice` from `origin` for `window`: 24 requests a
+/// second through `busy`, 6 through `light`.
+fn busy_and_light(
+    busy: SocketAddr,
+    light: SocketAddr,
+    origin: Instant,
+    window: Duration,
+    stop: &Arc<AtomicBool>,
+) -> [thread::JoinHandle<Seen>; 2] {
+    [(busy, 24.0), (light, 6.0)].map(|(listener, per_second)| {
+        paced(
+            listener,
+            "alice",
+            per_second,
+            origin,
+            Duration::ZERO,
+            window,
+            Arc::clone(stop),
+        )
+    })
+}
+
 /// Sends `per_second` requests a second with `x-api-key: key` to `listener`, from `start`
 /// (after the clock `origin`) for `length`, or until `stop` is set; panics on anything but
 /// 200 or 429. Requests go one after another on their schedule (a late one is sent at
@@ -234,24 +256,7 @@ fn envoys_share_one_limit_by_demand_and_a_newcomer_gets_a_share() {
     let half = window / 2;
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let busy_seen = paced(
-        busy,
-        "alice",
-        24.0,
-        origin,
-        Duration::ZERO,
-        window,
-        Arc::clone(&stop),
-    );
-    let light_seen = paced(
-        light,
-        "alice",
-        6.0,
-        origin,
-        Duration::ZERO,
-        window,
-        Arc::clone(&stop),
-    );
+    let [busy_seen, light_seen] = busy_and_light(busy, light, origin, window, &stop);
     let late_seen = paced(late, "alice", 6.0, origin, half, half, Arc::clone(&stop));
     let busy_seen = busy_seen.join().expect("the busy client");
     let light_seen = light_seen.join().expect("the light client");
@@ -408,24 +413,7 @@ fn envoys_behind_two_cluster_nodes_share_one_limit() {
     let window = Duration::from_secs(25);
     let origin = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
-    let busy_seen = paced(
-        busy,
-        "alice",
-        24.0,
-        origin,
-        Duration::ZERO,
-        window,
-        Arc::clone(&stop),
-    );
-    let light_seen = paced(
-        light,
-        "alice",
-        6.0,
-        origin,
-        Duration::ZERO,
-        window,
-        Arc::clone(&stop),
-    );
+    let [busy_seen, light_seen] = busy_and_light(busy, light, origin, window, &stop);
     let busy_seen = busy_seen.join().expect("the busy client");
     let light_seen = light_seen.join().expect("the light client");
     let admitted = [busy_seen.admitted(), light_seen.admitted()];
