@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use super::ENVOY_REPORT_INTERVAL;
 use super::division;
-use super::hub::Hub;
+use super::hub::{Hub, NodeDemand};
 use super::rule::BucketKey;
 use crate::key::{fmix64, fnv1a64};
 use crate::store::cluster::Cluster;
@@ -242,15 +242,24 @@ impl Exchanger {
 /// One exchange: this node's demands out to their owners, the shares back into `hub`.
 pub async fn exchange(hub: &Hub, cluster: &Cluster, here: &QuotaSource) {
     let demands = hub.node_demands();
-    let sent: Vec<QuotaDemand> = demands
+    let shares = cluster.exchange_quota(&outgoing(&demands), here).await;
+    take_shares(hub, demands, shares);
+}
+
+/// This node's demands as its buckets' owners are sent them, in the same order.
+fn outgoing(demands: &[NodeDemand]) -> Vec<QuotaDemand> {
+    demands
         .iter()
         .map(|demand| QuotaDemand {
             bucket: quota_bucket(&demand.domain, &demand.bucket),
             limit: demand.limit,
             demand: demand.demand,
         })
-        .collect();
-    let shares = cluster.exchange_quota(&sent, here).await;
+        .collect()
+}
+
+/// Hands `hub` the owners' answers to `demands` (one per demand, in order; `None`: none).
+fn take_shares(hub: &Hub, demands: Vec<NodeDemand>, shares: Vec<Option<u64>>) {
     hub.set_node_shares(
         demands
             .into_iter()

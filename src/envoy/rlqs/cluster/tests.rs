@@ -153,21 +153,8 @@ impl Node {
     /// What `exchange` does, with `owner` standing in for the ring's owner of every bucket.
     fn exchange(&self, owner: &Owner) {
         let demands = self.hub.node_demands();
-        let sent: Vec<QuotaDemand> = demands
-            .iter()
-            .map(|demand| QuotaDemand {
-                bucket: quota_bucket(&demand.domain, &demand.bucket),
-                limit: demand.limit,
-                demand: demand.demand,
-            })
-            .collect();
-        let shares = owner.divide(&self.name, &sent, Instant::now());
-        self.hub.set_node_shares(
-            demands
-                .into_iter()
-                .zip(shares)
-                .map(|(demand, share)| ((demand.domain, demand.bucket), share)),
-        );
+        let shares = owner.divide(&self.name, &outgoing(&demands), Instant::now());
+        take_shares(&self.hub, demands, shares);
     }
 
     /// What this node divides among its streams of `alice` (limit `limit`).
