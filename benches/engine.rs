@@ -10,13 +10,15 @@
 //! `algorithm/*` time one [`algorithm::decide`] call per algorithm; `key/*` time building one
 //! [`KeyId`] with [`KeyBuilder`].
 //!
-//! Run with `cargo bench --bench engine`; see BENCHMARKS.md for figures.
+//! Each bench is warmed up, then timed in batches of iterations sized to take about
+//! [`BATCH`] each; it prints the median of [`SAMPLES`] batches (and the slowest and fastest).
+//! Run with `cargo bench --bench engine` (`-- engine/` runs the benches whose names contain
+//! `engine/`); see BENCHMARKS.md for figures.
 
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use ratekeeper::algorithm::{self, Algorithm, Rate, Unit};
 use ratekeeper::check::{Check, Checks, Counter};
 use ratekeeper::clock::Clock;
@@ -104,7 +106,10 @@ fn run(
     })
 }
 
-fn engine_throughput(c: &mut Criterion) {
+fn engine_throughput(bench: &Bench) {
+    if !bench.any_selected("engine/") {
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -119,13 +124,6 @@ fn engine_throughput(c: &mut Criterion) {
         runtime.metrics().num_workers(),
         load_average()
     );
-
-    let mut group = c.benchmark_group("engine");
-    group
-        .sampling_mode(SamplingMode::Flat)
-        .sample_size(20)
-        .warm_up_time(Duration::from_secs(2))
-        .measurement_time(Duration::from_secs(8));
     let cases = [
         ("spread_1_descriptor", Arc::clone(&spread), 1, CALLERS),
         ("spread_4_descriptors", Arc::clone(&spread), 4, CALLERS),
@@ -135,12 +133,13 @@ fn engine_throughput(c: &mut Criterion) {
     ];
     for (name, keys, per_request, callers) in cases {
         let workload = Workload { keys, per_request };
-        group.throughput(Throughput::Elements(per_request as u64));
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| run(&runtime, &engine, &workload, callers, iters));
-        });
+        bench.run(
+            &format!("engine/{name}"),
+            Duration::from_secs(2),
+            Some(per_request as u64),
+            |iters| run(&runtime, &engine, &workload, callers, iters),
+        );
     }
-    group.finish();
     eprintln!("engine: done; load average {}", load_average());
 }
 
@@ -152,12 +151,7 @@ fn load_average() -> String {
         .to_owned()
 }
 
-fn decide(c: &mut Criterion) {
-    let mut group = c.benchmark_group("algorithm");
-    group
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .throughput(Throughput::Elements(1));
+fn decide(bench: &Bench) {
     for algorithm in Algorithm::ALL {
         // Windows: never reached. Buckets: one token per microsecond, which is exactly
         // the pace of the loop below, so each call refills and takes one token.
@@ -171,34 +165,39 @@ fn decide(c: &mut Criterion) {
         };
         let mut now = Clock::system().now();
         let mut state = algorithm::init(&rate, now);
-        group.bench_function(algorithm.as_str(), |b| {
-            b.iter(|| {
+        let name = format!("algorithm/{}", algorithm.as_str());
+        bench.run(&name, Duration::from_secs(1), None, |iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
                 now += 1_000;
-                algorithm::decide(black_box(&rate), &mut state, black_box(now), black_box(1))
-            });
+                black_box(algorithm::decide(
+                    black_box(&rate),
+                    &mut state,
+                    black_box(now),
+                    black_box(1),
+                ));
+            }
+            start.elapsed()
         });
     }
-    group.finish();
 }
 
-fn key_hashing(c: &mut Criterion) {
-    let mut group = c.benchmark_group("key");
-    group
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .throughput(Throughput::Elements(1));
+fn key_hashing(bench: &Bench) {
     let rate = high_rate();
     // A typical API-key descriptor: domain + one short entry (~30 hashed bytes).
-    group.bench_function("one_entry", |b| {
-        b.iter(|| {
+    bench.run("key/one_entry", Duration::from_secs(1), None, |iters| {
+        let start = Instant::now();
+        for _ in 0..iters {
             let mut builder = KeyBuilder::new(black_box("bench"));
             builder.entry(black_box("api_key"), black_box("key-1234567"));
-            builder.key(black_box(&rate))
-        });
+            black_box(builder.key(black_box(&rate)));
+        }
+        start.elapsed()
     });
     // A longer descriptor: client address and a request path (~100 hashed bytes).
-    group.bench_function("three_entries", |b| {
-        b.iter(|| {
+    bench.run("key/three_entries", Duration::from_secs(1), None, |iters| {
+        let start = Instant::now();
+        for _ in 0..iters {
             let mut builder = KeyBuilder::new(black_box("edge"));
             builder
                 .entry(black_box("remote_address"), black_box("203.0.113.217"))
@@ -207,11 +206,110 @@ fn key_hashing(c: &mut Criterion) {
                     black_box("path"),
                     black_box("/api/v2/orders/8e1f2c3a/items"),
                 );
-            builder.key(black_box(&rate))
-        });
+            black_box(builder.key(black_box(&rate)));
+        }
+        start.elapsed()
     });
-    group.finish();
 }
 
-criterion_group!(benches, engine_throughput, decide, key_hashing);
-criterion_main!(benches);
+/// Timed batches per bench.
+const SAMPLES: usize = 20;
+/// About how long one timed batch runs.
+const BATCH: Duration = Duration::from_millis(200);
+
+/// Which benches run: those whose names contain one of the command line's words (all
+/// without any; `cargo bench`'s own `--bench` flag is not a word).
+struct Bench {
+    filters: Vec<String>,
+}
+
+impl Bench {
+    fn from_args() -> Bench {
+        Bench {
+            filters: std::env::args()
+                .skip(1)
+                .filter(|arg| !arg.starts_with("--"))
+                .collect(),
+        }
+    }
+
+    fn selected(&self, name: &str) -> bool {
+        self.filters.is_empty()
+            || self
+                .filters
+                .iter()
+                .any(|filter| name.contains(filter.as_str()))
+    }
+
+    /// Whether any bench whose name starts with `group` may be selected.
+    fn any_selected(&self, group: &str) -> bool {
+        self.filters.is_empty()
+            || self
+                .filters
+                .iter()
+                .any(|filter| group.contains(filter.as_str()) || filter.starts_with(group))
+    }
+
+    /// Times `timed(iters)`, which runs `iters` iterations and answers how long they took:
+    /// first for `warmup` (which also sizes a batch to take about [`BATCH`]), then
+    /// [`SAMPLES`] batches. Prints the median time per iteration and, given the `decisions`
+    /// one iteration makes, the median decisions per second.
+    fn run(
+        &self,
+        name: &str,
+        warmup: Duration,
+        decisions: Option<u64>,
+        mut timed: impl FnMut(u64) -> Duration,
+    ) {
+        if !self.selected(name) {
+            return;
+        }
+        let started = Instant::now();
+        let mut iters = 1u64;
+        let mut per_iter = Duration::ZERO;
+        while started.elapsed() < warmup {
+            let took = timed(iters);
+            per_iter = took / u32::try_from(iters).unwrap_or(u32::MAX);
+            if took < BATCH / 4 {
+                iters = iters.saturating_mul(2);
+            }
+        }
+        let batch = if per_iter.is_zero() {
+            iters
+        } else {
+            (BATCH.as_nanos() / per_iter.as_nanos()).clamp(1, u128::from(u32::MAX)) as u64
+        };
+        let mut nanos: Vec<f64> = (0..SAMPLES)
+            .map(|_| timed(batch).as_nanos() as f64 / batch as f64)
+            .collect();
+        nanos.sort_by(f64::total_cmp);
+        let median = nanos[SAMPLES / 2];
+        let rate = decisions
+            .map(|decisions| format!(", {:.2} M decisions/s", decisions as f64 / median * 1e3))
+            .unwrap_or_default();
+        println!(
+            "{name:<34} {} per iteration (fastest {}, slowest {}){rate}",
+            show(median),
+            show(nanos[0]),
+            show(nanos[SAMPLES - 1]),
+        );
+    }
+}
+
+/// Nanoseconds, in the unit that reads best.
+fn show(nanos: f64) -> String {
+    if nanos >= 1e6 {
+        format!("{:.2} ms", nanos / 1e6)
+    } else if nanos >= 1e3 {
+        format!("{:.2} us", nanos / 1e3)
+    } else {
+        format!("{nanos:.2} ns")
+    }
+}
+
+fn main() {
+    let bench = Bench::from_args();
+    engine_throughput(&bench);
+    decide(&bench);
+    key_hashing(&bench);
+}

@@ -14,8 +14,8 @@
 //!
 //! It runs as its own process: a benchmark binary calls [`run_if_asked`] first thing in
 //! `main`, and [`spawn`] re-executes the current binary with [`ENV`] set to the arguments, so
-//! the server under test and the load never share a process. By hand:
-//! `RK_LOADGEN='addr=127.0.0.1:8081 seconds=10 descriptors=4 keys=100000' target/release/deps/rls-<hash>`
+//! the server under test and the load never share a process. By hand, `examples/loadgen.rs`:
+//! `cargo run --release --example loadgen -- addr=127.0.0.1:8081 seconds=10 descriptors=4 keys=100000`
 //! prints one JSON line ([`Report`]).
 
 use std::net::SocketAddr;
@@ -79,15 +79,20 @@ pub struct Report {
 }
 
 /// Runs the load generator and exits the process if [`ENV`] is set; returns otherwise.
-/// Prints the [`Report`] as one JSON line and exits 1 if any request failed.
 pub fn run_if_asked() {
-    let Ok(args) = std::env::var(ENV) else {
-        return;
-    };
-    let config = match Config::parse(&args) {
+    if let Ok(args) = std::env::var(ENV) {
+        run_and_exit(&args, ENV);
+    }
+}
+
+/// Runs the load `args` ([`Config::parse`]'s form) describes, prints the [`Report`] as one
+/// JSON line and exits: 0, or 1 if any request failed, or 2 (naming `source`, where the
+/// settings came from) if `args` is not a valid load.
+pub fn run_and_exit(args: &str, source: &str) -> ! {
+    let config = match Config::parse(args) {
         Ok(config) => config,
         Err(error) => {
-            eprintln!("{ENV}: {error}");
+            eprintln!("{source}: {error}");
             std::process::exit(2);
         }
     };
@@ -95,7 +100,7 @@ pub fn run_if_asked() {
     match serde_json::to_string(&report) {
         Ok(line) => println!("{line}"),
         Err(error) => {
-            eprintln!("{ENV}: cannot print the report: {error}");
+            eprintln!("{source}: cannot print the report: {error}");
             std::process::exit(2);
         }
     }
