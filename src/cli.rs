@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -492,6 +493,16 @@ pub struct ServeArgs {
     /// RLQS: most buckets on this node, all streams together.
     #[arg(long, env = "RATEKEEPER_RLQS_MAX_BUCKETS", default_value_t = 100_000)]
     pub rlqs_max_buckets: usize,
+    /// RLQS: how long Envoy keeps enforcing an assignment without hearing from ratekeeper
+    /// (whole seconds, 6s to 1h) before its `expired_assignment_behavior`. Each report (every
+    /// 5 s) renews it; the default outlasts two lost reports.
+    #[arg(long, env = "RATEKEEPER_RLQS_ASSIGNMENT_TTL", value_parser = rlqs_assignment_ttl, default_value = "15s")]
+    pub rlqs_assignment_ttl: Duration,
+    /// RLQS in cluster mode: how often each node sends its buckets' demand to their owners
+    /// (1s to 15s); an owner forgets a node not heard from for two intervals. Shorter:
+    /// shares follow demand and a dead node's share returns sooner, for more peer calls.
+    #[arg(long, env = "RATEKEEPER_RLQS_EXCHANGE_EVERY", value_parser = rlqs_exchange_every, default_value = "5s")]
+    pub rlqs_exchange_every: Duration,
     /// RLQS: the largest report, in bytes.
     #[arg(long, env = "RATEKEEPER_RLQS_MAX_MESSAGE_BYTES", default_value_t = 1 << 20)]
     pub rlqs_max_message_bytes: usize,
@@ -737,6 +748,8 @@ impl ServeArgs {
                         ..defaults.hub
                     },
                     max_message_bytes: self.rlqs_max_message_bytes,
+                    exchange_every: self.rlqs_exchange_every,
+                    assignment_ttl: self.rlqs_assignment_ttl,
                     ..defaults
                 }
             },
@@ -812,16 +825,37 @@ fn duration(text: &str) -> Result<Duration, String> {
 
 /// `--store-ttl-margin`: a duration within [`crate::store::redis::TTL_MARGINS`].
 fn ttl_margin(text: &str) -> Result<Duration, String> {
-    let margin = duration(text)?;
-    let range = crate::store::redis::TTL_MARGINS;
-    if !range.contains(&margin) {
+    duration_within(text, crate::store::redis::TTL_MARGINS)
+}
+
+/// `--rlqs-exchange-every`: a duration within
+/// [`crate::envoy::rlqs::cluster::EXCHANGE_INTERVALS`].
+fn rlqs_exchange_every(text: &str) -> Result<Duration, String> {
+    duration_within(text, crate::envoy::rlqs::cluster::EXCHANGE_INTERVALS)
+}
+
+/// `--rlqs-assignment-ttl`: whole seconds (all Envoy reads) within
+/// [`crate::envoy::rlqs::ASSIGNMENT_TTLS`].
+fn rlqs_assignment_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = duration_within(text, crate::envoy::rlqs::ASSIGNMENT_TTLS)?;
+    if ttl.subsec_nanos() != 0 {
+        return Err(format!(
+            "{text:?} is not whole seconds (Envoy reads only the seconds)"
+        ));
+    }
+    Ok(ttl)
+}
+
+fn duration_within(text: &str, range: RangeInclusive<Duration>) -> Result<Duration, String> {
+    let value = duration(text)?;
+    if !range.contains(&value) {
         return Err(format!(
             "{text:?} is outside {:?} to {:?}",
             range.start(),
             range.end()
         ));
     }
-    Ok(margin)
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -861,6 +895,52 @@ mod tests {
         for bad in ["500ms", "2h", "soon"] {
             let error = margin(bad).expect_err("refused").to_string();
             assert!(error.contains("--store-ttl-margin"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_rlqs_exchange_interval_defaults_to_envoys_reports_and_is_refused_past_the_ttl() {
+        let every = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["ratekeeper", "serve"], args].concat());
+            cli.map(|cli| match cli.command {
+                Command::Serve(serve) => Some(serve.server_options().rlqs.exchange_every),
+                _ => None,
+            })
+        };
+        let seconds = |n| Some(std::time::Duration::from_secs(n));
+        assert_eq!(every(&[]).expect("valid"), seconds(5));
+        assert_eq!(
+            every(&["--rlqs-exchange-every", "1s"]).expect("valid"),
+            seconds(1)
+        );
+        for bad in ["500ms", "16s", "often"] {
+            let error = every(&["--rlqs-exchange-every", bad])
+                .expect_err("refused")
+                .to_string();
+            assert!(error.contains("--rlqs-exchange-every"), "{error}");
+        }
+    }
+
+    #[test]
+    fn the_rlqs_assignment_ttl_is_whole_seconds_past_one_report() {
+        let ttl = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["ratekeeper", "serve"], args].concat());
+            cli.map(|cli| match cli.command {
+                Command::Serve(serve) => Some(serve.server_options().rlqs.assignment_ttl),
+                _ => None,
+            })
+        };
+        let seconds = |n| Some(std::time::Duration::from_secs(n));
+        assert_eq!(ttl(&[]).expect("valid"), seconds(15));
+        assert_eq!(
+            ttl(&["--rlqs-assignment-ttl", "8s"]).expect("valid"),
+            seconds(8)
+        );
+        for bad in ["5s", "8500ms", "2h", "long"] {
+            let error = ttl(&["--rlqs-assignment-ttl", bad])
+                .expect_err("refused")
+                .to_string();
+            assert!(error.contains("--rlqs-assignment-ttl"), "{error}");
         }
     }
 

@@ -31,7 +31,7 @@ use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::names::CounterNames;
 use crate::admin::{self, AdminOptions, Health};
 use crate::clock::Clock;
-use crate::envoy::rlqs::cluster::{EXCHANGE_EVERY, Exchanger, FORGET_AFTER, Owner};
+use crate::envoy::rlqs::cluster::{Exchanger, Owner, forget_after};
 use crate::envoy::rlqs::{RlqsOptions, RlqsService, RlqsStats};
 use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
@@ -576,17 +576,17 @@ impl Server {
         // Cluster mode: the quota buckets this node owns are divided among the nodes by
         // `owner` (for the peer service's `Quota`); the exchanger sends this node's demand
         // to the owners and divides its shares among its own streams.
-        let quota_owner = self
-            .cluster
-            .as_ref()
-            .map(|_| Arc::new(Owner::new(self.rlqs.hub.max_buckets, FORGET_AFTER)));
+        let quota_owner = self.cluster.as_ref().map(|_| {
+            let forget = forget_after(self.rlqs.exchange_every);
+            Arc::new(Owner::new(self.rlqs.hub.max_buckets, forget))
+        });
         let _rlqs_exchange = match (&self.cluster, &quota_owner) {
             (Some(cluster), Some(owner)) => {
                 let exchanger = Exchanger::new(
                     rlqs.hub(),
                     cluster.clone(),
                     Arc::clone(owner),
-                    EXCHANGE_EVERY,
+                    self.rlqs.exchange_every,
                 );
                 Some(AbortOnDrop(exchanger.spawn().abort_handle()))
             }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use loadgen::client::{self, Config, Stop};
 use loadgen::workload::Workload;
-use support::{Ratekeeper, TempDir, start_cluster, write_config};
+use support::{DAY, Ratekeeper, TempDir, left_of_window, start_cluster, write_config};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -30,10 +30,11 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The load generator's domain and key, `limit` per key value.
+/// The load generator's domain and key, `limit` per key value and day: each run counts from
+/// zero on fresh keys, and no window may end within a run (see [`saturate`]).
 fn limits(limit: u64) -> String {
     format!(
-        "domain: {}\ndescriptors:\n  - key: {}\n    rate_limit: {{unit: hour, requests_per_unit: {limit}}}\n",
+        "domain: {}\ndescriptors:\n  - key: {}\n    rate_limit: {{unit: day, requests_per_unit: {limit}}}\n",
         loadgen::workload::DOMAIN,
         loadgen::workload::KEY,
     )
@@ -94,6 +95,13 @@ fn saturate(label: &str, keys: u64, limit: u64, requests: u64) {
     let mut ratios = Vec::new();
     let started = std::time::Instant::now();
     for run_index in 0..runs {
+        // A run must end within its timeout (60 s): none may start closer to midnight UTC,
+        // when every day window ends and would count its keys again from zero.
+        let left = left_of_window(DAY);
+        if left < Duration::from_secs(70) {
+            eprintln!("waiting {left:?} for the next day's window, so no run is cut in two");
+            std::thread::sleep(left + Duration::from_secs(1));
+        }
         let first = 1_000_000 * (run_index + 1);
         let (admitted, sent) = run(&nodes, first, keys, requests);
         assert_eq!(sent, 3 * requests);

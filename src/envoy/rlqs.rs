@@ -65,6 +65,11 @@ pub use self::stats::{RlqsStats, UNKNOWN_DOMAIN};
 /// Envoy 1.40 reports every bucket this often (fixed; `reporting_interval` is not read).
 pub const ENVOY_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
+/// The assignment TTLs `--rlqs-assignment-ttl` may be: longer than one of Envoy's report
+/// intervals (every report renews the assignment), at most an hour.
+pub const ASSIGNMENT_TTLS: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(6)..=Duration::from_secs(3600);
+
 /// Most pairs in one bucket id.
 pub const MAX_BUCKET_ENTRIES: usize = 32;
 
@@ -79,10 +84,14 @@ const STREAM_QUEUE: usize = 64;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RlqsOptions {
     pub hub: HubOptions,
-    /// How long Envoy keeps an assignment without hearing again (whole seconds).
+    /// How long Envoy keeps an assignment without hearing again (whole seconds, within
+    /// [`ASSIGNMENT_TTLS`]).
     pub assignment_ttl: Duration,
     /// How often idle buckets and silent reporters are looked for.
     pub sweep_every: Duration,
+    /// Cluster mode: how often a node sends its demand to the buckets' owners (within
+    /// [`cluster::EXCHANGE_INTERVALS`]); an owner forgets a node after two of them.
+    pub exchange_every: Duration,
     /// The largest report, in encoded bytes.
     pub max_message_bytes: usize,
 }
@@ -101,6 +110,7 @@ impl Default for RlqsOptions {
             // Three report intervals: one lost report does not drop Envoy to its fallback.
             assignment_ttl: 3 * ENVOY_REPORT_INTERVAL,
             sweep_every: ENVOY_REPORT_INTERVAL,
+            exchange_every: cluster::EXCHANGE_EVERY,
             max_message_bytes: 1 << 20,
         }
     }

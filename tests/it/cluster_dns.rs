@@ -19,17 +19,16 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    Load, NODE_PEER_PORT, Netns, Ratekeeper, TempDir, assert_all_within,
-    away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
-    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
-    edge_owner_of as owner_of, eventually, eventually_some, first_times, grpc_clients as clients,
-    metric_total as sum, write_config,
+    DAY, Load, NODE_PEER_PORT, Netns, Ratekeeper, TempDir, assert_all_within,
+    away_from_a_window_end, cluster_diagnosis, cluster_members as members, edge_decide as decide,
+    edge_explain as explain, edge_key_where as key_where, edge_owner_of as owner_of, eventually,
+    eventually_some, first_times, grpc_clients as clients, metric_total as sum, write_config,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-/// 10 000 per hour: more than the test sends, also on one node's fallback share (a third),
+/// 10 000 per day: more than the test sends, also on one node's fallback share (a third),
 /// so every request must be admitted.
-const LIMITS: &str = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 10000}\n";
+const LIMITS: &str = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: day, requests_per_unit: 10000}\n";
 const NAMES: [&str; 3] = ["A", "B", "C"];
 /// The node that is killed and restarted.
 const C: usize = 2;
@@ -62,7 +61,7 @@ async fn a_killed_node_found_through_dns_is_dropped_within_3s_then_rejoins_and_o
         }
     };
     net.resolve_to_all(PEER_NAME);
-    away_from_the_top_of_the_hour(Duration::from_secs(60)).await;
+    away_from_a_window_end(DAY, Duration::from_secs(60)).await;
     let dir = TempDir::new("cluster-dns");
     write_config(dir.path(), "edge.yaml", LIMITS);
     let full: Vec<String> = (0..3).map(|node| net.peer(node)).collect();

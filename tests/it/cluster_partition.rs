@@ -17,17 +17,16 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::support::{
-    LOAD_PHASES, Load, Netns, Ratekeeper, Tally, TempDir, assert_all_within,
-    away_from_the_top_of_the_hour, cluster_diagnosis, cluster_members as members,
-    edge_decide as decide, edge_explain as explain, edge_key_where as key_where,
-    edge_owner_of as owner_of, eventually, first_times, grpc_clients as clients,
-    metric_total as sum, write_config,
+    DAY, LOAD_PHASES, Load, Netns, Ratekeeper, Tally, TempDir, assert_all_within,
+    away_from_a_window_end, cluster_diagnosis, cluster_members as members, edge_decide as decide,
+    edge_explain as explain, edge_key_where as key_where, edge_owner_of as owner_of, eventually,
+    first_times, grpc_clients as clients, metric_total as sum, write_config,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
-/// The limit of every key: 100 per hour.
+/// The limit of every key: 100 per day.
 const LIMIT: u64 = 100;
-const LIMITS: &str = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: hour, requests_per_unit: 100}\n";
+const LIMITS: &str = "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: day, requests_per_unit: 100}\n";
 const NAMES: [&str; 3] = ["A", "B", "C"];
 /// The node that is cut off.
 const C: usize = 2;
@@ -57,7 +56,7 @@ async fn a_partitioned_node_is_dropped_then_rejoins_and_the_limit_holds_within_t
             return;
         }
     };
-    away_from_the_top_of_the_hour(Duration::from_secs(120)).await;
+    away_from_a_window_end(DAY, Duration::from_secs(120)).await;
     let dir = TempDir::new("cluster-partition");
     write_config(dir.path(), "edge.yaml", LIMITS);
     // Declared after `net`, so the processes stop before their namespaces go.

@@ -13,15 +13,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
-/// The flooded rule counts per day: a window that ended mid-flood would free its keys' slots
-/// and let more keys in (a minute's end did, once, on a loaded machine: 212 of 200).
+/// Both rules count per day: a window that ended mid-test would free its keys' slots and
+/// let more keys in (a minute's end did, once, on a loaded machine: 212 of 200), or start
+/// a user's count again.
 const LIMITS: &str = "\
 domain: edge
 descriptors:
   - key: remote_address
     rate_limit: {unit: day, requests_per_unit: 100}
   - key: user
-    rate_limit: {unit: hour, requests_per_unit: 3, max_keys: 50}
+    rate_limit: {unit: day, requests_per_unit: 3, max_keys: 50}
 ";
 
 async fn ask(

@@ -25,7 +25,7 @@ domain: edge
 descriptors:
   - key: api_key
     rate_limit:
-      unit: minute
+      unit: day
       requests_per_unit: 1
 ";
 

@@ -9,8 +9,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::support::{
-    Ratekeeper, RedisServer, TempDir, away_from_the_top_of_the_hour, edge_decide, free_port,
-    grpc_client, http_get, ratekeeper_command, run_to_end, write_config,
+    Ratekeeper, RedisServer, TempDir, away_from_a_window_end, edge_decide, free_port, grpc_client,
+    http_get, ratekeeper_command, run_to_end, write_config,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -103,7 +103,7 @@ async fn the_kubernetes_example_environment_alone_serves_its_ports_files_and_red
 
     // The limits of RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, counted in REDIS_URL's Redis:
     // the two processes share the 3 hits of the hour.
-    away_from_the_top_of_the_hour(Duration::from_secs(30)).await;
+    away_from_a_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     let (mut a, mut b) = (grpc_client(&first).await, grpc_client(&second).await);
     assert_eq!(edge_decide(&mut a, "k1").await, Code::Ok);
     assert_eq!(edge_decide(&mut b, "k1").await, Code::Ok);
@@ -198,7 +198,7 @@ fn a_harmless_variable_starts_with_a_warning_and_our_flags_win() {
 async fn stop_cache_key_increment_when_overlimit_false_counts_rejected_hits() {
     let dir = TempDir::new("reference-env-stop");
     write_config(dir.path(), "limits.yaml", LIMITS);
-    away_from_the_top_of_the_hour(Duration::from_secs(30)).await;
+    away_from_a_window_end(Duration::from_secs(3600), Duration::from_secs(30)).await;
     for (env, counted) in [
         (
             &[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "false")][..],

@@ -60,6 +60,9 @@ fn memory(clock: Clock) -> MemoryStore {
 fn redis_options(url: &str) -> RedisOptions {
     RedisOptions {
         timeout: Duration::from_secs(5),
+        // The suite's clock is a test clock, but Redis expires keys in real time: the
+        // longest margin keeps a key a stall on a busy machine could outlast.
+        ttl_margin: Duration::from_secs(3600),
         ..RedisOptions::new(Target::parse(url).expect("a redis url"))
     }
 }

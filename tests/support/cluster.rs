@@ -318,15 +318,26 @@ pub fn edge_explain_hits(
     (used, answer)
 }
 
-/// Windows are hours aligned to the epoch: a test across the top of the hour would see its
-/// counts reset. When less than `margin` of this hour is left, starts in the next one.
-pub async fn away_from_the_top_of_the_hour(margin: Duration) {
+/// A day: the window of the limits of tests that count exactly for longer than a moment,
+/// so that a window's end (which resets the counts) is rarely near.
+pub const DAY: Duration = Duration::from_secs(86_400);
+
+/// What is left of the current `window` (a whole number of seconds): fixed windows are
+/// aligned to the epoch.
+pub fn left_of_window(window: Duration) -> Duration {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    let left = Duration::from_secs(3600 - now.as_secs() % 3600);
+    let window = window.as_secs().max(1);
+    Duration::from_secs(window - now.as_secs() % window)
+}
+
+/// A test across a window's end would see its counts reset: when less than `margin` of the
+/// current `window` is left, waits for the next one.
+pub async fn away_from_a_window_end(window: Duration, margin: Duration) {
+    let left = left_of_window(window);
     if left < margin {
-        eprintln!("waiting {left:?} for the next hour's window, so no count is cut in two");
+        eprintln!("waiting {left:?} for the next window, so no count is cut in two");
         tokio::time::sleep(left + Duration::from_secs(1)).await;
     }
 }

@@ -37,12 +37,23 @@ use crate::key::{fmix64, fnv1a64};
 use crate::store::cluster::Cluster;
 use crate::store::cluster::quota::{QuotaBucket, QuotaDemand, QuotaSource};
 
-/// How often a node sends its demand to the owners (Envoy's report interval).
+/// How often a node sends its demand to the owners unless told otherwise
+/// (`--rlqs-exchange-every`): Envoy's report interval.
 pub const EXCHANGE_EVERY: Duration = ENVOY_REPORT_INTERVAL;
 
-/// An owner forgets a node it has not heard from for this long (two intervals): its share
-/// goes to the others at their next exchange.
-pub const FORGET_AFTER: Duration = Duration::from_secs(10);
+/// The exchange intervals `--rlqs-exchange-every` may be: at most the assignment TTL (three
+/// of Envoy's reports), so a node's share is refreshed before Envoy's assignment expires.
+pub const EXCHANGE_INTERVALS: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(15);
+
+/// An owner forgets a node it has not heard from for two exchange intervals: its share goes
+/// to the others at their next exchange.
+pub const fn forget_after(exchange_every: Duration) -> Duration {
+    exchange_every.saturating_mul(2)
+}
+
+/// [`forget_after`] the default interval.
+pub const FORGET_AFTER: Duration = forget_after(EXCHANGE_EVERY);
 
 /// Nodes one bucket's owner divides among at most.
 pub const MAX_NODES_PER_BUCKET: usize = 256;
@@ -197,7 +208,7 @@ impl Owner {
     }
 }
 
-/// Every [`EXCHANGE_EVERY`], sends this node's demand for every bucket to its owner and
+/// Every exchange interval ([`EXCHANGE_EVERY`] by default), sends this node's demand for every bucket to its owner and
 /// hands the answered shares to the hub; ends once the hub is gone.
 pub struct Exchanger {
     hub: Weak<Hub>,

@@ -1,7 +1,9 @@
 //! RLQS in cluster mode with real processes: two ratekeeper nodes, each with its own RLQS
 //! stream (a tonic client speaking what Envoy speaks), share one bucket's limit through the
 //! bucket's owner on the ring; when one node dies the survivor's share goes back to the
-//! whole limit within the documented time (README "RLQS", cluster mode).
+//! whole limit within the documented time (README "RLQS", cluster mode). The nodes exchange
+//! every second (`--rlqs-exchange-every 1s`, not the default 5 s), so the test takes seconds,
+//! not half a minute; the times it checks are in those intervals.
 
 use std::time::{Duration, Instant};
 
@@ -16,9 +18,12 @@ use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 
 use crate::support::{Ratekeeper, TempDir, metric, metric_total, start_cluster, write_config};
 
-/// README: a dead node is forgotten after two report intervals and the survivors get its
+/// The nodes' exchange interval.
+const INTERVAL: Duration = Duration::from_secs(1);
+
+/// README: a dead node is forgotten after two exchange intervals and the survivors get its
 /// share at their next exchange: three intervals.
-const SURVIVOR_WITHIN: Duration = Duration::from_secs(15);
+const SURVIVOR_WITHIN: Duration = INTERVAL.saturating_mul(3);
 
 /// Slack for two processes on a busy two-core machine.
 const SLACK: Duration = Duration::from_secs(5);
@@ -69,8 +74,8 @@ async fn report_until(
     done: impl Fn(&[String]) -> bool,
 ) -> (Vec<String>, Duration, bool) {
     let started = Instant::now();
-    // The client reports every second (Envoy every 5 s; faster only makes the test
-    // shorter), and looks at the assignments every 100 ms.
+    // The client reports every second (Envoy every 5 s; with the nodes exchanging every
+    // second, faster only makes the test shorter), and looks at the assignments every 100 ms.
     let mut reported: Option<Instant> = None;
     loop {
         let latest: Vec<String> = followers
@@ -99,7 +104,9 @@ async fn report_until(
 fn two_nodes_share_a_limit_and_a_survivor_gets_a_dead_nodes_share() {
     let dir = TempDir::new("rlqs-cluster");
     write_config(dir.path(), "limits.yaml", LIMITS);
-    let mut nodes: Vec<Ratekeeper> = start_cluster(dir.path(), 2, &[]);
+    let every = format!("{}s", INTERVAL.as_secs());
+    let mut nodes: Vec<Ratekeeper> =
+        start_cluster(dir.path(), 2, &["--rlqs-exchange-every", &every]);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

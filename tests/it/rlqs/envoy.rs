@@ -59,8 +59,9 @@ fn start_envoy(
     (envoy, listener)
 }
 
-/// `ratekeeper serve` of the example limits with its gRPC listener on `grpc` (`:0`: any).
-fn start_ratekeeper(grpc: &str) -> Ratekeeper {
+/// `ratekeeper serve` of the example limits with its gRPC listener on `grpc` (`:0`: any),
+/// and `extra` flags.
+fn start_ratekeeper(grpc: &str, extra: &[&str]) -> Ratekeeper {
     let mut command = ratekeeper_command();
     command
         .arg("serve")
@@ -73,7 +74,8 @@ fn start_ratekeeper(grpc: &str) -> Ratekeeper {
             "127.0.0.1:0",
             "--admin-addr",
             "127.0.0.1:0",
-        ]);
+        ])
+        .args(extra);
     Ratekeeper::start_command(&mut command, [127, 0, 0, 1].into())
 }
 
@@ -247,7 +249,7 @@ fn paced(
 fn envoys_share_one_limit_by_demand_and_a_newcomer_gets_a_share() {
     let dir = TempDir::new("rlqs-envoys");
     let upstream = Upstream::start();
-    let ratekeeper = start_ratekeeper("127.0.0.1:0");
+    let ratekeeper = start_ratekeeper("127.0.0.1:0", &[]);
     let grpc = ratekeeper.grpc_addr();
     let (_busy_envoy, busy) = start_envoy(&dir, "busy", grpc, upstream.addr());
     let (_light_envoy, light) = start_envoy(&dir, "light", grpc, upstream.addr());
@@ -307,15 +309,20 @@ fn envoys_share_one_limit_by_demand_and_a_newcomer_gets_a_share() {
     assert_eq!(reporters, 3, "{}", data["rlqs"]);
 }
 
+/// The assignment TTL of the restart test (`--rlqs-assignment-ttl`; 15 s by default): past
+/// one of Envoy's 5 s reports, short enough to keep the test short.
+const TTL: &str = "8s";
+
 /// ratekeeper stops while an Envoy is over its share: Envoy keeps enforcing its assignment
-/// until the TTL (15 s) passes, then falls back to `expired_assignment_behavior` (allow
+/// until the TTL (8 s here) passes, then falls back to `expired_assignment_behavior` (allow
 /// all), and enforces a new assignment soon after ratekeeper is back (it reconnects at its
 /// next 5 s report).
 #[test]
 fn envoy_keeps_its_assignment_until_the_ttl_then_falls_back_then_gets_a_new_one() {
     let dir = TempDir::new("rlqs-restart");
     let upstream = Upstream::start();
-    let mut ratekeeper = start_ratekeeper("127.0.0.1:0");
+    let ttl_flag = ["--rlqs-assignment-ttl", TTL];
+    let mut ratekeeper = start_ratekeeper("127.0.0.1:0", &ttl_flag);
     let grpc = ratekeeper.grpc_addr();
     let (envoy, listener) = start_envoy(&dir, "envoy", grpc, upstream.addr());
     let origin = Instant::now();
@@ -335,12 +342,11 @@ fn envoy_keeps_its_assignment_until_the_ttl_then_falls_back_then_gets_a_new_one(
     ratekeeper.process().kill();
     let killed = origin.elapsed();
     let killed_stderr = ratekeeper.stderr();
-    // The last assignment came at most 5 s before the kill: it holds for at least 10 s more.
-    thread::sleep(Duration::from_secs(8));
-    // Past every TTL (15 s after the last possible assignment), then a few seconds of fallback.
+    // The last assignment came at most 5 s before the kill: it holds for at least 3 s more.
+    // Past every TTL (8 s after the last possible assignment), then a few seconds of fallback.
     thread::sleep(Duration::from_secs(12));
     let restart_at = origin.elapsed();
-    let ratekeeper = start_ratekeeper(&grpc.to_string());
+    let ratekeeper = start_ratekeeper(&grpc.to_string(), &ttl_flag);
     let restarted = origin.elapsed();
     // Envoy reconnects at its next report and enforces the new assignment.
     let back = eventually(START_TIMEOUT, || {
@@ -367,10 +373,10 @@ fn envoy_keeps_its_assignment_until_the_ttl_then_falls_back_then_gets_a_new_one(
         seen.answered_between(Duration::ZERO, killed)
     );
     assert!(
-        seen.denied_between(killed + second, killed + Duration::from_secs(8)) > 0,
-        "Envoy dropped its assignment as soon as ratekeeper stopped (TTL 15 s)"
+        seen.denied_between(killed + second, killed + Duration::from_secs(3)) > 0,
+        "Envoy dropped its assignment as soon as ratekeeper stopped (TTL {TTL})"
     );
-    let fallback = (killed + Duration::from_secs(16), restart_at);
+    let fallback = (killed + Duration::from_secs(9), restart_at);
     assert!(
         seen.answered_between(fallback.0, fallback.1) > 0,
         "no requests in the fallback"
