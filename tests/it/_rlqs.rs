@@ -1,6 +1,6 @@
 //! RLQS (`StreamRateLimitQuotas`): the real server driven by a tonic client (what Envoy
 //! sends and is sent on the wire), then real Envoys with the `rate_limit_quota` filter
-//! (`rlqs::envoy`).
+//! (`_rlqs::envoy`).
 
 mod cluster;
 mod envoy;
