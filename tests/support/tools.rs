@@ -154,29 +154,7 @@ pub fn python_tool(package: &str, version: &str, program: &str) -> PathBuf {
     if marker.is_file() {
         return executable;
     }
-    // A venv without the marker is a leftover of an interrupted install.
-    if venv.exists() {
-        fs::remove_dir_all(&venv)
-            .unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
-    }
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let mut create = Command::new(&python);
-    create.arg("-m").arg("venv").arg(&venv);
-    let mut install = Command::new(venv.join("bin").join("pip"));
-    install
-        .args(["install", "--disable-pip-version-check", "--no-input"])
-        .arg(format!("{package}=={version}"));
-    for (what, command) in [
-        (format!("{python} -m venv {}", venv.display()), &mut create),
-        (format!("pip install {package}=={version}"), &mut install),
-    ] {
-        let (status, stdout, stderr) = run_to_end(&what, command, INSTALL_TIMEOUT);
-        assert!(
-            status.success(),
-            "installing {package} {version} for the tests failed: `{what}` {status}\n\
-             stdout:\n{stdout}\nstderr:\n{stderr}"
-        );
-    }
+    pip_install_into_venv(&venv, &format!("{package}=={version}"), "");
     assert!(
         executable.is_file(),
         "{package} {version} installed no {}",
@@ -185,4 +163,72 @@ pub fn python_tool(package: &str, version: &str, program: &str) -> PathBuf {
     fs::write(&marker, version)
         .unwrap_or_else(|error| panic!("write {}: {error}", marker.display()));
     executable
+}
+
+/// Creates the venv `venv` from scratch (removing a leftover of an interrupted install) and
+/// pip-installs `requirement` into it; panics with the output, and `hint`, on failure.
+///
+/// The venv has no pip of its own: the outer pip fills it (`--python`, pip 22.3 and later),
+/// as creating a venv with its own pip costs 3-4 s of CPU, for every tool at the start of a
+/// clean run. An outer pip that cannot do that gets the venv's own pip instead.
+pub(super) fn pip_install_into_venv(venv: &Path, requirement: &str, hint: &str) {
+    let remove = || {
+        if venv.exists() {
+            fs::remove_dir_all(venv)
+                .unwrap_or_else(|error| panic!("remove {}: {error}", venv.display()));
+        }
+    };
+    let run = |what: String, command: &mut Command| {
+        let (status, stdout, stderr) = run_to_end(&what, command, INSTALL_TIMEOUT);
+        let log = format!("`{what}` {status}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+        (status.success(), log)
+    };
+    remove();
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let venv_python = venv.join("bin").join("python");
+    let pip_args = ["install", "--disable-pip-version-check", "--no-input"];
+    let (created, log) = run(
+        format!("{python} -m venv --without-pip {}", venv.display()),
+        Command::new(&python)
+            .args(["-m", "venv", "--without-pip"])
+            .arg(venv),
+    );
+    assert!(
+        created,
+        "creating a venv for {requirement} failed: {log}\n{hint}"
+    );
+    let (installed, outer_log) = run(
+        format!(
+            "{python} -m pip --python {} install {requirement}",
+            venv_python.display()
+        ),
+        Command::new(&python)
+            .args(["-m", "pip", "--python"])
+            .arg(&venv_python)
+            .args(pip_args)
+            .arg(requirement),
+    );
+    if installed {
+        return;
+    }
+    remove();
+    for (what, command) in [
+        (
+            format!("{python} -m venv {}", venv.display()),
+            Command::new(&python).args(["-m", "venv"]).arg(venv),
+        ),
+        (
+            format!("pip install {requirement}"),
+            Command::new(venv.join("bin").join("pip"))
+                .args(pip_args)
+                .arg(requirement),
+        ),
+    ] {
+        let (ok, log) = run(what, command);
+        assert!(
+            ok,
+            "installing {requirement} for the tests failed: {log}\n{hint}\n\
+             (with the outer pip first: {outer_log})"
+        );
+    }
 }
