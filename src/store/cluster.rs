@@ -183,6 +183,9 @@ pub struct PeerStats {
 #[derive(Debug, Default)]
 pub struct ClusterStats {
     pub fallbacks: AtomicU64,
+    /// Request groups whose owner did not answer but had left the ring meanwhile: sent to
+    /// the new owner instead of the fallback.
+    pub rerouted: AtomicU64,
     pub handoff_sent: AtomicU64,
     pub handoff_failed: AtomicU64,
     pub handoff_received: AtomicU64,

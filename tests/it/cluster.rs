@@ -266,7 +266,19 @@ async fn a_killed_node_is_taken_off_every_ring_and_costs_at_most_its_lost_window
     assert!(
         after <= LIMIT + share,
         "after a kill -9 the survivors admit at most the limit, plus a fallback share \
-         counted before the handoff landed: {after}"
+         counted before the handoff landed: {after}\n{}",
+        survivors
+            .iter()
+            .map(|node| format!(
+                "node {}: fallbacks {}, handoff sent {} received {}\n{}",
+                node.peer_addr(),
+                metric(node, "ratekeeper_cluster_fallbacks_total"),
+                metric(node, "ratekeeper_cluster_handoff_sent_total"),
+                metric(node, "ratekeeper_cluster_handoff_received_total"),
+                node.stderr()
+            ))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     assert!(
         after >= LIMIT,

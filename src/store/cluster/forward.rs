@@ -139,6 +139,24 @@ impl Cluster {
         checks: Checks,
         leased: SpentLeases,
     ) -> Result<Decisions, StoreError> {
+        self.check_parts(node, checks, leased, true).await
+    }
+
+    /// [`Cluster::check_distributed`]; with `may_reroute`, a part whose owner could not be
+    /// reached but is no longer its owner on the ring is routed again (once), not decided by
+    /// the fallback.
+    ///
+    /// Why: a node whose detector takes a dead owner off its ring hands the counters it
+    /// kept on its fallback share to the keys' new owners 50 ms later. A forward that failed
+    /// around then, decided on the share after that handoff, would count on a counter the
+    /// new owner never sees, admitting past the bound (README, "The guarantee").
+    async fn check_parts(
+        &self,
+        node: &Node,
+        checks: Checks,
+        leased: SpentLeases,
+        may_reroute: bool,
+    ) -> Result<Decisions, StoreError> {
         let mut spent = leased.into_iter();
         let mut taken = Taken::default();
         let mut leased = Decisions::new();
@@ -170,7 +188,7 @@ impl Cluster {
         let mut answers: Vec<Option<Decisions>> = (0..parts.len()).map(|_| None).collect();
         answers[1] = Some(leased);
         let mut waiting: Vec<(usize, Arc<Remote>, oneshot::Receiver<remote::Answer>)> = Vec::new();
-        let mut fallbacks: Vec<(usize, Checks)> = Vec::new();
+        let mut fallbacks: Vec<(usize, Arc<Remote>, Checks)> = Vec::new();
         let mut local = Checks::new();
         for (index, (target, part)) in parts.into_iter().enumerate() {
             match target {
@@ -178,7 +196,7 @@ impl Cluster {
                 Target::Leased => {}
                 Target::Owner(remote) => match remote.submit(part) {
                     Ok(rx) => waiting.push((index, Arc::clone(remote), rx)),
-                    Err((_, part)) => fallbacks.push((index, part)),
+                    Err((_, part)) => fallbacks.push((index, Arc::clone(remote), part)),
                 },
             }
         }
@@ -211,7 +229,7 @@ impl Cluster {
                     failed.get_or_insert_with(|| ClusterError::from(error).into());
                 }
                 // Unreachable, or no longer a member: the fallback policy decides.
-                Ok(Err((_, part))) => fallbacks.push((index, part)),
+                Ok(Err((_, part))) => fallbacks.push((index, remote, part)),
                 Err(_) => {
                     let peer = Arc::clone(remote.address());
                     let problem = "the forward was dropped".to_owned();
@@ -219,10 +237,24 @@ impl Cluster {
                 }
             }
         }
-        if failed.is_none() {
-            for (index, part) in fallbacks {
-                node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-                match node.fallback(part).await {
+        if failed.is_none() && !fallbacks.is_empty() {
+            let topology = node.topology.load_full();
+            for (index, remote, part) in fallbacks {
+                let moved = part.iter().any(|check| {
+                    Target::of(&topology, Some(check.route())) != Target::Owner(&remote)
+                });
+                let decided = if may_reroute && moved {
+                    // What a rerouted part consumed is not given back if a later part
+                    // fails: an under-admission at worst.
+                    node.stats.rerouted.fetch_add(1, Ordering::Relaxed);
+                    Box::pin(self.check_parts(node, part, SpentLeases::new(), false))
+                        .await
+                        .map(|decisions| (decisions, None))
+                } else {
+                    node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                    node.fallback(part).await
+                };
+                match decided {
                     Ok((decisions, consumed)) => {
                         answers[index] = Some(decisions);
                         taken.engine.extend(consumed);
@@ -232,6 +264,11 @@ impl Cluster {
                         break;
                     }
                 }
+            }
+            // The ring changed while the fallback counted: what it counted on this node's
+            // share after the handoff is handed over too.
+            if !Arc::ptr_eq(&topology, &node.topology.load_full()) {
+                node.rebalance.notify_one();
             }
         }
         let decided = match failed {

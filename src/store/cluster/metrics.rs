@@ -25,11 +25,16 @@ impl Collector for ClusterCollector {
             "Nodes on this node's hash ring, itself included",
             self.cluster.member_count() as u64,
         )?;
-        let totals: [(&str, &str, &AtomicU64); 10] = [
+        let totals: [(&str, &str, &AtomicU64); 11] = [
             (
                 "cluster_fallbacks",
                 "Request groups decided by the fallback policy because their owner did not answer",
                 &stats.fallbacks,
+            ),
+            (
+                "cluster_rerouted",
+                "Request groups whose owner did not answer but left the ring meanwhile, sent to the new owner",
+                &stats.rerouted,
             ),
             (
                 "cluster_handoff_sent",

@@ -560,3 +560,70 @@ async fn quota_demands_go_to_each_buckets_owner_in_one_call_and_strangers_get_no
     a_server.abort();
     b_server.abort();
 }
+
+/// A forward to an owner that stops answering fails only at its deadline; if this node took
+/// that owner off its ring meanwhile (and so already handed over what it had counted on its
+/// fallback share), deciding on the share then would count where the new owner never looks.
+/// The check goes to the new owner instead: the limit (2) holds across both nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_silent_owner_left_the_ring_meanwhile_goes_to_the_new_owner() {
+    let ((a_listener, a_address), (b_listener, b_address)) = (bind_peer().await, bind_peer().await);
+    // D accepts connections and never answers (a hung process): A's forward to it waits.
+    let (_d_listener, d_address) = bind_peer().await;
+    let options = |me: &str, peers: Vec<String>| {
+        let mut options = ClusterOptions::new(me);
+        options.peers = peers;
+        options.timeout = Duration::from_millis(1500);
+        options
+    };
+    let a = Cluster::join(
+        MemoryStore::new(engine()),
+        options(&a_address, vec![b_address.clone(), d_address.clone()]),
+    );
+    let b = Cluster::join(
+        MemoryStore::new(engine()),
+        options(&b_address, vec![a_address.clone()]),
+    );
+    let servers = [serve_peer(&a, a_listener), serve_peer(&b, b_listener)];
+    assert!(
+        within_5s(|| a.members().len() == 3 && b.members().len() >= 2).await,
+        "A sees all three, B at least A"
+    );
+    // A value D owns on A's ring and B owns once D is gone.
+    let three = Ring::new(
+        [a_address.as_str(), b_address.as_str(), d_address.as_str()],
+        DEFAULT_VNODES,
+    );
+    let two = Ring::new([a_address.as_str(), b_address.as_str()], DEFAULT_VNODES);
+    let value = (0..1000)
+        .map(|n| format!("v{n}"))
+        .find(|value| {
+            let route = KeyBuilder::new("d").entry("k", value).route();
+            three
+                .owner(route)
+                .is_some_and(|owner| **owner == *d_address)
+                && two.owner(route).is_some_and(|owner| **owner == *b_address)
+        })
+        .expect("a value moving from D to B");
+    // The check is routed to D (polled once: routed and submitted), then D leaves A's ring
+    // while the forward waits.
+    let mut pending = std::pin::pin!(a.check(smallvec::smallvec![check(&value)]));
+    std::future::poll_fn(|cx| {
+        assert!(pending.as_mut().poll(cx).is_pending(), "waits for D");
+        std::task::Poll::Ready(())
+    })
+    .await;
+    a.node.left(&d_address);
+    assert_eq!(a.members().len(), 2, "D is off A's ring");
+    let decisions = pending.await.expect("answered");
+    assert!(decisions[0].allowed, "the first hit is admitted");
+    // B counted it: one more is admitted, then none, from either node.
+    assert_eq!(admitted(&b, &value, 2).await, 1, "B saw the first hit");
+    assert_eq!(admitted(&a, &value, 2).await, 0, "A asks B");
+    let (stats, _) = a.stats();
+    assert_eq!(stats.rerouted.load(Ordering::Relaxed), 1, "sent to B");
+    assert_eq!(stats.fallbacks.load(Ordering::Relaxed), 0, "no fallback");
+    for server in servers {
+        server.abort();
+    }
+}
