@@ -898,49 +898,67 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_rlqs_exchange_interval_defaults_to_envoys_reports_and_is_refused_past_the_ttl() {
-        let every = |args: &[&str]| {
-            let cli = Cli::try_parse_from([&["ratekeeper", "serve"], args].concat());
-            cli.map(|cli| match cli.command {
-                Command::Serve(serve) => Some(serve.server_options().rlqs.exchange_every),
-                _ => None,
-            })
-        };
-        let seconds = |n| Some(std::time::Duration::from_secs(n));
-        assert_eq!(every(&[]).expect("valid"), seconds(5));
-        assert_eq!(
-            every(&["--rlqs-exchange-every", "1s"]).expect("valid"),
-            seconds(1)
-        );
-        for bad in ["500ms", "16s", "often"] {
-            let error = every(&["--rlqs-exchange-every", bad])
-                .expect_err("refused")
-                .to_string();
-            assert!(error.contains("--rlqs-exchange-every"), "{error}");
+    /// `serve`'s RLQS duration `read` from its defaults and `args`.
+    fn rlqs_duration(
+        args: &[&str],
+        read: fn(&crate::envoy::rlqs::RlqsOptions) -> std::time::Duration,
+    ) -> Result<std::time::Duration, clap::Error> {
+        let cli = Cli::try_parse_from([&["ratekeeper", "serve"], args].concat())?;
+        match cli.command {
+            Command::Serve(serve) => Ok(read(&serve.server_options().rlqs)),
+            _ => panic!("serve expected"),
         }
     }
 
+    /// One RLQS duration flag: its default, a value taken, values refused.
+    struct DurationFlag {
+        flag: &'static str,
+        read: fn(&crate::envoy::rlqs::RlqsOptions) -> std::time::Duration,
+        default_secs: u64,
+        good: (&'static str, u64),
+        bad: &'static [&'static str],
+    }
+
     #[test]
-    fn the_rlqs_assignment_ttl_is_whole_seconds_past_one_report() {
-        let ttl = |args: &[&str]| {
-            let cli = Cli::try_parse_from([&["ratekeeper", "serve"], args].concat());
-            cli.map(|cli| match cli.command {
-                Command::Serve(serve) => Some(serve.server_options().rlqs.assignment_ttl),
-                _ => None,
-            })
-        };
-        let seconds = |n| Some(std::time::Duration::from_secs(n));
-        assert_eq!(ttl(&[]).expect("valid"), seconds(15));
-        assert_eq!(
-            ttl(&["--rlqs-assignment-ttl", "8s"]).expect("valid"),
-            seconds(8)
-        );
-        for bad in ["5s", "8500ms", "2h", "long"] {
-            let error = ttl(&["--rlqs-assignment-ttl", bad])
-                .expect_err("refused")
-                .to_string();
-            assert!(error.contains("--rlqs-assignment-ttl"), "{error}");
+    fn the_rlqs_durations_have_their_defaults_and_refuse_what_envoy_could_not_use() {
+        let flags = [
+            // Envoy's report interval; past the assignment TTL a share could expire.
+            DurationFlag {
+                flag: "--rlqs-exchange-every",
+                read: |rlqs| rlqs.exchange_every,
+                default_secs: 5,
+                good: ("1s", 1),
+                bad: &["500ms", "16s", "often"],
+            },
+            // Envoy reads whole seconds; one report interval or less would expire between
+            // reports.
+            DurationFlag {
+                flag: "--rlqs-assignment-ttl",
+                read: |rlqs| rlqs.assignment_ttl,
+                default_secs: 15,
+                good: ("8s", 8),
+                bad: &["5s", "8500ms", "2h", "long"],
+            },
+        ];
+        let secs = std::time::Duration::from_secs;
+        for DurationFlag {
+            flag,
+            read,
+            default_secs,
+            good,
+            bad,
+        } in flags
+        {
+            let default = rlqs_duration(&[], read).expect("valid");
+            assert_eq!(default, secs(default_secs), "{flag}");
+            let given = rlqs_duration(&[flag, good.0], read).expect("valid");
+            assert_eq!(given, secs(good.1), "{flag}");
+            for value in bad {
+                let error = rlqs_duration(&[flag, value], read)
+                    .expect_err("refused")
+                    .to_string();
+                assert!(error.contains(flag), "{flag} {value}: {error}");
+            }
         }
     }
 
