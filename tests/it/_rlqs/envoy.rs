@@ -197,6 +197,22 @@ fn busy_and_light(
     })
 }
 
+/// What Envoys sharing the limit over `window` admitted in all: within 10 % of the limit
+/// plus one burst, and at least 80 % of the limit (the shares leave none of it unused).
+fn shared_within_the_bound(admitted: &[usize], window: Duration) {
+    let total: usize = admitted.iter().sum();
+    let seconds = window.as_secs_f64();
+    let bound = 1.1 * LIMIT_PER_SECOND * seconds + BURST;
+    assert!(
+        (total as f64) <= bound,
+        "admitted {admitted:?} = {total} over {seconds} s, more than the bound {bound}"
+    );
+    assert!(
+        (total as f64) >= 0.8 * LIMIT_PER_SECOND * seconds,
+        "admitted {admitted:?} = {total}: the shares leave the limit unused"
+    );
+}
+
 /// Sends `per_second` requests a second with `x-api-key: key` to `listener`, from `start`
 /// (after the clock `origin`) for `length`, or until `stop` is set; panics on anything but
 /// 200 or 429. Requests go one after another on their schedule (a late one is sent at
@@ -268,18 +284,9 @@ fn envoys_share_one_limit_by_demand_and_a_newcomer_gets_a_share() {
         light_seen.admitted(),
         late_seen.admitted(),
     ];
-    let total: usize = admitted.iter().sum();
-    let seconds = window.as_secs_f64();
-    let bound = 1.1 * LIMIT_PER_SECOND * seconds + BURST;
-    assert!(
-        (total as f64) <= bound,
-        "admitted {admitted:?} = {total} over {seconds} s, more than the bound {bound}"
-    );
     // The limit is used, not starved: the Envoys offer 660 against a limit of 400.
-    assert!(
-        (total as f64) >= 0.8 * LIMIT_PER_SECOND * seconds,
-        "admitted {admitted:?} = {total}: the shares leave the limit unused"
-    );
+    shared_within_the_bound(&admitted, window);
+    let seconds = window.as_secs_f64();
     let busy_could = (LIMIT_PER_SECOND - 6.0) * half.as_secs_f64()
         + (LIMIT_PER_SECOND - 12.0) * half.as_secs_f64();
     assert!(
@@ -423,17 +430,9 @@ fn envoys_behind_two_cluster_nodes_share_one_limit() {
     let busy_seen = busy_seen.join().expect("the busy client");
     let light_seen = light_seen.join().expect("the light client");
     let admitted = [busy_seen.admitted(), light_seen.admitted()];
+    shared_within_the_bound(&admitted, window);
     let total: usize = admitted.iter().sum();
     let seconds = window.as_secs_f64();
-    let bound = 1.1 * LIMIT_PER_SECOND * seconds + BURST;
-    assert!(
-        (total as f64) <= bound,
-        "admitted {admitted:?} = {total} over {seconds} s, more than the bound {bound}"
-    );
-    assert!(
-        (total as f64) >= 0.8 * LIMIT_PER_SECOND * seconds,
-        "admitted {admitted:?} = {total}: the shares leave the limit unused"
-    );
     assert!(
         light_seen.admitted() as f64 >= 0.8 * 6.0 * seconds,
         "the light Envoy got {} of its {} requests",
