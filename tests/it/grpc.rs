@@ -155,10 +155,10 @@ async fn a_huge_hits_addend_never_passes_nor_refunds_a_limit() {
     let limits = "
 domain: huge
 descriptors:
-  - {key: fixed_window, rate_limit: {unit: hour, requests_per_unit: 5}}
-  - {key: sliding_window, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window}}
-  - {key: token_bucket, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}}
-  - {key: gcra, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: gcra, burst: 5}}
+  - {key: fixed_window, rate_limit: {unit: day, requests_per_unit: 5}}
+  - {key: sliding_window, rate_limit: {unit: day, requests_per_unit: 5, algorithm: sliding_window}}
+  - {key: token_bucket, rate_limit: {unit: day, requests_per_unit: 5, algorithm: token_bucket}}
+  - {key: gcra, rate_limit: {unit: day, requests_per_unit: 5, algorithm: gcra, burst: 5}}
 ";
     let running = start_with(limits, LimiterOptions::default()).await;
     let mut client = running.client.clone();
@@ -666,10 +666,10 @@ descriptors:
 const CHARGED_LIMITS: &str = "
 domain: charged
 descriptors:
-  - {key: fixed_window, rate_limit: {unit: hour, requests_per_unit: 5}}
-  - {key: sliding_window, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window}}
-  - {key: token_bucket, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}}
-  - {key: gcra, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: gcra, burst: 5}}
+  - {key: fixed_window, rate_limit: {unit: day, requests_per_unit: 5}}
+  - {key: sliding_window, rate_limit: {unit: day, requests_per_unit: 5, algorithm: sliding_window}}
+  - {key: token_bucket, rate_limit: {unit: day, requests_per_unit: 5, algorithm: token_bucket}}
+  - {key: gcra, rate_limit: {unit: day, requests_per_unit: 5, algorithm: gcra, burst: 5}}
 ";
 
 const ALGORITHMS: [&str; 4] = ["fixed_window", "sliding_window", "token_bucket", "gcra"];
