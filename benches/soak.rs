@@ -663,11 +663,7 @@ fn saturation(grpc: &[SocketAddr], seconds: Duration) -> (f64, Vec<Report>) {
         .map(|handle| handle.join().expect("a load thread"))
         .collect();
     for report in &reports {
-        assert_eq!(
-            report.errors, 0,
-            "saturation run failed: {:?}",
-            report.first_error
-        );
+        report.assert_answered("saturation run failed");
     }
     let total = reports
         .iter()
@@ -732,12 +728,9 @@ fn open_loop_saturation(grpc: &[SocketAddr], closed: f64, length: Duration) -> (
     let busy_before = loadgen::machine_busy(ticks);
     let measured = Instant::now();
     for load in loads {
-        let report = load.join().expect("a load thread");
-        assert_eq!(
-            report.errors, 0,
-            "open-loop trial failed: {:?}",
-            report.first_error
-        );
+        load.join()
+            .expect("a load thread")
+            .assert_answered("open-loop trial failed");
     }
     let busy = (loadgen::machine_busy(ticks) - busy_before).as_secs_f64()
         / (measured.elapsed().as_secs_f64() * cores);

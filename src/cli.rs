@@ -922,7 +922,7 @@ mod tests {
     #[test]
     fn the_rlqs_durations_have_their_defaults_and_refuse_what_envoy_could_not_use() {
         let flags = [
-            // Envoy's report interval; past the assignment TTL a share could expire.
+            // Envoy's report interval; past three reports shares follow demand too slowly.
             DurationFlag {
                 flag: "--rlqs-exchange-every",
                 read: |rlqs| rlqs.exchange_every,

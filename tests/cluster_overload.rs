@@ -69,11 +69,7 @@ fn run(nodes: &[Ratekeeper], first: u64, keys: u64, requests: u64) -> (u64, u64)
     let (mut admitted, mut sent) = (0, 0);
     for generator in generators {
         let report = generator.join().expect("the load generator ran");
-        assert_eq!(
-            report.errors, 0,
-            "every request is answered: {:?}",
-            report.first_error
-        );
+        report.assert_answered("every request is answered");
         admitted += report.ok;
         sent += report.requests;
     }

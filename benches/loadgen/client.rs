@@ -78,6 +78,13 @@ pub struct Report {
     pub cpu_us_per_request: f64,
 }
 
+impl Report {
+    /// Panics, naming `what` and the first error, unless every request was answered.
+    pub fn assert_answered(&self, what: &str) {
+        assert_eq!(self.errors, 0, "{what}: {:?}", self.first_error);
+    }
+}
+
 /// Runs the load generator and exits the process if [`ENV`] is set; returns otherwise.
 pub fn run_if_asked() {
     if let Ok(args) = std::env::var(ENV) {

@@ -360,7 +360,7 @@ impl Store for Cluster {
                 let decisions = spent.into_iter().flatten().map(|spent| spent.decision);
                 return Checked::Ready(Ok(decisions.collect()));
             }
-            let distributed = self.check_distributed(node, checks, spent);
+            let distributed = self.check_distributed(node, checks, spent, true);
             return Checked::Pending(Box::pin(distributed));
         }
         node.memory.check(checks)

@@ -41,8 +41,9 @@ use crate::store::cluster::quota::{QuotaBucket, QuotaDemand, QuotaSource};
 /// (`--rlqs-exchange-every`): Envoy's report interval.
 pub const EXCHANGE_EVERY: Duration = ENVOY_REPORT_INTERVAL;
 
-/// The exchange intervals `--rlqs-exchange-every` may be: at most the assignment TTL (three
-/// of Envoy's reports), so a node's share is refreshed before Envoy's assignment expires.
+/// The exchange intervals `--rlqs-exchange-every` may be: at most three of Envoy's reports.
+/// Longer, shares would follow demand slowly, and an owner would keep a dead node's share
+/// for over 30 s (two intervals).
 pub const EXCHANGE_INTERVALS: std::ops::RangeInclusive<Duration> =
     Duration::from_secs(1)..=Duration::from_secs(15);
 

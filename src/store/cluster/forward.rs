@@ -133,24 +133,14 @@ impl Cluster {
     /// A request that fails consumes nothing: when any part errs (this node's engine, an
     /// owner's own error such as its key cap, a lost forward, the fallback), every other
     /// part gives back what it consumed ([`Taken::give_back`]) before the error is answered.
-    pub(super) async fn check_distributed(
-        &self,
-        node: &Node,
-        checks: Checks,
-        leased: SpentLeases,
-    ) -> Result<Decisions, StoreError> {
-        self.check_parts(node, checks, leased, true).await
-    }
-
-    /// [`Cluster::check_distributed`]; with `may_reroute`, a part whose owner could not be
-    /// reached but is no longer its owner on the ring is routed again (once), not decided by
-    /// the fallback.
     ///
-    /// Why: a node whose detector takes a dead owner off its ring hands the counters it
-    /// kept on its fallback share to the keys' new owners 50 ms later. A forward that failed
-    /// around then, decided on the share after that handoff, would count on a counter the
-    /// new owner never sees, admitting past the bound (README, "The guarantee").
-    async fn check_parts(
+    /// With `may_reroute` (the request's first routing), a part whose owner could not be
+    /// reached but is no longer its owner on the ring is routed again, once, not decided by
+    /// the fallback: a node whose detector takes a dead owner off its ring hands the
+    /// counters it kept on its fallback share to the keys' new owners 50 ms later, and a
+    /// forward that failed around then, decided on the share after that handoff, would count
+    /// on a counter the new owner never sees (README, "The guarantee").
+    pub(super) async fn check_distributed(
         &self,
         node: &Node,
         checks: Checks,
@@ -247,7 +237,7 @@ impl Cluster {
                     // What a rerouted part consumed is not given back if a later part
                     // fails: an under-admission at worst.
                     node.stats.rerouted.fetch_add(1, Ordering::Relaxed);
-                    Box::pin(self.check_parts(node, part, SpentLeases::new(), false))
+                    Box::pin(self.check_distributed(node, part, SpentLeases::new(), false))
                         .await
                         .map(|decisions| (decisions, None))
                 } else {
