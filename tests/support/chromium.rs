@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::process::run_to_end;
 use super::temp::TempDir;
-use super::tools::{InstallLock, apt_install, find_program, target_dir, tool_from_env};
+use super::tools::{find_program, found_or_apt_installed, target_dir, tool_from_env};
 
 /// How long one chromium run may take (its virtual time runs faster than real time).
 const RUN_TIMEOUT: Duration = Duration::from_secs(90);
@@ -20,21 +20,11 @@ pub fn chromium_binary() -> PathBuf {
     if let Some(path) = tool_from_env("RATEKEEPER_CHROMIUM") {
         return path;
     }
-    if let Some(chromium) = find_chromium() {
-        return chromium;
-    }
-    let tools = target_dir().join("e2e-tools");
-    fs::create_dir_all(&tools)
-        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
-    let _lock = InstallLock::acquire(&tools.join("chromium-install.lock"));
-    if let Some(chromium) = find_chromium() {
-        return chromium;
-    }
-    apt_install(
+    found_or_apt_installed(
+        find_chromium,
         "chromium",
         "or set RATEKEEPER_CHROMIUM to a Chromium or Chrome binary",
-    );
-    find_chromium().unwrap_or_else(|| panic!("apt-get installed chromium, but it is not on PATH"))
+    )
 }
 
 fn find_chromium() -> Option<PathBuf> {

