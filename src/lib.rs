@@ -13,23 +13,19 @@
 //! configured) and builds the selected store. [`inject`] adds the sidecar to Kubernetes
 //! workloads (`ratekeeper inject`, `ratekeeper webhook`). See ARCHITECTURE.md.
 
+pub use ratekeeper_core::{algorithm, check, clock, files, key, limits};
+
 pub mod admin;
-pub mod algorithm;
 pub mod allocator;
 pub mod breaker;
-pub mod check;
 pub mod cli;
-pub mod clock;
 pub mod envoy;
 pub mod error;
-pub mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod histogram;
 pub mod inject;
-pub mod key;
 pub mod limiter;
-pub mod limits;
 pub mod metrics;
 pub mod reload;
 pub mod server;

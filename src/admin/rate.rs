@@ -46,7 +46,7 @@ use super::descriptor::percent_decode;
 use super::{PathParams, error};
 use crate::algorithm::NANOS_PER_SEC;
 use crate::limiter::{Limiter, LimiterOptions, Query, Verdict, bounds};
-use crate::limits::{Domain, Limits, parse_duration};
+use crate::limits::{Domain, Limits, Step, Steps, parse_duration};
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
 
@@ -228,18 +228,6 @@ fn parse_wait(text: &str) -> Option<Duration> {
 // ---------------------------------------------------------------------------------------
 // Limits by name
 
-/// How one configured entry on a limit's path matches request values.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Step {
-    Exact(Box<str>),
-    Wildcard(Box<str>),
-    /// The key's entry without a value.
-    Default,
-}
-
-/// The configured entries from a domain's root to one node, in order.
-type Steps = Vec<(Box<str>, Step)>;
-
 /// What `/rate/{domain}/{name}` turns into.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Target {
@@ -357,44 +345,22 @@ impl NameIndex {
 }
 
 /// The target of every limit name in `domain`.
-///
-/// Walks the compiled tree through its crate-visible fields (`limits::tree` offers no
-/// structured path of a node: `Node::path` is display text, `Node::key_path` has no values).
 fn named_targets(domain: &Domain) -> HashMap<Box<str>, Target> {
     // name -> the nodes carrying it, with the steps leading to each.
     let mut found: HashMap<&str, Vec<(&str, Steps)>> = HashMap::new();
-    let mut stack = vec![(&domain.root, Vec::new())];
-    while let Some((level, steps)) = stack.pop() {
-        for (key, group) in level {
-            let exact = group
-                .exact
-                .iter()
-                .map(|(value, node)| (Step::Exact(value.clone()), node));
-            let wildcards = group
-                .wildcards
-                .iter()
-                .map(|(_, pattern, node)| (Step::Wildcard(pattern.clone()), node));
-            let default = group.default.iter().map(|node| (Step::Default, &**node));
-            for (step, node) in exact.chain(wildcards).chain(default) {
-                let mut here: Steps = steps.clone();
-                here.push((key.clone(), step));
-                let mut names: Vec<&str> = node
-                    .limits
-                    .iter()
-                    .filter_map(|limit| limit.name.as_deref())
-                    .collect();
-                names.sort_unstable();
-                names.dedup();
-                for name in names {
-                    found
-                        .entry(name)
-                        .or_default()
-                        .push((&node.path, here.clone()));
-                }
-                if !node.children.is_empty() {
-                    stack.push((&node.children, here));
-                }
-            }
+    for (steps, node) in domain.entries() {
+        let mut names: Vec<&str> = node
+            .limits
+            .iter()
+            .filter_map(|limit| limit.name.as_deref())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        for name in names {
+            found
+                .entry(name)
+                .or_default()
+                .push((&node.path, steps.clone()));
         }
     }
     found

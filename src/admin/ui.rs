@@ -169,7 +169,7 @@ fn in_config_order(snapshot: &Limits) -> Vec<(&Domain, Vec<&Node>)> {
         .into_iter()
         .map(|domain| {
             let mut nodes = domain.nodes();
-            nodes.sort_by_key(|node| node.order);
+            nodes.sort_by_key(|node| node.order());
             (domain, nodes)
         })
         .collect()

@@ -12,8 +12,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use super::{ReloadOptions, ReloadStats, Watcher, load, reload_now, version_of, watch};
-use crate::limits::tests::TempDir;
 use crate::limits::{Limits, LoadOptions, Source};
+use ratekeeper_core::testing::{TempDir, mkfifo};
 
 /// How long a change may take to show up before a test fails.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -646,7 +646,7 @@ async fn a_fifo_in_the_directory_fails_one_reload_and_never_freezes_the_next() {
     let running = start(dir.path(), quick());
 
     let fifo = dir.join("pipe.yaml");
-    crate::limits::tests::loading::mkfifo(&fifo);
+    mkfifo(&fifo);
     eventually("a failed reload", || failures(&running.stats) > 0).await;
     assert_eq!(live_rate(&running.live, "edge"), Some(10));
     let (_, errors) = running.stats.last_error().expect("the last error is kept");

@@ -1,5 +1,8 @@
-//! What ARCHITECTURE.md promises about the module graph, checked on the source: no import
-//! cycle anywhere. Between the top-level modules of `src/`, and between the submodules of
+//! What ARCHITECTURE.md promises about the crates and the module graph, checked on the
+//! source. Cargo keeps the crates apart (an import against the crate graph does not
+//! compile); what it cannot see is checked here: the core crate's dependency list is its
+//! contract (no runtime, network or protocol crate), and inside every crate there is no
+//! import cycle: between the top-level modules of its `src/`, and between the submodules of
 //! every module (the children of `store`, of `store::cluster`, ..). A module counts with
 //! its descendants (`src/store/cluster/lease/tests.rs` is `store::cluster::lease`, and at the
 //! top level `store`); a child may use its parent's own items (the parent declares and
@@ -171,15 +174,32 @@ fn add_edge(graphs: &mut Graphs, from: &[String], to: &[String], file: &str) {
         .insert(file.to_owned());
 }
 
-fn module_graphs() -> Graphs {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+/// The `src/` of every crate of the workspace: the server's (the root package) and those
+/// under `crates/`.
+fn crate_sources() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crates = root.join("crates");
+    let mut sources = vec![root.join("src")];
+    let entries =
+        fs::read_dir(&crates).unwrap_or_else(|error| panic!("read {}: {error}", crates.display()));
+    for entry in entries {
+        let src = entry.expect("a directory entry").path().join("src");
+        if src.is_dir() {
+            sources.push(src);
+        }
+    }
+    sources.sort();
+    sources
+}
+
+fn module_graphs(src: &Path) -> Graphs {
     let mut files = Vec::new();
-    rust_files(&src, &mut files);
+    rust_files(src, &mut files);
     let files: Vec<(String, Module, PathBuf)> = files
         .into_iter()
         .filter_map(|path| {
             let relative = path
-                .strip_prefix(&src)
+                .strip_prefix(src)
                 .expect("a file under src/")
                 .to_string_lossy()
                 .into_owned();
@@ -249,35 +269,100 @@ fn describe_cycle(graph: &Graph) -> Option<String> {
 
 #[test]
 fn no_import_cycle_between_top_level_modules() {
-    let graphs = module_graphs();
-    let top = &graphs[&Module::new()];
+    let server = module_graphs(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let top = &server[&Module::new()];
     assert!(
         top.len() > 10 && top["server"].contains_key("store"),
         "the scan sees the modules and their imports: {top:?}"
     );
-    if let Some(cycle) = describe_cycle(top) {
-        panic!("an import cycle between top-level modules: {cycle}");
+    for src in crate_sources() {
+        let graphs = module_graphs(&src);
+        if let Some(cycle) = graphs.get(&Module::new()).and_then(describe_cycle) {
+            panic!(
+                "an import cycle between top-level modules of {}: {cycle}",
+                src.display()
+            );
+        }
     }
 }
 
 #[test]
 fn no_import_cycle_between_the_submodules_of_any_module() {
-    let graphs = module_graphs();
+    let server = module_graphs(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     let cluster = ["store", "cluster"].map(str::to_owned).to_vec();
     assert!(
-        graphs[&cluster]["remote"].contains_key("convert")
-            && graphs[&["store".to_owned()].to_vec()]["cluster"].contains_key("memory"),
-        "the scan sees the submodules and their imports: {graphs:?}"
+        server[&cluster]["remote"].contains_key("convert")
+            && server[&["store".to_owned()].to_vec()]["cluster"].contains_key("memory"),
+        "the scan sees the submodules and their imports: {server:?}"
     );
-    let cycles: Vec<String> = graphs
-        .iter()
-        .filter(|(parent, _)| !parent.is_empty())
-        .filter_map(|(parent, graph)| {
-            let cycle = describe_cycle(graph)?;
-            Some(format!("inside {}: {cycle}", parent.join("::")))
-        })
-        .collect();
+    let mut cycles = Vec::new();
+    for src in crate_sources() {
+        for (parent, graph) in module_graphs(&src) {
+            if let (false, Some(cycle)) = (parent.is_empty(), describe_cycle(&graph)) {
+                let at = src.display();
+                cycles.push(format!("{at}: inside {}: {cycle}", parent.join("::")));
+            }
+        }
+    }
     assert!(cycles.is_empty(), "import cycles: {cycles:#?}");
+}
+
+/// The names in the `[dependencies]` table of the Cargo.toml at `path`.
+fn dependencies(path: &Path) -> BTreeSet<String> {
+    let text =
+        fs::read_to_string(path).unwrap_or_else(|error| panic!("read {}: {error}", path.display()));
+    let mut in_table = false;
+    let mut names = BTreeSet::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_table = line == "[dependencies]";
+        } else if let (true, false, Some((name, _))) =
+            (in_table, line.starts_with('#'), line.split_once('='))
+        {
+            names.insert(name.trim().to_owned());
+        }
+    }
+    names
+}
+
+/// The core crate is what a Rust program could embed: it may use pure crates only. A new
+/// dependency that is pure (parsing, data structures) goes in this list and in
+/// ARCHITECTURE.md's table of crates; a runtime, network or protocol crate goes elsewhere.
+#[test]
+fn the_core_crate_uses_no_runtime_network_or_protocol_crate() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let core = root.join("crates/core/Cargo.toml");
+    let pure = [
+        "arc-swap",
+        "libc",
+        "serde",
+        "serde-saphyr",
+        "serde_json",
+        "smallvec",
+        "thiserror",
+        "tokio",
+        "tracing",
+    ];
+    let extra: Vec<String> = dependencies(&core)
+        .into_iter()
+        .filter(|name| !pure.contains(&name.as_str()))
+        .collect();
+    assert!(
+        extra.is_empty(),
+        "{} depends on {extra:?}, which is not on the list of pure crates",
+        core.display()
+    );
+    let text = fs::read_to_string(&core).expect("read the core's Cargo.toml");
+    assert!(
+        text.contains(
+            r#"tokio = { version = "1", default-features = false, features = ["time"] }"#
+        ),
+        "the core uses tokio for its clock only (the `time` feature, nothing else)"
+    );
+    assert!(
+        dependencies(&root.join("Cargo.toml")).contains("ratekeeper-core"),
+        "the scan reads the server's dependencies"
+    );
 }
 
 #[test]

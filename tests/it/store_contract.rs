@@ -7,7 +7,7 @@
 //!    charged as by default, counting a rejection (`--count-rejected-hits`) or as a refund
 //!    (Envoy's `is_negative_hits`), clock steps within and across windows) is answered by the store exactly as by the in-memory store
 //!    on the same clock: the in-memory store is the reference (its algorithms are checked
-//!    against a model in `src/algorithm/tests/model.rs`), so every store counts alike.
+//!    against a model in `crates/core/src/algorithm/tests/model.rs`), so every store counts alike.
 //! 2. **All or nothing.** A descriptor whose second limit is exhausted consumes nothing on
 //!    its first; a cost above every capacity consumes nothing.
 //! 3. **Peek** reads without consuming and agrees with the next check. **Charges:** a refund

@@ -197,6 +197,56 @@ impl Limit {
     }
 }
 
+/// How one configured entry on a descriptor's path matches request values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    Exact(Box<str>),
+    Wildcard(Box<str>),
+    /// The key's entry without a value.
+    Default,
+}
+
+/// The configured entries from a domain's root to one node, in order.
+pub type Steps = Vec<(Box<str>, Step)>;
+
+impl Domain {
+    /// Every configured entry of the domain with the steps leading to it (in no particular
+    /// order; [`Node::order`] is the config's).
+    pub fn entries(&self) -> Vec<(Steps, &Node)> {
+        let mut out = Vec::new();
+        let mut stack = vec![(&self.root, Steps::new())];
+        while let Some((level, steps)) = stack.pop() {
+            for (key, group) in level {
+                let exact = group
+                    .exact
+                    .iter()
+                    .map(|(value, node)| (Step::Exact(value.clone()), node));
+                let wildcards = group
+                    .wildcards
+                    .iter()
+                    .map(|(_, pattern, node)| (Step::Wildcard(pattern.clone()), node));
+                let default = group.default.iter().map(|node| (Step::Default, &**node));
+                for (step, node) in exact.chain(wildcards).chain(default) {
+                    let mut here = steps.clone();
+                    here.push((key.clone(), step));
+                    if !node.children.is_empty() {
+                        stack.push((&node.children, here.clone()));
+                    }
+                    out.push((here, node));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Node {
+    /// The entry's position in its domain's config (depth-first, file order).
+    pub fn order(&self) -> usize {
+        self.order
+    }
+}
+
 /// Visits every node of `level` with its `FullKey`-style name (`edge.key_value.key2`, as
 /// the reference service's `/rlconfig` names them).
 pub(crate) fn visit<'t>(level: &'t Level, prefix: &str, out: &mut Vec<(String, &'t Node)>) {

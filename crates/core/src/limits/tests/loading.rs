@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::limits::tests::TempDir;
 use crate::limits::{Limits, LoadOptions};
+use crate::testing::mkfifo;
 
 fn domain_file(domain: &str) -> String {
     format!(
@@ -189,7 +190,7 @@ fn oversized_and_non_utf8_files_are_rejected() {
         "big.yaml",
         &format!("domain: big\n#{}\n", "x".repeat(4 * 1024 * 1024)),
     );
-    let binary = dir.0.join("binary.yaml");
+    let binary = dir.join("binary.yaml");
     fs::write(&binary, b"domain: \xff\xfe\n").expect("write binary.yaml");
     let errors = load_errors(dir.path());
     assert_eq!(errors.len(), 2, "{errors:?}");
@@ -316,15 +317,6 @@ fn a_descriptor_defined_in_two_merged_files_names_both() {
             first.display()
         )]
     );
-}
-
-/// Makes a FIFO at `path` (the `mkfifo` command: the crate forbids `unsafe`).
-pub(crate) fn mkfifo(path: &Path) {
-    let status = std::process::Command::new("mkfifo")
-        .arg(path)
-        .status()
-        .expect("mkfifo runs");
-    assert!(status.success(), "mkfifo {}", path.display());
 }
 
 /// The finding: a FIFO in the limits directory froze the load (opening it waits for a

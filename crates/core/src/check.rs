@@ -3,7 +3,7 @@
 //! ([`Decision`], re-exported from [`crate::algorithm`]), and a counter's stored state ([`Slot`],
 //! what handoff moves between nodes).
 //!
-//! The limiter builds checks, a [`Store`](crate::store::Store) decides them: the in-memory
+//! The limiter builds checks, a store (ratekeeper's `store::Store`) decides them: the in-memory
 //! engine (alone or clustered) or another store. Nothing here knows a transport or a store.
 //!
 //! Invariants:
@@ -25,7 +25,7 @@ use crate::key::KeyId;
 
 /// The most hits one check may cost: a limit counts at most `u32::MAX`, so a larger cost
 /// could never be admitted (and every store holds this one exactly, Redis's doubles too).
-/// Front ends refuse more ([`crate::limiter::bounds::MAX_HITS`]); a store answers any cost
+/// Front ends refuse more (ratekeeper's `limiter::bounds::MAX_HITS`); a store answers any cost
 /// and sends a larger one elsewhere as [`bounded_cost`].
 pub const MAX_COST: u64 = u32::MAX as u64;
 
