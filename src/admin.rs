@@ -1,33 +1,8 @@
-//! The HTTP listeners: the public one (health, metrics, the check front ends) and the admin
-//! one (the operator endpoints that read counters or change them).
-//!
-//! On the HTTP listener (`--http-addr`, which probes and Envoy's or nginx's checks reach):
-//! - `GET /healthcheck`: 200 `OK` while serving, 503 once shutdown has begun;
-//! - `GET /metrics`: Prometheus text format;
-//! - `GET /rlconfig`: the live limits, one line per limit;
-//! - `POST /json`: a JSON `RateLimitRequest`, answered with the JSON response: 200 when OK,
-//!   429 when over the limit, 400 for a bad body or request, 503 when overloaded;
-//! - `POST /rate/{domain}/{name}[/{value}]`: check and consume one limit by name (see
-//!   [`rate`]);
-//! - `/nginx/{domain}` (any method): the check for nginx's `auth_request` (see [`nginx`]).
-//!
-//! On the admin listener (`--admin-addr`, loopback by default; with `--admin-token-file`
-//! every request needs the bearer token, see [`auth`]):
-//! - `POST /debug/explain`: the `/json` body, answered with what each descriptor would meet,
-//!   consuming nothing (see [`explain`]);
-//! - `GET /counters/{domain}`: the live counters of a domain on this node, paged, with
-//!   `--counter-names` (see [`counters`]);
-//! - `DELETE /counters/{domain}?descriptor=k=v,k=v`: resets one descriptor's counters
-//!   wherever they live (see [`counters`]); both `/counters` routes answer 404 with
-//!   `--admin-counters=false`;
-//! - `GET /debug/rlqs`: the RLQS buckets of this node with their reporters' demand and
-//!   shares (see [`rlqs`]);
-//! - `GET /ui`: the dashboard, one self-contained page polling `GET /ui/data` (see [`ui`]),
-//!   unless `--admin-ui=false`;
-//! - `GET /rlconfig`, `/stats` (the Prometheus text, as `/metrics`), `/metrics` and
-//!   `/healthcheck`: what the reference service's debug port answers (the admin listener is
-//!   where `DEBUG_PORT` points), read-only and served without the token like on the HTTP
-//!   listener.
+//! The HTTP listeners: the public one (health, metrics, the check front ends: `json`,
+//! `rate`, `nginx`) and the admin one (the operator endpoints that read counters or
+//! change them: [`explain`], `counters`, [`rlqs`], `ui`; with `--admin-token-file`
+//! behind the bearer token, see [`auth`]). What each listener serves is its table in
+//! [`routes`], from which both routers, the guard, the index pages and the docs derive.
 //!
 //! Invariant: the HTTP listener never serves an operator endpoint; it answers their paths
 //! (any method) 403 naming the admin listener, so a caller learns where they went instead of
@@ -43,7 +18,7 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{MethodRouter, any, get, post};
 
 use arc_swap::ArcSwap;
 
@@ -63,7 +38,10 @@ pub mod names;
 mod nginx;
 mod rate;
 pub mod rlqs;
+pub mod routes;
 mod ui;
+
+use self::routes::{Access, Http, IndexOf};
 
 /// Which operator endpoints the admin listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,52 +143,59 @@ struct AdminState {
     rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
 }
 
-/// The operator endpoints' paths: served on the admin listener only.
-const ADMIN_PATHS: [&str; 5] = [
-    "/counters",
-    "/counters/{*rest}",
-    "/debug/explain",
-    "/ui",
-    "/ui/{*rest}",
-];
-
-/// The HTTP listener's routes; the operator endpoints' paths answer 403 naming the admin
-/// listener at `admin_addr`.
+/// The HTTP listener's routes ([`routes::HTTP`]); the operator endpoints' paths answer 403
+/// naming the admin listener at `admin_addr` ([`routes::guarded_paths`]).
 pub fn router(admin: &Admin, admin_addr: SocketAddr) -> Router {
     let limiter = &admin.limiter;
-    let index = Html(index_page(admin_addr));
-    let mut router = Router::new()
-        .route("/", get(move || async move { index }))
-        .route("/healthcheck", get(healthcheck))
-        .route("/metrics", get(metrics))
-        .route("/rlconfig", get(rlconfig))
-        .route("/json", post(json_request))
-        .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
-        .with_state(AdminState {
-            health: Arc::clone(&admin.health),
-            limiter: Arc::clone(limiter),
-            rlqs: None,
-        })
-        .merge(rate::router(Arc::clone(limiter)))
-        .merge(nginx::router(Arc::clone(limiter)));
+    let state = AdminState {
+        health: Arc::clone(&admin.health),
+        limiter: Arc::clone(limiter),
+        rlqs: None,
+    };
+    let index = Html(routes::index_page(admin_addr, IndexOf::Http));
+    let (rate_fixed, rate_valued) = rate::routes(Arc::clone(limiter));
+    let nginx = nginx::route(Arc::clone(limiter));
+    let mut router = Router::new();
+    for route in routes::HTTP {
+        let served: MethodRouter = match route.endpoint {
+            Http::Index => {
+                let index = index.clone();
+                get(move || async move { index })
+            }
+            Http::Healthcheck => get(healthcheck).with_state(state.clone()),
+            Http::Metrics => get(metrics).with_state(state.clone()),
+            Http::Rlconfig => get(rlconfig).with_state(state.clone()),
+            Http::Json => post(json_request)
+                .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
+                .with_state(state.clone()),
+            Http::RateFixed => rate_fixed.clone(),
+            Http::RateValued => rate_valued.clone(),
+            Http::Nginx => nginx.clone(),
+        };
+        router = router.route(route.path, served);
+    }
     let message = format!(
         "this endpoint is served on the admin listener (--admin-addr, {admin_addr}), not on \
          the HTTP listener"
     );
-    for path in ADMIN_PATHS {
+    for path in routes::guarded_paths() {
         let message = message.clone();
         router = router.route(
-            path,
+            &path,
             any(move || async move { error(StatusCode::FORBIDDEN, &message) }),
         );
     }
     router
 }
 
-/// The admin listener's routes, behind the bearer token when there is one. With the
-/// dashboard on, this starts the task sampling its history (on the current tokio runtime);
-/// the task ends once the router is dropped.
-pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
+/// The admin listener's routes ([`routes::ADMIN`]); with a token, the routes of
+/// [`Access::Token`] are behind it. With the dashboard on, this starts the task sampling
+/// its history (on the current tokio runtime); the task ends once the router is dropped.
+pub fn admin_router(
+    admin: Admin,
+    token: Option<auth::TokenFile>,
+    admin_addr: SocketAddr,
+) -> Router {
     let Admin {
         health,
         limiter,
@@ -225,71 +210,56 @@ pub fn admin_router(admin: Admin, token: Option<auth::TokenFile>) -> Router {
         limiter: Arc::clone(&limiter),
         rlqs: rlqs.clone(),
     };
-    // The reference's debug port (`DEBUG_PORT`) answers these; they are read-only and the
-    // HTTP listener serves them to anyone, so they stay open under the token too.
-    let debug = Router::new()
-        .route("/healthcheck", get(healthcheck))
-        .route("/metrics", get(metrics))
-        .route("/stats", get(metrics))
-        .route("/rlconfig", get(rlconfig))
-        .with_state(state.clone());
-    let mut router = Router::new()
-        .route("/debug/explain", post(explain::explain))
-        .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
-        .with_state(state)
-        .merge(counters::router(
-            Arc::clone(&limiter),
-            names.clone(),
-            cluster.clone(),
-            options.counters,
-        ))
-        .merge(rlqs::router(rlqs.clone()));
-    if options.ui {
-        router = router.merge(ui::router(ui::UiState {
+    let index = Html(routes::index_page(admin_addr, IndexOf::Admin));
+    let ui = options.ui.then(|| {
+        ui::routes(ui::UiState {
             history: ui::history::History::spawn(&limiter, crate::clock::Clock::system()),
-            limiter,
-            names,
-            cluster,
+            limiter: Arc::clone(&limiter),
+            names: names.clone(),
+            cluster: cluster.clone(),
             reload,
             counters: options.counters,
             rlqs: rlqs.clone(),
-        }));
+        })
+    });
+    let counters = counters::route(Arc::clone(&limiter), names, cluster, options.counters);
+    let (mut protected, mut open) = (Router::new(), Router::new());
+    for route in routes::ADMIN {
+        let served: Option<MethodRouter> = match route.endpoint {
+            routes::Admin::Index => {
+                let index = index.clone();
+                Some(get(move || async move { index }))
+            }
+            routes::Admin::Healthcheck => Some(get(healthcheck).with_state(state.clone())),
+            routes::Admin::Metrics | routes::Admin::Stats => {
+                Some(get(metrics).with_state(state.clone()))
+            }
+            routes::Admin::Rlconfig => Some(get(rlconfig).with_state(state.clone())),
+            routes::Admin::Explain => Some(
+                post(explain::explain)
+                    .layer(DefaultBodyLimit::max(MAX_MESSAGE_BYTES))
+                    .with_state(state.clone()),
+            ),
+            routes::Admin::Counters => Some(counters.clone()),
+            routes::Admin::Rlqs => Some(rlqs::route(rlqs.clone())),
+            // Off with --admin-ui=false: not served at all.
+            routes::Admin::Ui => ui.as_ref().map(|(page, _)| page.clone()),
+            routes::Admin::UiData => ui.as_ref().map(|(_, data)| data.clone()),
+        };
+        let Some(served) = served else { continue };
+        match route.access {
+            Access::Token => protected = protected.route(route.path, served),
+            Access::Open => open = open.route(route.path, served),
+        }
     }
-    let router = match token {
-        Some(token) => router.layer(axum::middleware::from_fn_with_state(
+    let protected = match token {
+        Some(token) => protected.layer(axum::middleware::from_fn_with_state(
             token,
             auth::require_token,
         )),
-        None => router,
+        None => protected,
     };
-    router.merge(debug)
-}
-
-/// `GET /` on the HTTP listener: what a newcomer pointing a browser at the port finds, the
-/// endpoints this listener serves and those of the admin listener.
-fn index_page(admin_addr: SocketAddr) -> String {
-    format!(
-        r#"<!doctype html>
-<html><head><meta charset="utf-8"><title>ratekeeper</title></head>
-<body>
-<h1>ratekeeper</h1>
-<p>An Envoy rate limit service: gRPC <code>ShouldRateLimit</code> on its gRPC listener.
-This HTTP listener serves:</p>
-<ul>
-<li><a href="/healthcheck">/healthcheck</a>: 200 once limits are loaded and while serving</li>
-<li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
-<li><a href="/rlconfig">/rlconfig</a>: the limits in force</li>
-<li><code>POST /json</code>, <code>POST /rate/{{domain}}/{{name}}[/{{value}}]</code>,
-<code>/nginx/{{domain}}</code>: checks over HTTP</li>
-</ul>
-<p>On the admin listener (<code>--admin-addr</code>, {admin_addr}; the reference
-service's <code>DEBUG_PORT</code>): <code>/ui</code> (the dashboard),
-<code>/counters/{{domain}}</code>, <code>POST /debug/explain</code>, behind its token when
-one is set; and, open, <code>/rlconfig</code>, <code>/stats</code>, <code>/metrics</code>,
-<code>/healthcheck</code>.</p>
-</body></html>
-"#
-    )
+    protected.merge(open)
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> (StatusCode, &'static str) {

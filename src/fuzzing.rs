@@ -142,7 +142,7 @@ impl Fixture {
         };
         let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6070));
         let http = crate::admin::router(&state, admin_addr);
-        let admin = crate::admin::admin_router(state, None);
+        let admin = crate::admin::admin_router(state, None, admin_addr);
         Fixture {
             runtime,
             limiter,

@@ -620,7 +620,7 @@ impl Server {
         let app = admin::router(&shared, self.admin_addr);
         let http =
             axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
-        let admin_app = admin::admin_router(shared, self.admin_token.clone());
+        let admin_app = admin::admin_router(shared, self.admin_token.clone(), self.admin_addr);
         let admin = axum::serve(self.admin_listener, admin_app)
             .with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let cluster = self.cluster.clone();

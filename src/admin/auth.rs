@@ -254,9 +254,6 @@ pub(super) async fn require_token(
     request: Request,
     next: Next,
 ) -> Response {
-    if request.method() == axum::http::Method::GET && request.uri().path() == "/ui" {
-        return next.run(request).await;
-    }
     match token.check(request.headers().get(header::AUTHORIZATION)) {
         Ok(()) => next.run(request).await,
         Err(refusal) => refusal.answer(),

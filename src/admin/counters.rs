@@ -50,11 +50,10 @@ use std::sync::Arc;
 use super::names::{self, CounterName, CounterNames, ListedCounter, MAX_PAGE, NamesFigures};
 use crate::limiter::{Query, ResetOutcome};
 use crate::store::cluster::Cluster;
-use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 use serde_json::{Value, json};
 
 use super::descriptor::percent_decode;
@@ -72,22 +71,21 @@ struct CountersState {
     cluster: Option<Cluster>,
 }
 
-pub(super) fn router(
+/// `GET` and `DELETE /counters/{domain}`; with `enabled` false, both answer 404 saying so.
+pub(super) fn route(
     limiter: Arc<Limiter>,
     names: Option<Arc<CounterNames>>,
     cluster: Option<Cluster>,
     enabled: bool,
-) -> Router {
+) -> MethodRouter {
     if !enabled {
-        return Router::new().route("/counters/{domain}", get(off).delete(off));
+        return get(off).delete(off);
     }
-    Router::new()
-        .route("/counters/{domain}", get(list).delete(reset))
-        .with_state(CountersState {
-            limiter,
-            names,
-            cluster,
-        })
+    get(list).delete(reset).with_state(CountersState {
+        limiter,
+        names,
+        cluster,
+    })
 }
 
 async fn off() -> Response {

@@ -31,12 +31,11 @@ use std::sync::Arc;
 use super::descriptor;
 use super::rate::rate_limit_headers;
 use crate::limiter::{Limiter, Query, bounds};
-use axum::Router;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::{MethodRouter, any};
 
 /// One descriptor per header line.
 pub(super) const DESCRIPTOR_HEADER: &str = "x-ratelimit-descriptor";
@@ -44,10 +43,8 @@ pub(super) const DESCRIPTOR_HEADER: &str = "x-ratelimit-descriptor";
 pub(super) const HITS_HEADER: &str = "x-ratelimit-hits";
 
 /// The route, with its own state.
-pub(super) fn router(limiter: Arc<Limiter>) -> Router {
-    Router::new()
-        .route("/nginx/{domain}", any(check))
-        .with_state(limiter)
+pub(super) fn route(limiter: Arc<Limiter>) -> MethodRouter {
+    any(check).with_state(limiter)
 }
 
 async fn check(

@@ -35,11 +35,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
-use axum::Router;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{MethodRouter, post};
 use serde_json::json;
 
 use super::descriptor::percent_decode;
@@ -50,16 +49,17 @@ use crate::limits::{Domain, Limits, Step, Steps, parse_duration};
 
 const NANOS_PER_MILLI: u64 = 1_000_000;
 
-/// The routes of this API, with their own state.
-pub(super) fn router(limiter: Arc<Limiter>) -> Router {
+/// The two routes of this API (`/rate/{domain}/{name}` and `.../{value}`), sharing their
+/// state.
+pub(super) fn routes(limiter: Arc<Limiter>) -> (MethodRouter, MethodRouter) {
     let state = RateState {
         limiter,
         index: Arc::new(ArcSwapOption::empty()),
     };
-    Router::new()
-        .route("/rate/{domain}/{name}", post(rate_fixed))
-        .route("/rate/{domain}/{name}/{value}", post(rate_valued))
-        .with_state(state)
+    (
+        post(rate_fixed).with_state(state.clone()),
+        post(rate_valued).with_state(state),
+    )
 }
 
 #[derive(Clone)]

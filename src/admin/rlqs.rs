@@ -5,10 +5,9 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::State;
 use axum::http::Uri;
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 
 use crate::envoy::rlqs::{BucketView, Hub};
 
@@ -23,10 +22,8 @@ struct Answer {
 }
 
 /// The route, over `hub` (none: RLQS is refused on this node, and nothing is listed).
-pub fn router(hub: Option<Arc<Hub>>) -> Router {
-    Router::new()
-        .route("/debug/rlqs", get(list))
-        .with_state(hub)
+pub fn route(hub: Option<Arc<Hub>>) -> MethodRouter {
+    get(list).with_state(hub)
 }
 
 async fn list(State(hub): State<Option<Arc<Hub>>>, uri: Uri) -> Json<serde_json::Value> {

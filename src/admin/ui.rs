@@ -33,11 +33,10 @@ pub mod history;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::Router;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 use serde_json::{Value, json};
 
 use self::history::History;
@@ -70,11 +69,9 @@ pub(super) struct UiState {
     pub rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
 }
 
-pub(super) fn router(state: UiState) -> Router {
-    Router::new()
-        .route("/ui", get(page))
-        .route("/ui/data", get(data))
-        .with_state(state)
+/// `GET /ui` (the page) and `GET /ui/data` (its JSON).
+pub(super) fn routes(state: UiState) -> (MethodRouter, MethodRouter) {
+    (get(page), get(data).with_state(state))
 }
 
 async fn page() -> Response {

@@ -1,6 +1,7 @@
 //! The admin listener through the real binary: the operator endpoints (`/counters`,
-//! `/debug/explain`, `/ui`) live on `--admin-addr` only, the HTTP listener answers their
-//! paths 403 naming it while the probes stay open there; with `--admin-token-file` every
+//! `/debug/explain`, `/debug/rlqs`, `/ui`) live on `--admin-addr` only, the HTTP listener
+//! answers their paths 403 naming it while the probes stay open there; `GET /` on the admin
+//! listener lists its routes; with `--admin-token-file` every
 //! admin request needs the bearer token (401 otherwise), a rotated file takes effect without
 //! a restart, and an admin listener others could reach without a token refuses to start.
 
@@ -38,6 +39,7 @@ fn admin_requests() -> Vec<(&'static str, &'static str, String)> {
             String::new(),
         ),
         ("POST", "/debug/explain", explain_body()),
+        ("GET", "/debug/rlqs", String::new()),
         ("GET", "/ui", String::new()),
         ("GET", "/ui/data", String::new()),
     ]
@@ -87,6 +89,38 @@ fn the_http_listener_refuses_the_operator_endpoints_naming_the_admin_listener_an
             "{probe} stays open on the http listener"
         );
     }
+}
+
+/// `GET /` on the admin listener: an index of its routes, open like the dashboard's page,
+/// while the routes it lists keep their token.
+#[test]
+fn the_admin_listener_lists_its_routes_at_its_root() {
+    let files = TempDir::new("admin-index");
+    let token = write_config(files.path(), "token", "index-token\n");
+    let token = token.to_string_lossy().into_owned();
+    let (_dir, server) = serve_limits(
+        "admin-index-limits",
+        LIMITS,
+        &["--admin-token-file", &token],
+    );
+    let index = http_get(server.admin_addr(), "/", &[]).expect("answers");
+    index.assert_html_page();
+    for path in [
+        "/ui",
+        "/ui/data",
+        "/debug/explain",
+        "/debug/rlqs",
+        "/counters/{domain}",
+        "/rlconfig",
+        "/stats",
+        "/metrics",
+        "/healthcheck",
+    ] {
+        assert!(index.body.contains(path), "{path} in {}", index.body);
+    }
+    assert!(!index.body.contains(">/json<"), "{}", index.body);
+    let listed = ("GET", "/debug/rlqs", String::new());
+    assert_eq!(send(server.admin_addr(), &listed, None).status, 401);
 }
 
 #[test]

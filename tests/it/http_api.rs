@@ -301,14 +301,7 @@ fn calls_are_counted_in_the_request_and_limit_metrics() {
 fn the_root_lists_the_endpoints_and_logs_to_a_pipe_carry_no_colour_codes() {
     let (_dir, server) = start();
     let index = http_get(server.http_addr(), "/", &[]).expect("ratekeeper answers");
-    assert_eq!(index.status, 200, "{}", index.body);
-    assert!(
-        index
-            .header("content-type")
-            .is_some_and(|kind| kind.starts_with("text/html")),
-        "{:?}",
-        index.headers
-    );
+    index.assert_html_page();
     for path in [
         "/healthcheck",
         "/metrics",
@@ -316,6 +309,8 @@ fn the_root_lists_the_endpoints_and_logs_to_a_pipe_carry_no_colour_codes() {
         "/json",
         "/ui",
         "/debug/explain",
+        "/debug/rlqs",
+        "/counters/{domain}",
         "/stats",
     ] {
         assert!(index.body.contains(path), "{path} in {}", index.body);

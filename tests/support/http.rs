@@ -39,6 +39,17 @@ impl HttpResponse {
             .map(|(_, value)| value.as_str())
             .collect()
     }
+
+    /// Panics unless this is a 200 HTML page (an index page, the dashboard).
+    pub fn assert_html_page(&self) {
+        assert_eq!(self.status, 200, "{}", self.body);
+        assert!(
+            self.header("content-type")
+                .is_some_and(|kind| kind.starts_with("text/html")),
+            "{:?}",
+            self.headers
+        );
+    }
 }
 
 /// `GET path` with `Connection: close`; reads the response to EOF. Errors on connect
