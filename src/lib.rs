@@ -21,6 +21,9 @@ pub mod breaker;
 pub mod cli;
 pub mod envoy;
 pub mod error;
+/// The cargo-fuzz harnesses (`fuzz/`), and their corpus replayed by `cargo test`; built
+/// only for tests and with the `fuzzing` feature, which the fuzz crate turns on.
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod histogram;

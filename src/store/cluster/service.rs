@@ -77,6 +77,7 @@ impl PeerService {
 
     /// The service itself, not wrapped in its gRPC server (the fuzz harness calls its
     /// methods).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn unwrapped(cluster: &Cluster) -> PeerService {
         PeerService {
             cluster: cluster.clone(),
