@@ -52,6 +52,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use ratekeeper::key::{KeyBuilder, shard_of};
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
+use ratekeeper::store::StoreOptions;
 use ratekeeper::store::cluster::ClusterOptions;
 use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 use ratekeeper::store::memory::EngineConfig;
@@ -179,7 +180,10 @@ fn start_node(
         ..ClusterOptions::new("")
     };
     let options = ServerOptions {
-        cluster: Some((localhost, cluster)),
+        store: StoreOptions::Cluster {
+            peer_addr: localhost,
+            options: cluster,
+        },
         shutdown_grace: Duration::from_secs(1),
         ..ServerOptions::new(localhost, localhost)
     };

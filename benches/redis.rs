@@ -23,6 +23,7 @@ use loadgen::client::{self, Config, Report, Stop};
 use loadgen::workload::Workload;
 use loadgen::*;
 use ratekeeper::server::ServerOptions;
+use ratekeeper::store::StoreOptions;
 use ratekeeper::store::redis::{RedisOptions, Target};
 use tokio::sync::watch;
 
@@ -196,7 +197,7 @@ fn main() {
     let memory = start_ratekeeper(&memory_runtime, API_KEY_LIMITS, None, stop_rx.clone());
     let target = Target::parse(&format!("redis://127.0.0.1:{}", redis.port)).expect("a redis url");
     let options = ServerOptions {
-        store: Some(RedisOptions {
+        store: StoreOptions::Redis(RedisOptions {
             pool: env_or("REDIS_BENCH_POOL", 4).max(1) as usize,
             ..RedisOptions::new(target)
         }),

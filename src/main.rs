@@ -45,7 +45,10 @@ fn serve(args: Box<ServeArgs>, runtime: &tokio::runtime::Runtime) -> ExitCode {
         Ok(loaded) => loaded,
         Err(errors) => return fail(format!("invalid limits, not starting:\n{errors}")),
     };
-    let options = args.server_options();
+    let options = match args.server_options() {
+        Ok(options) => options,
+        Err(error) => return fail(error),
+    };
     let result = runtime.block_on(async {
         let server = Server::bind(&options, limits, version).await?;
         // Handled before the serving line, so a SIGHUP right after it never kills us.

@@ -39,12 +39,11 @@ use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
-use crate::store::Store;
+use crate::store::cluster::Cluster;
 use crate::store::cluster::names::{NameSource, Named, NamesPage};
 use crate::store::cluster::service::PeerService;
-use crate::store::cluster::{Cluster, ClusterOptions};
-use crate::store::memory::{Engine, EngineConfig, MemoryStore};
-use crate::store::redis::{RedisOptions, RedisStore};
+use crate::store::memory::{Engine, EngineConfig};
+use crate::store::{BuildError, StoreOptions};
 
 /// The gRPC health service names answered besides the RLS service's full name: the whole
 /// server (`""`) and the reference service's `ratelimit`.
@@ -164,11 +163,8 @@ pub struct ServerOptions {
     pub shutdown_grace: Duration,
     /// Report unhealthy until limits with at least one domain are loaded.
     pub healthy_only_with_config: bool,
-    /// Cluster mode: the peer listener's address and the cluster's settings. An empty
-    /// `advertise` means the bound peer address.
-    pub cluster: Option<(SocketAddr, ClusterOptions)>,
-    /// Counters in Redis instead of this process's engine (`None`: in memory).
-    pub store: Option<RedisOptions>,
+    /// Where counters live: this process, the cluster, or Redis.
+    pub store: StoreOptions,
     /// Take the limits from an xDS management server (instead of `watch`).
     pub xds: Option<XdsOptions>,
     /// Which operator endpoints the admin listener serves.
@@ -200,8 +196,7 @@ impl ServerOptions {
             reload: ReloadOptions::default(),
             shutdown_grace: Duration::from_secs(15),
             healthy_only_with_config: false,
-            cluster: None,
-            store: None,
+            store: StoreOptions::Memory,
             xds: None,
             admin: AdminOptions::default(),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -224,18 +219,8 @@ pub enum ServeError {
     Tls(#[from] TlsError),
     #[error(transparent)]
     Watch(#[from] reload::ReloadError),
-    #[error(
-        "the peer listener on {0} is reachable from other hosts without authentication: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca (mutual tls between peers), or --peer-insecure to accept that"
-    )]
-    PeerInsecure(SocketAddr),
-    #[error("--advertise is needed when the peer listener binds {0} (others cannot reach that)")]
-    Advertise(SocketAddr),
-    #[error(
-        "--store {0} cannot be combined with cluster mode (--peers, --peer-dns): every node already shares the counters in Redis"
-    )]
-    StoreWithPeers(String),
-    #[error("cannot use the redis store: {0}")]
-    Store(redis::RedisError),
+    #[error(transparent)]
+    Store(#[from] BuildError),
     #[error("peer listener failed: {0}")]
     Peer(tonic::transport::Error),
     #[error(
@@ -321,9 +306,9 @@ impl Server {
             return Err(ServeError::AdminWithoutToken(options.admin_addr));
         }
         let peer_tls = options
-            .cluster
-            .as_ref()
-            .and_then(|(_, cluster)| cluster.tls.clone())
+            .store
+            .peer_tls()
+            .cloned()
             .map(|files| Tls::load_for(files, &tls::PEER))
             .transpose()?;
         let grpc = match &options.grpc_uds {
@@ -340,51 +325,9 @@ impl Server {
             || Engine::spawn_with_rules(options.engine, Clock::system(), Some(Arc::clone(&rules)));
         // Only the selected store is built, and only its metrics registered.
         let mut registry = Metrics::registry();
-        let (store, cluster, peer): (Arc<dyn Store>, _, _) = match (
-            &options.store,
-            &options.cluster,
-        ) {
-            (Some(redis), Some(_)) => {
-                return Err(ServeError::StoreWithPeers(redis.target.describe()));
-            }
-            (Some(redis), None) => {
-                let store =
-                    RedisStore::new(redis.clone(), Clock::system()).map_err(ServeError::Store)?;
-                store.register_metrics(&mut registry);
-                tracing::info!(store = %store.describe(), failure = redis.failure.as_str(), "counters live in redis");
-                (Arc::new(store), None, None)
-            }
-            (None, None) => {
-                let memory = MemoryStore::new(engine());
-                memory.register_metrics(&mut registry);
-                (Arc::new(memory), None, None)
-            }
-            (None, Some((peer_addr, cluster_options))) => {
-                if peer_tls.is_none() && !peer_addr.ip().is_loopback() {
-                    if !cluster_options.insecure {
-                        return Err(ServeError::PeerInsecure(*peer_addr));
-                    }
-                    tracing::warn!(peer_addr = %peer_addr, "--peer-insecure: the peer listener takes unauthenticated messages (membership, handoffs, resets) from anything that reaches it");
-                }
-                let (listener, bound) = bind(*peer_addr).await?;
-                let mut cluster_options = cluster_options.clone();
-                if cluster_options.advertise.is_empty() {
-                    if bound.ip().is_unspecified() {
-                        return Err(ServeError::Advertise(bound));
-                    }
-                    cluster_options.advertise = bound.to_string();
-                }
-                let memory = MemoryStore::new(engine());
-                memory.register_metrics(&mut registry);
-                let cluster = Cluster::join_with(memory, cluster_options, peer_tls.clone());
-                cluster.register_metrics(&mut registry);
-                (
-                    Arc::new(cluster.clone()),
-                    Some(cluster),
-                    Some((listener, bound)),
-                )
-            }
-        };
+        let built =
+            crate::store::build(&options.store, engine, peer_tls.as_ref(), &mut registry).await?;
+        let (store, cluster, peer) = (built.store, built.cluster, built.peer);
         let reload_stats = Arc::new(ReloadStats::with_version(version));
         // The start-up load counts as a success; with xDS there is none until it answers.
         if options.xds.is_none() {
@@ -411,7 +354,7 @@ impl Server {
         }
         let rlqs_stats = RlqsStats::default();
         rlqs_stats.register(&mut registry);
-        let rlqs_refused = if options.store.is_some() {
+        let rlqs_refused = if options.store.is_redis() {
             Some(
                 "rlqs is not served with --store redis: every node would divide each limit alone, admitting up to one limit per node; serve RLQS from ratekeeper nodes with the memory store (one node every Envoy points at, or cluster mode, where the nodes share each limit)"
                     .to_owned(),

@@ -35,6 +35,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+pub use self::build::{BuildError, Built, StoreOptions, build};
 pub use crate::check::{Capabilities, RuleKeys};
 use crate::check::{Checks, Decisions};
 use crate::error::StoreError;
@@ -122,6 +123,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     }
 }
 
+mod build;
 pub mod cluster;
 pub mod failure;
 pub mod memory;

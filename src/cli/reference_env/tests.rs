@@ -514,7 +514,13 @@ fn counting_rejected_hits_follows_stop_cache_key_increment_when_overlimit() {
     let Command::Serve(serve) = cli.command else {
         panic!("serve expected");
     };
-    assert!(serve.server_options().limiter.count_rejected_hits);
+    assert!(
+        serve
+            .server_options()
+            .expect("valid flags")
+            .limiter
+            .count_rejected_hits
+    );
 }
 
 #[test]
@@ -610,12 +616,17 @@ fn the_flags_are_ones_ratekeeper_parses_into_the_same_meaning() {
     let Command::Serve(serve) = cli.command else {
         panic!("serve expected");
     };
-    assert_eq!(serve.config, std::path::Path::new("/data/ratelimit/config"));
-    let options = serve.server_options();
+    assert_eq!(
+        serve.limits.config,
+        std::path::Path::new("/data/ratelimit/config")
+    );
+    let options = serve.server_options().expect("valid flags");
     assert_eq!(options.http_addr.to_string(), "0.0.0.0:18080");
     assert_eq!(options.grpc_addr.to_string(), "0.0.0.0:18081");
     assert_eq!(options.admin_addr.to_string(), "127.0.0.1:16070");
-    let redis = options.store.expect("a Redis store");
+    let crate::store::StoreOptions::Redis(redis) = options.store else {
+        panic!("a Redis store: {:?}", options.store)
+    };
     assert_eq!((redis.pool, redis.timeout), (12, Duration::from_secs(2)));
     assert!(options.limiter.shadow_mode && options.limiter.response_headers);
 }
