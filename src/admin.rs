@@ -79,7 +79,7 @@ pub struct Admin {
     pub reload: Arc<ReloadStats>,
     pub options: AdminOptions,
     /// The node's RLQS state (`None` where RLQS streams are refused).
-    pub rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
+    pub rlqs: Option<Arc<crate::quota::Hub>>,
 }
 
 /// Whether the process is ready for traffic: serving (false once shutdown began) and, when
@@ -140,7 +140,7 @@ struct AdminState {
     health: Arc<Health>,
     limiter: Arc<Limiter>,
     /// The node's RLQS state, for `/debug/explain` (admin listener only).
-    rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
+    rlqs: Option<Arc<crate::quota::Hub>>,
 }
 
 /// The HTTP listener's routes ([`routes::HTTP`]); the operator endpoints' paths answer 403

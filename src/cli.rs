@@ -365,9 +365,9 @@ fn ttl_margin(text: &str) -> Result<Duration, String> {
 }
 
 /// `--rlqs-exchange-every`: a duration within
-/// [`crate::envoy::rlqs::cluster::EXCHANGE_INTERVALS`].
+/// [`crate::quota::cluster::EXCHANGE_INTERVALS`].
 fn rlqs_exchange_every(text: &str) -> Result<Duration, String> {
-    duration_within(text, crate::envoy::rlqs::cluster::EXCHANGE_INTERVALS)
+    duration_within(text, crate::quota::cluster::EXCHANGE_INTERVALS)
 }
 
 /// `--rlqs-assignment-ttl`: whole seconds (all Envoy reads) within

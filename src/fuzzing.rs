@@ -747,7 +747,8 @@ pub fn inject_yaml(data: &[u8]) {
 /// `INVALID_ARGUMENT` / `RESOURCE_EXHAUSTED`; the answer decodes back to itself; the stream's
 /// state is gone once it closes.
 pub fn rlqs(data: &[u8]) {
-    use crate::envoy::rlqs::{self, Hub, HubError, HubOptions, RlqsStats};
+    use crate::envoy::rlqs;
+    use crate::quota::{Hub, HubError, HubOptions, RlqsStats};
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
         RateLimitQuotaResponse, RateLimitQuotaUsageReports,
     };
@@ -793,7 +794,7 @@ pub fn rlqs(data: &[u8]) {
     let reported = hub.report(
         id,
         usages,
-        |bucket| rlqs::resolve(domain, bucket, false),
+        |bucket| crate::quota::resolve(domain, bucket, false),
         tokio::time::Instant::now(),
     );
     hub.close(id);

@@ -30,6 +30,7 @@ pub mod histogram;
 pub mod inject;
 pub mod limiter;
 pub mod metrics;
+pub mod quota;
 pub mod reload;
 pub mod server;
 pub mod store;

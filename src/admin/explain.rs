@@ -65,12 +65,12 @@ pub(super) async fn explain(State(state): State<AdminState>, body: Bytes) -> Res
 }
 
 /// Adds `rlqs` to each descriptor of `answer` that is a bucket `hub` holds.
-fn add_rlqs(answer: &mut Value, query: &Query<'_>, hub: &crate::envoy::rlqs::Hub) {
+fn add_rlqs(answer: &mut Value, query: &Query<'_>, hub: &crate::quota::Hub) {
     let Some(descriptors) = answer.get_mut("descriptors").and_then(Value::as_array_mut) else {
         return;
     };
     for (out, descriptor) in descriptors.iter_mut().zip(&query.descriptors) {
-        let bucket = crate::envoy::rlqs::bucket_key(descriptor.entries.iter().copied());
+        let bucket = crate::quota::bucket_key(descriptor.entries.iter().copied());
         let reporters = hub.reporters(query.domain, &bucket);
         if !reporters.is_empty() {
             out["rlqs"] = json!({ "reporters": reporters });

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::Uri;
 use axum::routing::{MethodRouter, get};
 
-use crate::envoy::rlqs::{BucketView, Hub};
+use crate::quota::{BucketView, Hub};
 
 /// The most buckets one answer lists.
 pub const MAX_BUCKETS: usize = 1000;

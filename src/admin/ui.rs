@@ -66,7 +66,7 @@ pub(super) struct UiState {
     /// The per-limit totals of the last minutes, sampled in the background.
     pub history: History,
     /// The node's RLQS state (`None` where RLQS is refused).
-    pub rlqs: Option<Arc<crate::envoy::rlqs::Hub>>,
+    pub rlqs: Option<Arc<crate::quota::Hub>>,
 }
 
 /// `GET /ui` (the page) and `GET /ui/data` (its JSON).
@@ -110,7 +110,7 @@ async fn data(State(state): State<UiState>) -> Response {
 
 /// The RLQS buckets shown on the page (at most [`RLQS_BUCKETS`]), with their reporters'
 /// demand and shares.
-fn rlqs(hub: Option<&crate::envoy::rlqs::Hub>) -> Value {
+fn rlqs(hub: Option<&crate::quota::Hub>) -> Value {
     match hub {
         None => json!({"served": false, "streams": 0, "total": 0, "buckets": []}),
         Some(hub) => {

@@ -16,11 +16,12 @@ use super::{
     rlqs_exchange_every, share, store, ttl_margin,
 };
 use crate::admin::AdminOptions;
-use crate::envoy::rlqs::{HubOptions, RlqsOptions};
+use crate::envoy::rlqs::RlqsOptions;
 use crate::envoy::xds::XdsOptions;
 use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::{ConfigErrors, Limits, LoadOptions};
 use crate::metrics::MetricsOptions;
+use crate::quota::HubOptions;
 use crate::reload::{self as reloader, ReloadOptions};
 use crate::server::ServerOptions;
 use crate::store::StoreOptions;

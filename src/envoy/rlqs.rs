@@ -19,15 +19,10 @@
 //!   closed stream's shares go back to the others at once.
 //! - With `--store redis` every stream is refused (`UNIMPLEMENTED`, the reason in the
 //!   message): each node would divide the limit alone. In cluster mode each node divides
-//!   its share of the limit, from the bucket's owner ([`cluster`]).
-
-pub mod cluster;
-mod division;
-#[cfg(test)]
-mod envoy_model;
-mod hub;
-mod rule;
-mod stats;
+//!   its share of the limit, from the bucket's owner ([`crate::quota::cluster`]).
+//!
+//! What is not about the protocol (the hub, the division, the rules, the exchange across
+//! the cluster) is [`crate::quota`]'s.
 
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -54,16 +49,10 @@ use tonic::{Status, Streaming};
 
 use crate::limiter::Limiter;
 
-pub use self::division::{FLOOR_DIVISOR, TokenBucket, divide, keeps};
-pub use self::hub::{
-    Action, BucketView, Hub, HubError, HubOptions, Members, NodeDemand, ReporterView, Strategy,
-    StreamId, Usage, node_limit,
+use crate::quota::{
+    Action, BucketKey, ENVOY_REPORT_INTERVAL, Hub, HubError, HubOptions, RlqsStats, Sink, Strategy,
+    StreamId, UNKNOWN_DOMAIN, Usage, bucket_key, resolve,
 };
-pub use self::rule::{BucketKey, Rule, bucket_key, resolve};
-pub use self::stats::{RlqsStats, UNKNOWN_DOMAIN};
-
-/// Envoy 1.40 reports every bucket this often (fixed; `reporting_interval` is not read).
-pub const ENVOY_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The assignment TTLs `--rlqs-assignment-ttl` may be: longer than one of Envoy's report
 /// intervals (every report renews the assignment), at most an hour.
@@ -90,7 +79,7 @@ pub struct RlqsOptions {
     /// How often idle buckets and silent reporters are looked for.
     pub sweep_every: Duration,
     /// Cluster mode: how often a node sends its demand to the buckets' owners (within
-    /// [`cluster::EXCHANGE_INTERVALS`]); an owner forgets a node after two of them.
+    /// [`crate::quota::cluster::EXCHANGE_INTERVALS`]); an owner forgets a node after two of them.
     pub exchange_every: Duration,
     /// The largest report, in encoded bytes.
     pub max_message_bytes: usize,
@@ -110,7 +99,7 @@ impl Default for RlqsOptions {
             // Three report intervals: one lost report does not drop Envoy to its fallback.
             assignment_ttl: 3 * ENVOY_REPORT_INTERVAL,
             sweep_every: ENVOY_REPORT_INTERVAL,
-            exchange_every: cluster::EXCHANGE_EVERY,
+            exchange_every: crate::quota::cluster::EXCHANGE_EVERY,
             max_message_bytes: 1 << 20,
         }
     }
@@ -339,7 +328,7 @@ impl Shared {
                 };
                 let sink_tx = tx.clone();
                 let ttl = self.options.assignment_ttl;
-                let sink: hub::Sink =
+                let sink: Sink =
                     Box::new(move |actions| sink_tx.try_send(Ok(response(actions, ttl))).is_ok());
                 let id = self
                     .hub
@@ -357,7 +346,7 @@ impl Shared {
             .report(
                 id,
                 valid,
-                |bucket| rule::resolve(domain_limits, bucket, shadow),
+                |bucket| resolve(domain_limits, bucket, shadow),
                 Instant::now(),
             )
             .map_err(|error| ("too_many_buckets", hub_status(&error)))?

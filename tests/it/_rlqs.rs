@@ -377,7 +377,7 @@ async fn streams_share_a_bucket_and_a_closed_stream_gives_its_share_back() {
 #[tokio::test]
 async fn bad_reports_end_the_stream_with_a_status_naming_the_problem() {
     let running = start(RlqsOptions {
-        hub: ratekeeper::envoy::rlqs::HubOptions {
+        hub: ratekeeper::quota::HubOptions {
             max_streams: 2,
             max_buckets_per_stream: 2,
             ..RlqsOptions::default().hub

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 
 use super::*;
+use crate::quota::TokenBucket;
 
 fn report(buckets: Vec<HashMap<String, String>>) -> RateLimitQuotaUsageReports {
     RateLimitQuotaUsageReports {

@@ -9,8 +9,8 @@ use tokio::time::{Instant, advance};
 
 use super::*;
 use crate::algorithm::{Algorithm, Rate, Unit};
-use crate::envoy::rlqs::envoy_model::EnvoyModel;
-use crate::envoy::rlqs::rule::bucket_key;
+use crate::quota::envoy_model::EnvoyModel;
+use crate::quota::rule::bucket_key;
 
 const INTERVAL: Duration = Duration::from_secs(5);
 

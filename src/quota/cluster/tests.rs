@@ -9,10 +9,10 @@ use tokio::time::advance;
 
 use super::*;
 use crate::algorithm::{Algorithm, Rate, Unit};
-use crate::envoy::rlqs::envoy_model::EnvoyModel;
-use crate::envoy::rlqs::hub::{Action, HubOptions, StreamId, Usage};
-use crate::envoy::rlqs::rule::{Rule, bucket_key};
-use crate::envoy::rlqs::{RlqsStats, Strategy, node_limit};
+use crate::quota::envoy_model::EnvoyModel;
+use crate::quota::hub::{Action, HubOptions, StreamId, Usage};
+use crate::quota::rule::{Rule, bucket_key};
+use crate::quota::{RlqsStats, Strategy, node_limit};
 
 const INTERVAL: Duration = EXCHANGE_EVERY;
 
