@@ -27,7 +27,7 @@ use crate::algorithm::Rate;
 use crate::check::{Charge, Check, Checks, Counter, Decision, RuleKeys, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
-use crate::limits::{Domain, Limit, Limits, Node, Walk};
+use crate::limits::{Applies, Domain, Limit, Limits, Node, Walk, replaced_names};
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
 
@@ -301,39 +301,34 @@ impl Limiter {
             .iter()
             .map(|walk| walk.as_ref().map(Walk::node))
             .collect();
-        let replaced = replaced_names(&nodes);
+        let replaced = replaced_names(nodes.iter().flatten().copied());
         let can_wait = self.store.capabilities().wait;
         let mut plans: SmallVec<[Plan<'_>; 4]> = SmallVec::new();
         let mut checks = Checks::new();
         let mut counters_so_far = 0;
         for ((descriptor, overridden), walk) in query.descriptors.iter().zip(overrides).zip(walks) {
             let node = walk.as_ref().map(Walk::node);
-            let (limits, rule_shadow, quota): (SmallVec<[&Limit; 2]>, bool, bool) =
-                match (overridden, node) {
-                    (Some(limit), _) => (
-                        SmallVec::from_elem(limit, 1),
-                        false,
-                        self.options.quota_mode,
-                    ),
-                    (None, Some(node)) => (
-                        node.limits
-                            .iter()
-                            .filter(|limit| !is_replaced(limit, &replaced))
-                            .collect(),
-                        node.shadow_mode,
-                        node.quota_mode || self.options.quota_mode,
-                    ),
-                    (None, None) => (SmallVec::new(), false, false),
-                };
+            let (applies, rule_shadow, quota) = match (overridden, node) {
+                (Some(limit), _) => (Applies::of([limit]), false, self.options.quota_mode),
+                (None, Some(node)) => (
+                    node.applies(&replaced),
+                    node.shadow_mode,
+                    node.quota_mode || self.options.quota_mode,
+                ),
+                (None, None) => (Applies::Nothing, false, false),
+            };
             let shadow = rule_shadow || self.options.shadow_mode;
-            if limits.is_empty() {
-                plans.push(Plan::NoLimit);
-                continue;
-            }
-            if limits.iter().any(|limit| limit.rate.is_none()) {
-                plans.push(Plan::Unlimited);
-                continue;
-            }
+            let limits = match applies {
+                Applies::Nothing => {
+                    plans.push(Plan::NoLimit);
+                    continue;
+                }
+                Applies::Unlimited => {
+                    plans.push(Plan::Unlimited);
+                    continue;
+                }
+                Applies::Limits(limits) => limits,
+            };
             let key = counter_key(query.domain, &descriptor.entries, walk.as_ref());
             let counters = limits
                 .iter()
@@ -754,25 +749,6 @@ fn observe(observer: &dyn Observer, query: &Query<'_>, plans: &[Plan<'_>], decis
             observer.fresh(*route, query.domain, &descriptor.entries);
         }
     }
-}
-
-/// The names that matched limits ask to replace.
-fn replaced_names<'a>(nodes: &[Option<&'a Node>]) -> SmallVec<[&'a str; 4]> {
-    nodes
-        .iter()
-        .flatten()
-        .flat_map(|node| node.limits.iter())
-        .flat_map(|limit| limit.replaces.iter())
-        .map(|name| &**name)
-        .collect()
-}
-
-fn is_replaced(limit: &Limit, replaced: &[&str]) -> bool {
-    !replaced.is_empty()
-        && limit
-            .name
-            .as_deref()
-            .is_some_and(|name| replaced.contains(&name))
 }
 
 /// The strictest wait policy among the limits that opt in, narrowed to `cap` if given.

@@ -21,7 +21,7 @@ use crate::error::Error;
 use crate::limits::{Limit, Node};
 use crate::store::Placement;
 
-use super::{Limiter, Plan, Planned, Query, is_replaced, overrides, validate};
+use super::{Limiter, Plan, Planned, Query, overrides, validate};
 
 /// Why a descriptor is limited or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -261,7 +261,7 @@ fn limit_state(limit: &Limit, decision: &Decision, keys: Option<RuleKeys>) -> Op
 fn replacements(node: &Node, replaced: &[&str], nodes: &[Option<&Node>]) -> Vec<Replacement> {
     node.limits
         .iter()
-        .filter(|limit| is_replaced(limit, replaced))
+        .filter(|limit| limit.is_replaced(replaced))
         .filter_map(|limit| {
             let name = limit.name.clone()?;
             let (by, at) = nodes

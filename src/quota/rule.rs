@@ -5,16 +5,16 @@
 //! pairs, ordered by key (byte order), are the descriptor's entries. So the bucket
 //! `{"path": "/a", "api_key": "alice"}` is the descriptor `[(api_key, alice), (path, /a)]`.
 //! Values, wildcards and defaults match as in the limits files; then
-//! - no limit (no rule, or a rule without limits) -> allow all, as `ShouldRateLimit`
-//!   answers OK;
-//! - any `unlimited: true` limit -> allow all;
+//! - which limits apply is `Node::applies`, as for `ShouldRateLimit`: no limit (no rule,
+//!   a rule without limits, or all replaced) -> allow all, as `ShouldRateLimit` answers
+//!   OK; any `unlimited: true` limit -> allow all;
 //! - a limit with `requests_per_unit: 0` -> deny all;
 //! - `shadow_mode` (the rule's or the server's) -> allow all, the would-be denials counted;
 //! - several limits -> the tightest long-run rate wins, after `replaces` dropped the limits
 //!   the others name.
 
 use crate::algorithm::Rate;
-use crate::limits::{Domain, Limit};
+use crate::limits::{Applies, Domain, replaced_names};
 
 /// A bucket id as plain pairs, ordered by key: the descriptor it is read as.
 pub type BucketKey = Box<[(Box<str>, Box<str>)]>;
@@ -42,25 +42,11 @@ pub fn resolve(domain: Option<&Domain>, bucket: &BucketKey, shadow_everywhere: b
     let Some(node) = domain.lookup(entries) else {
         return Rule::AllowAll;
     };
-    let replaced: Vec<&str> = node
-        .limits
-        .iter()
-        .flat_map(|limit| limit.replaces.iter())
-        .map(|name| &**name)
-        .collect();
-    let limits: Vec<&Limit> = node
-        .limits
-        .iter()
-        .filter(|limit| {
-            !limit
-                .name
-                .as_deref()
-                .is_some_and(|name| replaced.contains(&name))
-        })
-        .collect();
-    if limits.is_empty() || limits.iter().any(|limit| limit.is_unlimited()) {
-        return Rule::AllowAll;
-    }
+    // One bucket is one descriptor: the names its own limits replace are all there are.
+    let limits = match node.applies(&replaced_names([node])) {
+        Applies::Nothing | Applies::Unlimited => return Rule::AllowAll,
+        Applies::Limits(limits) => limits,
+    };
     let tightest = limits.iter().filter_map(|limit| limit.rate).min_by(|a, b| {
         // a.rpu / a.unit < b.rpu / b.unit, compared without division; a smaller burst
         // breaks a tie.

@@ -37,7 +37,7 @@ use crate::check::{Capabilities, Rules};
 pub use self::compile::{DEFAULT_MAX_QUEUE, MAX_QUEUE_CEILING, MAX_WAIT_CEILING};
 pub use self::error::{ConfigError, ConfigErrors, Position};
 pub use self::schema::{MAX_DEPTH, MAX_DESCRIPTORS, MAX_FILE_BYTES, METADATA_DEPTH};
-pub use self::tree::{Domain, Limit, Metadata, Node, Step, Steps, Walk};
+pub use self::tree::{Applies, Domain, Limit, Metadata, Node, Step, Steps, Walk, replaced_names};
 
 /// One limits file's text, and the name errors call it by (its path, for loaded files).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -247,6 +247,67 @@ impl Node {
     }
 }
 
+/// What the limits of one matched entry come to once `replaces` has dropped those that
+/// other matched entries name: the one rule the limiter (`ShouldRateLimit` and the HTTP
+/// front ends) and RLQS share, so the two can never disagree on which limits apply.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Applies<'t> {
+    /// No limit: the entry has none (allow-list and intermediate entries), or every one
+    /// was replaced.
+    Nothing,
+    /// One of them is `unlimited: true`: the descriptor is not counted at all.
+    Unlimited,
+    /// These limits count (at least one, each with a rate).
+    Limits(SmallVec<[&'t Limit; 2]>),
+}
+
+impl<'t> Applies<'t> {
+    /// What `limits` (already free of replaced ones) come to.
+    pub fn of(limits: impl IntoIterator<Item = &'t Limit>) -> Applies<'t> {
+        let limits: SmallVec<[&'t Limit; 2]> = limits.into_iter().collect();
+        if limits.is_empty() {
+            Applies::Nothing
+        } else if limits.iter().any(|limit| limit.is_unlimited()) {
+            Applies::Unlimited
+        } else {
+            Applies::Limits(limits)
+        }
+    }
+}
+
+impl Node {
+    /// The limits of this entry that apply, `replaced` being the names that the request's
+    /// matched entries ask to replace ([`replaced_names`]).
+    pub fn applies(&self, replaced: &[&str]) -> Applies<'_> {
+        Applies::of(
+            self.limits
+                .iter()
+                .filter(|limit| !limit.is_replaced(replaced)),
+        )
+    }
+}
+
+impl Limit {
+    /// Whether one of the `replaced` names is this limit's.
+    pub fn is_replaced(&self, replaced: &[&str]) -> bool {
+        !replaced.is_empty()
+            && self
+                .name
+                .as_deref()
+                .is_some_and(|name| replaced.contains(&name))
+    }
+}
+
+/// The names that the limits of `nodes` (the entries one request matched) ask to replace.
+pub fn replaced_names<'t>(nodes: impl IntoIterator<Item = &'t Node>) -> SmallVec<[&'t str; 4]> {
+    nodes
+        .into_iter()
+        .flat_map(|node| node.limits.iter())
+        .flat_map(|limit| limit.replaces.iter())
+        .map(|name| &**name)
+        .collect()
+}
+
 /// Visits every node of `level` with its `FullKey`-style name (`edge.key_value.key2`, as
 /// the reference service's `/rlconfig` names them).
 pub(crate) fn visit<'t>(level: &'t Level, prefix: &str, out: &mut Vec<(String, &'t Node)>) {

@@ -216,3 +216,58 @@ edge.api_key.path_/api/*: unlimited, shadow_mode=false
     );
     assert_eq!(Limits::default().to_string(), "");
 }
+
+/// Which limits of a matched entry apply (`Node::applies`, shared by the limiter and RLQS):
+/// `replaces` drops the named limits (of this entry or of another matched one), an
+/// `unlimited` limit makes the descriptor uncounted, and an entry without limits (or whose
+/// limits were all replaced) has nothing.
+#[test]
+fn applies_drops_replaced_limits_and_sees_unlimited_and_nothing() {
+    use crate::limits::{Applies, replaced_names};
+    let limits = limits(
+        "domain: d
+descriptors:
+  - key: user
+    rate_limits:
+      - {name: burst, unit: second, requests_per_unit: 5}
+      - {name: daily, unit: day, requests_per_unit: 1000}
+  - key: vip
+    rate_limit: {unit: day, requests_per_unit: 10000, replaces: [{name: daily}]}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: parent
+    descriptors:
+      - key: child
+        rate_limit: {unit: second, requests_per_unit: 1}
+",
+    );
+    let domain = limits.domain("d").expect("domain d");
+    let node = |key: &str| domain.lookup([(key, "x")]).expect("matched");
+    let names = |applies: Applies<'_>| match applies {
+        Applies::Limits(limits) => limits
+            .iter()
+            .map(|limit| limit.name.as_deref().unwrap_or("-").to_owned())
+            .collect::<Vec<_>>(),
+        other => panic!("limits expected, got {other:?}"),
+    };
+    let user = node("user");
+    assert_eq!(
+        names(user.applies(&replaced_names([user]))),
+        ["burst", "daily"]
+    );
+    // A request matching user and vip: vip's limit replaces user's daily one.
+    let vip = node("vip");
+    let replaced = replaced_names([user, vip]);
+    assert_eq!(&*replaced, ["daily"]);
+    assert_eq!(names(user.applies(&replaced)), ["burst"]);
+    assert_eq!(node("free").applies(&[]), Applies::Unlimited);
+    assert_eq!(node("parent").applies(&[]), Applies::Nothing);
+    assert_eq!(
+        Applies::of(
+            user.limits
+                .iter()
+                .filter(|limit| limit.name.as_deref() == Some("x"))
+        ),
+        Applies::Nothing
+    );
+}
