@@ -240,15 +240,11 @@ pub enum ServeError {
 
 pub struct Server {
     grpc: GrpcListener,
-    /// The gRPC listener's TLS config, when it has one.
-    tls: Option<Tls>,
     http: TcpListener,
     admin_listener: TcpListener,
     admin_addr: SocketAddr,
-    admin_token: Option<TokenFile>,
     peer: Option<(TcpListener, SocketAddr)>,
-    /// Mutual TLS on the peer listener (and the peer clients), when configured.
-    peer_tls: Option<Tls>,
+    secrets: Secrets,
     grpc_endpoint: GrpcEndpoint,
     http_addr: SocketAddr,
     limiter: Arc<Limiter>,
@@ -260,16 +256,9 @@ pub struct Server {
     reload_stats: Arc<ReloadStats>,
     admin: AdminOptions,
     shutdown_grace: Duration,
-    /// Kept alive while serving; dropping it stops the watch.
-    _watcher: Option<Watcher>,
-    /// Kept alive while serving; dropping it stops watching the TLS files.
-    _tls_watch: Option<TlsWatch>,
-    /// Kept alive while serving; dropping it stops re-reading the admin token.
-    _token_watch: Option<TokenWatch>,
-    /// Kept alive while serving; dropping it stops watching the peer TLS files.
-    _peer_tls_watch: Option<TlsWatch>,
-    /// The xDS subscription, stopped when the server is dropped.
-    _xds: Option<AbortOnDrop>,
+    /// Kept alive while serving (dropping it stops them): the watches and the xDS
+    /// subscription.
+    watches: Watches,
     xds_stats: Arc<XdsStats>,
     rlqs: RlqsOptions,
     rlqs_stats: RlqsStats,
@@ -277,27 +266,18 @@ pub struct Server {
     rlqs_refused: Option<String>,
 }
 
-impl Server {
-    /// Binds the listeners, builds the selected store (and only it: the engine's shards and
-    /// their tasks, on the current tokio runtime, only for the memory store) and, when
-    /// asked, the reloader. `version` is the content hash of `limits` (see `reload::load`).
-    pub async fn bind(
-        options: &ServerOptions,
-        limits: Limits,
-        version: u64,
-    ) -> Result<Server, ServeError> {
-        let bind = |addr: SocketAddr| async move {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServeError::Bind { addr, source })?;
-            let bound = listener
-                .local_addr()
-                .map_err(|source| ServeError::Bind { addr, source })?;
-            Ok::<_, ServeError>((listener, bound))
-        };
-        // Certificates and the token first: a bad file fails the start before anything
-        // listens. An admin listener others can reach must ask for a token.
-        let tls = options.grpc_tls.clone().map(Tls::load).transpose()?;
+/// What is read before anything listens, so a bad file fails the start: the gRPC
+/// listener's TLS, the admin token, the peers' TLS.
+struct Secrets {
+    grpc_tls: Option<Tls>,
+    admin_token: Option<TokenFile>,
+    peer_tls: Option<Tls>,
+}
+
+impl Secrets {
+    /// Loads the files `options` name; an admin listener others can reach must have a token.
+    fn load(options: &ServerOptions) -> Result<Secrets, ServeError> {
+        let grpc_tls = options.grpc_tls.clone().map(Tls::load).transpose()?;
         let admin_token = options
             .admin_token
             .clone()
@@ -312,83 +292,156 @@ impl Server {
             .cloned()
             .map(|files| Tls::load_for(files, &tls::PEER))
             .transpose()?;
+        Ok(Secrets {
+            grpc_tls,
+            admin_token,
+            peer_tls,
+        })
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        if let Some(tls) = &self.grpc_tls {
+            tls.stats().register_metrics(registry);
+        }
+        if let Some(tls) = &self.peer_tls {
+            tls.stats().register_metrics_as(tls::PEER.what, registry);
+        }
+    }
+}
+
+/// What keeps the limits and the secrets current while serving; each stops when dropped.
+struct Watches {
+    /// The limits files (`None` with xDS, or without a path to watch).
+    limits: Option<Watcher>,
+    /// The xDS subscription, with `--config-source xds`.
+    _xds: Option<AbortOnDrop>,
+    _grpc_tls: Option<TlsWatch>,
+    _admin_token: Option<TokenWatch>,
+    _peer_tls: Option<TlsWatch>,
+}
+
+impl Watches {
+    /// Starts watching the limits (the files, or the xDS server) into `limits`, and the
+    /// secrets' files.
+    fn start(
+        options: &ServerOptions,
+        limits: &Arc<ArcSwap<Limits>>,
+        secrets: &Secrets,
+        reload_stats: &Arc<ReloadStats>,
+        xds_stats: &Arc<XdsStats>,
+    ) -> Result<Watches, ServeError> {
+        let watcher = match &options.watch {
+            Some(path) => Some(reload::watch(
+                path.clone(),
+                Arc::clone(limits),
+                options.reload,
+                Arc::clone(reload_stats),
+            )?),
+            None => None,
+        };
+        let xds = options.xds.clone().map(|xds| {
+            let client = XdsClient::new(
+                xds,
+                Arc::clone(limits),
+                Arc::clone(reload_stats),
+                Arc::clone(xds_stats),
+            );
+            AbortOnDrop(client.spawn().abort_handle())
+        });
+        Ok(Watches {
+            limits: watcher,
+            _xds: xds,
+            _grpc_tls: secrets.grpc_tls.as_ref().map(Tls::watch).transpose()?,
+            _admin_token: secrets.admin_token.as_ref().map(TokenFile::watch),
+            _peer_tls: secrets.peer_tls.as_ref().map(Tls::watch).transpose()?,
+        })
+    }
+}
+
+/// Binds `addr`; the listener and the address it got.
+async fn bind_tcp(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    Ok((listener, bound))
+}
+
+/// The reload figures at start: the start-up load of the files counts as a success (with
+/// xDS there is none until the server answers).
+fn reload_stats_at_start(version: u64, from_files: bool) -> Arc<ReloadStats> {
+    let stats = Arc::new(ReloadStats::with_version(version));
+    if from_files {
+        stats.successes.fetch_add(1, Ordering::Relaxed);
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        stats
+            .last_success_unix_seconds
+            .store(now, Ordering::Relaxed);
+    }
+    stats
+}
+
+/// Why RLQS streams are refused on this node, if they are.
+fn rlqs_refusal(store: &StoreOptions) -> Option<String> {
+    store.is_redis().then(|| {
+        "rlqs is not served with --store redis: every node would divide each limit alone, admitting up to one limit per node; serve RLQS from ratekeeper nodes with the memory store (one node every Envoy points at, or cluster mode, where the nodes share each limit)"
+            .to_owned()
+    })
+}
+
+impl Server {
+    /// Binds the listeners, builds the selected store (and only it: the engine's shards and
+    /// their tasks, on the current tokio runtime, only for the memory store) and, when
+    /// asked, the reloader. `version` is the content hash of `limits` (see `reload::load`).
+    pub async fn bind(
+        options: &ServerOptions,
+        limits: Limits,
+        version: u64,
+    ) -> Result<Server, ServeError> {
+        // Certificates and the token first: a bad file fails the start before anything
+        // listens.
+        let secrets = Secrets::load(options)?;
         let grpc = match &options.grpc_uds {
             Some(path) => GrpcListener::bind_unix(path)?,
             None => GrpcListener::bind_tcp(options.grpc_addr).await?,
         };
         let grpc_endpoint = grpc.endpoint().clone();
-        let (http, http_addr) = bind(options.http_addr).await?;
-        let (admin_listener, admin_addr) = bind(options.admin_addr).await?;
+        let (http, http_addr) = bind_tcp(options.http_addr).await?;
+        let (admin_listener, admin_addr) = bind_tcp(options.admin_addr).await?;
         let limits = Arc::new(ArcSwap::from_pointee(limits));
         // The memory store reads the rules' key budgets (and names) from the limits in force.
         let rules: Arc<dyn crate::check::Rules> = Arc::clone(&limits) as _;
         let engine =
             || Engine::spawn_with_rules(options.engine, Clock::system(), Some(Arc::clone(&rules)));
-        // Only the selected store is built, and only its metrics registered.
+        // Only the selected store is built, and only its metrics registered; each owner of
+        // figures registers its own collector.
         let mut registry = Metrics::registry();
-        let built =
-            crate::store::build(&options.store, engine, peer_tls.as_ref(), &mut registry).await?;
-        let (store, cluster, peer) = (built.store, built.cluster, built.peer);
-        let reload_stats = Arc::new(ReloadStats::with_version(version));
-        // The start-up load counts as a success; with xDS there is none until it answers.
-        if options.xds.is_none() {
-            reload_stats.successes.fetch_add(1, Ordering::Relaxed);
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |elapsed| elapsed.as_secs());
-            reload_stats
-                .last_success_unix_seconds
-                .store(now, Ordering::Relaxed);
-        }
-        let xds_stats = Arc::new(XdsStats::default());
-        // Each owner of figures registers its own collector.
+        let built = crate::store::build(
+            &options.store,
+            engine,
+            secrets.peer_tls.as_ref(),
+            &mut registry,
+        )
+        .await?;
+        let reload_stats = reload_stats_at_start(version, options.xds.is_none());
         reload_stats.register_metrics(&mut registry);
+        let xds_stats = Arc::new(XdsStats::default());
         if options.xds.is_some() {
             xds_stats.register_metrics(&mut registry);
         }
-        if let Some(tls) = &tls {
-            tls.stats().register_metrics(&mut registry);
-        }
-        if let Some(tls) = &peer_tls {
-            tls.stats()
-                .register_metrics_as(tls::PEER.what, &mut registry);
-        }
+        secrets.register_metrics(&mut registry);
         let rlqs_stats = RlqsStats::default();
         rlqs_stats.register(&mut registry);
-        let rlqs_refused = if options.store.is_redis() {
-            Some(
-                "rlqs is not served with --store redis: every node would divide each limit alone, admitting up to one limit per node; serve RLQS from ratekeeper nodes with the memory store (one node every Envoy points at, or cluster mode, where the nodes share each limit)"
-                    .to_owned(),
-            )
-        } else {
-            None
-        };
         let metrics = Arc::new(Metrics::new(options.metrics, registry));
-        let watcher = match &options.watch {
-            Some(path) => Some(reload::watch(
-                path.clone(),
-                Arc::clone(&limits),
-                options.reload,
-                Arc::clone(&reload_stats),
-            )?),
-            None => None,
-        };
-        let tls_watch = tls.as_ref().map(Tls::watch).transpose()?;
-        let token_watch = admin_token.as_ref().map(TokenFile::watch);
-        let peer_tls_watch = peer_tls.as_ref().map(Tls::watch).transpose()?;
-        let xds = options.xds.clone().map(|xds| {
-            let client = XdsClient::new(
-                xds,
-                Arc::clone(&limits),
-                Arc::clone(&reload_stats),
-                Arc::clone(&xds_stats),
-            );
-            AbortOnDrop(client.spawn().abort_handle())
-        });
+        let watches = Watches::start(options, &limits, &secrets, &reload_stats, &xds_stats)?;
         // The counter names (`--counter-names`) live with admin, fed by the limiter.
         let names = (options.admin.counter_names > 0)
             .then(|| Arc::new(CounterNames::new(options.admin.counter_names)));
-        let mut limiter = Limiter::new(limits, store, options.limiter.clone(), metrics);
+        let mut limiter = Limiter::new(limits, built.store, options.limiter.clone(), metrics);
         if let Some(names) = &names {
             limiter = limiter.with_observer(Arc::clone(names) as _);
         }
@@ -399,31 +452,25 @@ impl Server {
         });
         Ok(Server {
             grpc,
-            tls,
             http,
             admin_listener,
             admin_addr,
-            admin_token,
-            peer,
-            peer_tls,
+            peer: built.peer,
+            secrets,
             grpc_endpoint,
             http_addr,
             limiter,
             names,
-            cluster,
+            cluster: built.cluster,
             health,
             reload_stats,
             admin: options.admin,
             shutdown_grace: options.shutdown_grace,
-            _watcher: watcher,
-            _tls_watch: tls_watch,
-            _token_watch: token_watch,
-            _peer_tls_watch: peer_tls_watch,
-            _xds: xds,
+            watches,
             xds_stats,
             rlqs: options.rlqs,
             rlqs_stats,
-            rlqs_refused,
+            rlqs_refused: rlqs_refusal(&options.store),
         })
     }
 
@@ -447,7 +494,7 @@ impl Server {
     /// Reloads the limits files on demand (SIGHUP) through the watch's path; `None` when the
     /// limits are not read from files (xDS) or not watched.
     pub fn limits_reload(&self) -> Option<reload::ReloadHandle> {
-        self._watcher.as_ref().map(Watcher::handle)
+        self.watches.limits.as_ref().map(Watcher::handle)
     }
 
     /// The admin listener's address (the operator endpoints).
@@ -505,7 +552,7 @@ impl Server {
             let sweep = sweep_counter_names(Arc::clone(names), Arc::clone(&self.limiter));
             AbortOnDrop(tokio::spawn(sweep).abort_handle())
         });
-        let incoming = self.grpc.incoming(self.tls.clone());
+        let incoming = self.grpc.incoming(self.secrets.grpc_tls.clone());
         // ShouldRateLimit is answered by `grpc` itself; health (and any other service) by
         // tonic's router, which also takes the calls `grpc` leaves to it.
         // RLQS streams end when the server stops, so they do not hold up the drain.
@@ -564,7 +611,8 @@ impl Server {
         let app = admin::router(&shared, self.admin_addr);
         let http =
             axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
-        let admin_app = admin::admin_router(shared, self.admin_token.clone(), self.admin_addr);
+        let admin_app =
+            admin::admin_router(shared, self.secrets.admin_token.clone(), self.admin_addr);
         let admin = axum::serve(self.admin_listener, admin_app)
             .with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let cluster = self.cluster.clone();
@@ -576,7 +624,7 @@ impl Server {
             let service = PeerService::with_sources(cluster, names, quota_source);
             // Accepted (and, with mutual TLS, handshaken) like the gRPC listener's
             // connections; each request carries its connection's client certificate.
-            let incoming = GrpcListener::from_tcp(listener)?.incoming(self.peer_tls);
+            let incoming = GrpcListener::from_tcp(listener)?.incoming(self.secrets.peer_tls);
             tonic::transport::Server::builder()
                 .add_service(service)
                 .serve_with_incoming_shutdown(incoming, stopped(grpc_done_rx))
