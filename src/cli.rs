@@ -610,14 +610,14 @@ mod tests {
     #[test]
     fn quota_mode_and_dynamic_metadata_are_off_unless_asked_for() {
         let plain = limiter_options(&["ratekeeper", "serve"]);
-        assert!(!plain.quota_mode && !plain.response_dynamic_metadata);
+        assert!(!plain.soft_mode && !plain.response_dynamic_metadata);
         let both = limiter_options(&[
             "ratekeeper",
             "serve",
             "--quota-mode",
             "--response-dynamic-metadata",
         ]);
-        assert!(both.quota_mode && both.response_dynamic_metadata);
+        assert!(both.soft_mode && both.response_dynamic_metadata);
         assert!(!both.shadow_mode && !both.response_headers);
     }
 }

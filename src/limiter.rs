@@ -56,10 +56,10 @@ pub struct LimiterOptions {
     /// Every limit acts as if it had `shadow_mode: true`: counted and reported, never
     /// enforced (the reference service's global `SHADOW_MODE`).
     pub shadow_mode: bool,
-    /// Every limit acts as if it had `quota_mode: true` (the reference service's global
-    /// `QUOTA_MODE`): a descriptor over its limit lets the request pass unless every
-    /// quota-mode descriptor of the request is over.
-    pub quota_mode: bool,
+    /// Every limit is soft, as if it had `quota_mode: true` (`--quota-mode`, the reference
+    /// service's global `QUOTA_MODE`): a descriptor over its limit lets the request pass
+    /// unless every soft descriptor of the request is over.
+    pub soft_mode: bool,
     /// The Envoy front end returns what was decided in the response's dynamic metadata
     /// (the reference service's `RESPONSE_DYNAMIC_METADATA`).
     pub response_dynamic_metadata: bool,
@@ -136,7 +136,7 @@ enum Plan<'a> {
         rule_shadow: bool,
         /// Quota mode: over the limit, the descriptor is reported `OVER_LIMIT` but the
         /// request still passes unless every quota group is over (see [`respond`]).
-        quota: bool,
+        soft: bool,
         first: usize,
         /// The descriptor's route hash (its counters' shard and owner).
         route: u64,
@@ -308,12 +308,12 @@ impl Limiter {
         let mut counters_so_far = 0;
         for ((descriptor, overridden), walk) in query.descriptors.iter().zip(overrides).zip(walks) {
             let node = walk.as_ref().map(Walk::node);
-            let (applies, rule_shadow, quota) = match (overridden, node) {
-                (Some(limit), _) => (Applies::of([limit]), false, self.options.quota_mode),
+            let (applies, rule_shadow, soft) = match (overridden, node) {
+                (Some(limit), _) => (Applies::of([limit]), false, self.options.soft_mode),
                 (None, Some(node)) => (
                     node.applies(&replaced),
                     node.shadow_mode,
-                    node.quota_mode || self.options.quota_mode,
+                    node.soft || self.options.soft_mode,
                 ),
                 (None, None) => (Applies::Nothing, false, false),
             };
@@ -348,7 +348,7 @@ impl Limiter {
             };
             // Quota-mode limits let an over request pass (mostly): nothing waits for them;
             // nor does a check that counts when rejected, or a refund (never rejected).
-            let wait = if shadow || quota || !can_wait || charge != Charge::Admitted {
+            let wait = if shadow || soft || !can_wait || charge != Charge::Admitted {
                 None
             } else {
                 wait_policy(&limits, query.max_wait)
@@ -361,7 +361,7 @@ impl Limiter {
                 walk,
                 shadow,
                 rule_shadow,
-                quota,
+                soft,
                 first,
                 route: key.route(),
             });
@@ -499,21 +499,21 @@ fn respond(
             Plan::NoLimit | Plan::Unlimited => false,
         })
         .collect();
-    let quota = |plan: &Plan<'_>| matches!(plan, Plan::Checked { quota: true, .. });
-    let quota_violations: SmallVec<[usize; 2]> = plans
+    let soft = |plan: &Plan<'_>| matches!(plan, Plan::Checked { soft: true, .. });
+    let soft_violations: SmallVec<[usize; 2]> = plans
         .iter()
         .zip(&reported)
         .enumerate()
-        .filter(|(_, (plan, reported))| quota(plan) && **reported)
+        .filter(|(_, (plan, reported))| soft(plan) && **reported)
         .map(|(index, _)| index)
         .collect();
-    let groups = quota_groups(query, plans, &reported);
-    let quota_over = !groups.is_empty() && groups.iter().all(|group| group.over);
+    let groups = soft_groups(query, plans, &reported);
+    let soft_over = !groups.is_empty() && groups.iter().all(|group| group.over);
     let rate_over = plans
         .iter()
         .zip(&reported)
-        .any(|(plan, reported)| *reported && !quota(plan));
-    let denied = (rate_over || quota_over) && !global_shadow;
+        .any(|(plan, reported)| *reported && !soft(plan));
+    let denied = (rate_over || soft_over) && !global_shadow;
     let statuses = plans
         .iter()
         .zip(&reported)
@@ -576,8 +576,8 @@ fn respond(
     Verdict {
         statuses,
         denied,
-        quota_mode: !groups.is_empty(),
-        quota_violations,
+        soft_mode: !groups.is_empty(),
+        soft_violations,
         metadata,
         passed_backends,
     }
@@ -613,14 +613,14 @@ impl QuotaGroup<'_> {
 
 /// The quota groups of `query`'s quota-mode descriptors, in the order they first appear;
 /// `reported[i]`: descriptor `i` is reported over.
-fn quota_groups<'q>(
+fn soft_groups<'q>(
     query: &'q Query<'_>,
     plans: &[Plan<'_>],
     reported: &[bool],
 ) -> SmallVec<[QuotaGroup<'q>; 2]> {
     let mut groups: SmallVec<[QuotaGroup<'q>; 2]> = SmallVec::new();
     for (index, (plan, descriptor)) in plans.iter().zip(&query.descriptors).enumerate() {
-        if !matches!(plan, Plan::Checked { quota: true, .. }) {
+        if !matches!(plan, Plan::Checked { soft: true, .. }) {
             continue;
         }
         let value_of = |key: &str| {

@@ -219,7 +219,7 @@ fn limits(limiter: &Limiter, snapshot: &Limits) -> Value {
                 "path": &*node.path,
                 "depth": node.path.matches(" > ").count(),
                 "shadow": node.shadow_mode,
-                "quota": node.quota_mode,
+                "quota": node.soft,
                 "limits": limits,
             }));
         }

@@ -560,7 +560,7 @@ impl ServeArgs {
                     ResponseHeaders::Off | ResponseHeaders::Draft03 => HeaderStyle::Draft03,
                 },
                 shadow_mode: self.answers.shadow_mode,
-                quota_mode: self.answers.quota_mode,
+                soft_mode: self.answers.quota_mode,
                 count_rejected_hits: self.answers.count_rejected_hits,
                 response_dynamic_metadata: self.answers.response_dynamic_metadata,
                 header_names: HeaderNames {

@@ -109,14 +109,14 @@ async fn quota_mode_passes_until_every_quota_descriptor_is_over() {
     let limiter = limiter(QUOTA, LimiterOptions::default());
     let first = decide(&limiter, MODELS).await;
     assert_eq!(overs(&first), [false, false]);
-    assert!(first.quota_mode);
-    assert!(first.quota_violations.is_empty());
+    assert!(first.soft_mode);
+    assert!(first.soft_violations.is_empty());
 
     // gpt-a is used up: the request still passes, and gpt-a is reported over.
     let second = decide(&limiter, MODELS).await;
     assert!(!second.is_over(), "{second:?}");
     assert_eq!(second.retry_after(), None, "it passes");
-    assert_eq!(second.quota_violations.as_slice(), [0]);
+    assert_eq!(second.soft_violations.as_slice(), [0]);
     let a = second.statuses[0].limited().expect("a limit applies");
     assert_eq!((a.over, a.remaining), (true, 0));
 
@@ -124,7 +124,7 @@ async fn quota_mode_passes_until_every_quota_descriptor_is_over() {
     let third = decide(&limiter, MODELS).await;
     assert!(third.is_over());
     assert_eq!(overs(&third), [true, true]);
-    assert_eq!(third.quota_violations.as_slice(), [0, 1]);
+    assert_eq!(third.soft_violations.as_slice(), [0, 1]);
     assert!(third.retry_after().is_some());
 }
 
@@ -136,25 +136,25 @@ async fn a_normal_limit_over_still_rejects_next_to_quota_descriptors() {
     assert!(!first.is_over());
     let second = decide(&limiter, both).await;
     assert_eq!(overs(&second), [false, true]);
-    assert!(second.quota_violations.is_empty());
+    assert!(second.soft_violations.is_empty());
     // Without a quota-mode limit nothing is reported as quota mode.
     let plain = decide(&limiter, &[&[("user", "u2")]]).await;
-    assert!(!plain.quota_mode);
+    assert!(!plain.soft_mode);
 }
 
 #[tokio::test(start_paused = true)]
 async fn global_quota_mode_makes_every_limit_a_quota_limit() {
     let options = LimiterOptions {
-        quota_mode: true,
+        soft_mode: true,
         ..LimiterOptions::default()
     };
     let limiter = limiter(QUOTA, options);
     let alone = decide(&limiter, &[&[("user", "p")]]).await;
-    assert!(alone.quota_mode && !alone.is_over());
+    assert!(alone.soft_mode && !alone.is_over());
     let with_room = decide(&limiter, &[&[("user", "p")], &[("user", "q")]]).await;
     assert!(!with_room.is_over(), "q still has room");
     assert_eq!(overs(&with_room), [true, false]);
-    assert_eq!(with_room.quota_violations.as_slice(), [0]);
+    assert_eq!(with_room.soft_violations.as_slice(), [0]);
     // The only quota descriptor is over: nothing is left to fall back on.
     let alone_again = decide(&limiter, &[&[("user", "p")]]).await;
     assert!(alone_again.is_over());

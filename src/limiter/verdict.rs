@@ -66,11 +66,12 @@ pub struct Verdict {
     pub statuses: SmallVec<[Status; 4]>,
     /// The request must not pass (see `limiter::respond` for the rules).
     pub denied: bool,
-    /// Whether any limit checked for this query was in quota mode.
-    pub quota_mode: bool,
-    /// The descriptors (by index) whose quota-mode limits were exceeded. They pass (their
-    /// status is not over) unless every quota-mode descriptor of the query was exceeded.
-    pub quota_violations: SmallVec<[usize; 2]>,
+    /// Whether any limit checked for this query was soft (`quota_mode` in the file, or
+    /// `--quota-mode`; reported as the reference's `quotaModeEnabled`).
+    pub soft_mode: bool,
+    /// The descriptors (by index) whose soft limits were exceeded. They pass (their status
+    /// is not over) unless every soft descriptor of the query was exceeded.
+    pub soft_violations: SmallVec<[usize; 2]>,
     /// Per descriptor, the `metadata` of the configured entry it matched, when it still has
     /// room: not over, and not in a quota group that is over (for front ends that hand it
     /// back, like Envoy's dynamic metadata).
@@ -202,11 +203,11 @@ pub fn dynamic_metadata(query: &Query<'_>, verdict: &Verdict) -> serde_json::Map
     if query.hits_addend != 0 {
         out.insert("hitsAddend".to_owned(), json!(query.hits_addend));
     }
-    if verdict.quota_mode {
+    if verdict.soft_mode {
         out.insert("quotaModeEnabled".to_owned(), json!(true));
         out.insert(
             "quotaModeViolations".to_owned(),
-            json!(verdict.quota_violations.as_slice()),
+            json!(verdict.soft_violations.as_slice()),
         );
         if let Some(backends) = verdict.passed_backends_json() {
             out.insert("passedBackends".to_owned(), backends);

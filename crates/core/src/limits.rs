@@ -316,7 +316,7 @@ impl fmt::Display for Limits {
                     write!(f, "{}: ", key.escape_debug())?;
                     dump_limit(f, limit)?;
                     write!(f, ", shadow_mode={}", node.shadow_mode)?;
-                    if node.quota_mode {
+                    if node.soft {
                         f.write_str(", quota_mode=true")?;
                     }
                     if node.shared.is_some() {

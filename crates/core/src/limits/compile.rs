@@ -192,7 +192,7 @@ impl Compiler<'_> {
             let node = Node {
                 limits,
                 shadow_mode: raw.shadow_mode,
-                quota_mode: raw.quota_mode,
+                soft: raw.quota_mode,
                 detailed_metric: raw.detailed_metric,
                 value_to_metric: raw.value_to_metric,
                 shared,

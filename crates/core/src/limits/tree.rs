@@ -143,9 +143,10 @@ pub struct Node {
     /// Empty for allow-list and intermediate nodes.
     pub limits: Box<[Limit]>,
     pub shadow_mode: bool,
-    /// A limit over here lets the request pass (reported as a quota violation) unless every
-    /// quota-mode descriptor of the request is over.
-    pub quota_mode: bool,
+    /// `quota_mode: true` in the file (the reference service's name; inside the code
+    /// "quota" means RLQS only): a soft limit. Over it, the request still passes (reported
+    /// as a violation) unless every soft descriptor of the request is over.
+    pub soft: bool,
     pub detailed_metric: bool,
     /// The request value of this entry appears in the metrics label (`key=value`).
     pub value_to_metric: bool,

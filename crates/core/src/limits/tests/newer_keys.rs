@@ -42,8 +42,8 @@ descriptors:
     let [route, file] = walk.steps() else {
         panic!("two steps expected");
     };
-    assert!(route.value_to_metric && route.quota_mode);
-    assert!(!file.value_to_metric && !file.quota_mode);
+    assert!(route.value_to_metric && route.soft);
+    assert!(!file.value_to_metric && !file.soft);
     assert_eq!(file.shared.as_deref(), Some("files/*"));
     assert_eq!(route.shared, None);
     let metadata = route.metadata.as_ref().expect("metadata");
@@ -81,7 +81,7 @@ descriptors:
     for key in ["a", "b"] {
         let node = domain.lookup([(key, "v")]).expect("matches");
         assert_eq!(node.metadata, None, "{key}");
-        assert!(!node.quota_mode && node.shared.is_none());
+        assert!(!node.soft && node.shared.is_none());
     }
 }
 
