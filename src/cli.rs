@@ -141,7 +141,7 @@ pub enum Command {
     /// written to stdout; `--uninject` removes it.
     Inject(Box<crate::inject::InjectArgs>),
     /// Serve the mutating admission webhook that injects the sidecar into new pods.
-    Webhook(Box<crate::inject::WebhookArgs>),
+    Webhook(Box<crate::webhook::WebhookArgs>),
 }
 
 #[derive(Args)]

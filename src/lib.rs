@@ -10,10 +10,14 @@
 //! says how every failure is answered. [`reload`] keeps the limits current (or
 //! [`envoy::xds`], when they come from an xDS management server), [`metrics`] counts,
 //! [`server`] wires the listeners ([`transport`]: the sockets, TCP or Unix, with TLS when
-//! configured) and builds the selected store. [`inject`] adds the sidecar to Kubernetes
-//! workloads (`ratekeeper inject`, `ratekeeper webhook`). See ARCHITECTURE.md.
+//! configured) and builds the selected store. [`inject`] (the `ratekeeper-inject`
+//! crate) adds the sidecar to Kubernetes workloads (`ratekeeper inject`), and [`webhook`]
+//! serves it as an admission webhook (`ratekeeper webhook`). The pure core (limits,
+//! algorithms, keys, checks, the clock) is the `ratekeeper-core` crate, re-exported here
+//! under its module names. See ARCHITECTURE.md.
 
 pub use ratekeeper_core::{algorithm, check, clock, files, key, limits};
+pub use ratekeeper_inject as inject;
 
 pub mod admin;
 pub mod allocator;
@@ -27,7 +31,6 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod histogram;
-pub mod inject;
 pub mod limiter;
 pub mod metrics;
 pub mod quota;
@@ -36,3 +39,4 @@ pub mod server;
 pub mod store;
 pub mod telemetry;
 pub mod transport;
+pub mod webhook;

@@ -435,7 +435,7 @@ fn injector_manifests_pass_the_schema_and_agree_with_each_other() {
         assert_eq!(webhook["sideEffects"], "None");
         assert_eq!(webhook["admissionReviewVersions"], json!(["v1"]));
         let timeout = webhook["timeoutSeconds"].as_u64().expect("timeoutSeconds");
-        assert!(Duration::from_secs(timeout) > ratekeeper::inject::webhook::ANSWER_WITHIN);
+        assert!(Duration::from_secs(timeout) > ratekeeper::webhook::ANSWER_WITHIN);
         let client = &webhook["clientConfig"]["service"];
         assert_eq!(client["name"], service["metadata"]["name"]);
         assert_eq!(client["namespace"], service["metadata"]["namespace"]);

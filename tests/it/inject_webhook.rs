@@ -341,9 +341,7 @@ fn the_webhook_injects_over_https_what_inject_writes_and_allows_every_other_pod(
     .expect("an answer");
     assert_eq!(answer.status, 503, "{}", answer.body);
     assert!(answer.body.contains("no answer within"), "{}", answer.body);
-    assert!(
-        started.elapsed() < ratekeeper::inject::webhook::ANSWER_WITHIN + Duration::from_secs(3)
-    );
+    assert!(started.elapsed() < ratekeeper::webhook::ANSWER_WITHIN + Duration::from_secs(3));
     // Still serving after all that, and it counted each answer.
     let count = |result: &str| {
         metric(

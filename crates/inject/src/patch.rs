@@ -78,7 +78,7 @@ fn walk(path: String, before: &Node, after: &Node, ops: &mut Vec<Op>) {
 #[cfg(test)]
 mod tests {
     use super::{Op, diff, escape};
-    use crate::inject::node::Node;
+    use crate::node::Node;
 
     fn node(text: &str) -> Node {
         serde_json::from_str(text).expect("json")

@@ -1,4 +1,6 @@
-//! `ratekeeper webhook`: the mutating admission webhook server. HTTPS (HTTP/1.1) for the API
+//! `ratekeeper webhook` ([`WebhookArgs`]): the mutating admission webhook server, answering
+//! with the injector crate's [`review`] (it lives here, not there, for the server's TLS
+//! and metrics). HTTPS (HTTP/1.1) for the API
 //! server (`POST /inject`, `POST /inject/namespace`, see [`Scope`]), with the certificate
 //! of `--tls-cert`/`--tls-key` reloaded when it changes ([`crate::transport::tls`]); plain
 //! HTTP for probes and Prometheus (`GET /healthcheck`, `GET /metrics`).
@@ -8,10 +10,13 @@
 //!   [`ANSWER_WITHIN`] (503 past it), a TLS handshake gets [`HANDSHAKE_TIMEOUT`], request
 //!   headers [`HEADER_TIMEOUT`], and at most [`MAX_CONNECTIONS`] connections are served.
 //! - Never blocks a pod by failing: every review that is JSON is answered "allowed"
-//!   ([`super::review`]); the manifests also set `failurePolicy: Ignore`.
+//!   ([`crate::inject::review`]); the manifests also set `failurePolicy: Ignore`.
 
 use std::future::Future;
+use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -22,6 +27,7 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use clap::Args;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -31,9 +37,9 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use super::review::{self, Scope};
-use super::settings::SettingsArgs;
 use crate::histogram::{AtomicHistogram, SharedHistogram};
+use crate::inject::review::{self, Scope};
+use crate::inject::settings::SettingsArgs;
 use crate::transport::tls::{Flags, Tls, TlsError, TlsOptions};
 
 /// Review bodies larger than this are refused (a pod is at most ~1.5 MiB in etcd).
@@ -339,4 +345,72 @@ fn too_large(error: &axum::Error) -> bool {
         source = error.source();
     }
     false
+}
+
+/// `ratekeeper webhook`.
+#[derive(Args)]
+pub struct WebhookArgs {
+    /// The HTTPS listener the API server calls.
+    #[arg(long, env = "RATEKEEPER_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
+    pub addr: SocketAddr,
+    /// Plain HTTP: /healthcheck and /metrics.
+    #[arg(
+        long,
+        env = "RATEKEEPER_WEBHOOK_HTTP_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub http_addr: SocketAddr,
+    /// The server's certificate chain (PEM), reloaded when it changes.
+    #[arg(long, env = "RATEKEEPER_WEBHOOK_TLS_CERT")]
+    pub tls_cert: PathBuf,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "RATEKEEPER_WEBHOOK_TLS_KEY")]
+    pub tls_key: PathBuf,
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+}
+
+impl WebhookArgs {
+    /// Serves until `shutdown` resolves; prints `ratekeeper webhook serving https=.. http=..`
+    /// once bound.
+    pub fn run(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> ExitCode {
+        // The defaults must make valid settings, else every pod would be refused.
+        if let Err(error) = self.settings.for_pod(None) {
+            return fail(&error);
+        }
+        let options = WebhookOptions {
+            addr: self.addr,
+            http_addr: self.http_addr,
+            tls: TlsOptions {
+                cert: self.tls_cert.clone(),
+                key: self.tls_key.clone(),
+                client_ca: None,
+                client_san: None,
+            },
+            settings: self.settings.clone(),
+        };
+        let result = runtime.block_on(async {
+            let server = Webhook::bind(&options).await?;
+            let (https, http) = (server.https_addr(), server.http_addr());
+            if let (Ok(https), Ok(http)) = (https, http) {
+                println!("ratekeeper webhook serving https={https} http={http}");
+                let _ = std::io::stdout().flush();
+                tracing::info!(%https, %http, "webhook serving");
+            }
+            server.run(shutdown).await
+        });
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => fail(&error.to_string()),
+        }
+    }
+}
+
+fn fail(error: &str) -> ExitCode {
+    eprintln!("{error}");
+    ExitCode::FAILURE
 }

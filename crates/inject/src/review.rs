@@ -165,7 +165,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::{Decision, Scope, answer};
-    use crate::inject::settings::SettingsArgs;
+    use crate::settings::SettingsArgs;
 
     fn review(object: Value) -> Vec<u8> {
         serde_json::to_vec(&json!({

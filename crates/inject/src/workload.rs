@@ -437,7 +437,7 @@ fn has_content(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::{Mode, Options, rewrite};
-    use crate::inject::settings::SettingsArgs;
+    use crate::settings::SettingsArgs;
 
     fn options(mode: Mode) -> Options {
         Options {

@@ -530,8 +530,8 @@ pub fn volumes(settings: &Settings) -> Vec<Node> {
 #[cfg(test)]
 mod tests {
     use super::{Outcome, inject, uninject};
-    use crate::inject::node::Node;
-    use crate::inject::settings::SettingsArgs;
+    use crate::node::Node;
+    use crate::settings::SettingsArgs;
 
     fn pod(text: &str) -> Node {
         serde_saphyr::from_str(text).expect("yaml")
