@@ -6,8 +6,9 @@
 //! module checks a report (the first names the domain; sizes are bounded), reads each
 //! bucket as a descriptor of the limits ([`resolve`]), hands the usage to the node's [`Hub`]
 //! and answers with a quota assignment per reported bucket: allow all, deny all, or a token
-//! bucket holding the stream's share of the limit ([`divide`]). The hub pushes changed
-//! shares to the other streams of a bucket, and a [`Sweeper`] abandons idle buckets.
+//! bucket holding the stream's share of the limit ([`divide`](crate::quota::divide)). The
+//! hub pushes changed shares to the other streams of a bucket, and a [`Sweeper`] abandons
+//! idle buckets.
 //!
 //! Invariants:
 //! - A refused report ends its stream with a status naming the field (`INVALID_ARGUMENT`)
