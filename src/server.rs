@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::transport::listener::{GrpcEndpoint, GrpcListener, ListenError};
+use crate::transport::listener::{GrpcEndpoint, GrpcListener, ListenError, bind_tcp};
 use crate::transport::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
@@ -209,11 +209,6 @@ impl ServerOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
     #[error(transparent)]
     Listen(#[from] ListenError),
     #[error(transparent)]
@@ -356,17 +351,6 @@ impl Watches {
             _peer_tls: secrets.peer_tls.as_ref().map(Tls::watch).transpose()?,
         })
     }
-}
-
-/// Binds `addr`; the listener and the address it got.
-async fn bind_tcp(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ServeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| ServeError::Bind { addr, source })?;
-    Ok((listener, bound))
 }
 
 /// The reload figures at start: the start-up load of the files counts as a success (with

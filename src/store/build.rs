@@ -14,6 +14,7 @@ use super::cluster::{Cluster, ClusterOptions};
 use super::memory::{Engine, MemoryStore};
 use super::redis::{RedisOptions, RedisStore};
 use crate::clock::Clock;
+use crate::transport::listener::{ListenError, bind_tcp};
 use crate::transport::tls::{Tls, TlsOptions};
 
 /// Where counters live.
@@ -49,11 +50,8 @@ impl StoreOptions {
 /// Why the chosen store could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Listen(#[from] ListenError),
     #[error(
         "the peer listener on {0} is reachable from other hosts without authentication: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca (mutual tls between peers), or --peer-insecure to accept that"
     )]
@@ -110,12 +108,7 @@ pub async fn build(
                 }
                 tracing::warn!(peer_addr = %peer_addr, "--peer-insecure: the peer listener takes unauthenticated messages (membership, handoffs, resets) from anything that reaches it");
             }
-            let bind_error = |source| BuildError::Bind {
-                addr: *peer_addr,
-                source,
-            };
-            let listener = TcpListener::bind(*peer_addr).await.map_err(bind_error)?;
-            let bound = listener.local_addr().map_err(bind_error)?;
+            let (listener, bound) = bind_tcp(*peer_addr).await?;
             let mut options = options.clone();
             if options.advertise.is_empty() {
                 if bound.ip().is_unspecified() {

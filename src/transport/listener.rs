@@ -73,6 +73,15 @@ pub enum ListenError {
     Unix { path: PathBuf, problem: String },
 }
 
+/// Binds a TCP listener on `addr` (any listener: gRPC, HTTP, admin, peers); the listener
+/// and the address it got (the port, for port 0).
+pub async fn bind_tcp(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), ListenError> {
+    let error = |source| ListenError::Tcp { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(error)?;
+    let bound = listener.local_addr().map_err(error)?;
+    Ok((listener, bound))
+}
+
 /// A bound gRPC listening socket.
 #[derive(Debug)]
 pub struct GrpcListener {
@@ -93,9 +102,7 @@ enum Socket {
 impl GrpcListener {
     /// Binds `addr` (port 0 picks a free port; [`Self::endpoint`] tells which).
     pub async fn bind_tcp(addr: SocketAddr) -> Result<GrpcListener, ListenError> {
-        let error = |source| ListenError::Tcp { addr, source };
-        let listener = TcpListener::bind(addr).await.map_err(error)?;
-        let bound = listener.local_addr().map_err(error)?;
+        let (listener, bound) = bind_tcp(addr).await?;
         Ok(GrpcListener {
             socket: Socket::Tcp(listener),
             endpoint: GrpcEndpoint::Tcp(bound),
