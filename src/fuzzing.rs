@@ -22,11 +22,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use prost::Message;
 use tonic::{Code, Request};
 
-use crate::admin::{Admin, AdminOptions, Health};
+use crate::admin::{Admin, AdminOptions};
 use crate::algorithm::{Algorithm, Rate, Unit};
 use crate::check::{Check, Checks, Counter};
 use crate::clock::Clock;
 use crate::error::ErrorKind;
+use crate::http::Health;
 use crate::key::KeyId;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LoadOptions, Source};
@@ -141,7 +142,7 @@ impl Fixture {
             rlqs: None,
         };
         let admin_addr = std::net::SocketAddr::from(([127, 0, 0, 1], 6070));
-        let http = crate::admin::router(&state, admin_addr);
+        let http = crate::http::router(Arc::clone(&state.health), Arc::clone(&limiter), admin_addr);
         let admin = crate::admin::admin_router(state, None, admin_addr);
         Fixture {
             runtime,

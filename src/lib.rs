@@ -31,6 +31,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod histogram;
+pub mod http;
 pub mod limiter;
 pub mod metrics;
 pub mod quota;

@@ -5,7 +5,7 @@
 //! [`Limits`] snapshot (exact > wildcard > default, `replaces`, `unlimited`, shadow mode,
 //! request-supplied limits), turns the matched limits into [`Check`]s, hands them to the
 //! [`Store`], counts every limit's hits in the metrics, and reports one [`Status`] per
-//! descriptor. Front ends (`envoy::rls` for Envoy, `admin::nginx`, `admin::rate`, `admin::json`)
+//! descriptor. Front ends (`envoy::rls` for Envoy, `http::nginx`, `http::rate`, `http::json`)
 //! build the query from their own input and render the verdict in their own format; none
 //! of them sees another's types.
 //!

@@ -29,11 +29,12 @@ use crate::transport::tls::{self, Tls, TlsError, TlsOptions, TlsWatch};
 
 use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::names::CounterNames;
-use crate::admin::{self, AdminOptions, Health};
+use crate::admin::{self, AdminOptions};
 use crate::clock::Clock;
 use crate::envoy::rlqs::{RlqsOptions, RlqsService};
 use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
+use crate::http::Health;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
@@ -592,7 +593,11 @@ impl Server {
             options: self.admin,
             rlqs: rlqs_hub,
         };
-        let app = admin::router(&shared, self.admin_addr);
+        let app = crate::http::router(
+            Arc::clone(&self.health),
+            Arc::clone(&self.limiter),
+            self.admin_addr,
+        );
         let http =
             axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let admin_app =

@@ -56,9 +56,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use serde_json::{Value, json};
 
-use super::descriptor::percent_decode;
 use super::explain::limit;
-use super::{PathParams, error};
+use crate::http::descriptor::percent_decode;
+use crate::http::{PathParams, error};
 use crate::limiter::Limiter;
 
 /// Counters per page unless `limit` says otherwise.
@@ -148,7 +148,10 @@ fn reset_params(query: &str) -> Result<Vec<(String, String)>, String> {
         let (name, raw) = pair.split_once('=').unwrap_or((pair, ""));
         match name {
             "descriptor" if descriptor.is_none() => {
-                descriptor = Some(super::descriptor::parse(raw.as_bytes(), "descriptor")?);
+                descriptor = Some(crate::http::descriptor::parse(
+                    raw.as_bytes(),
+                    "descriptor",
+                )?);
             }
             "descriptor" => return Err("descriptor: given more than once".to_owned()),
             _ => return Err(format!("unknown parameter {name:?} (expected descriptor)")),

@@ -37,25 +37,28 @@
 
 pub mod client;
 
-use axum::body::Bytes;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{AdminState, error, error_response, json};
+use crate::http::{error, error_response, json};
 use crate::limiter::{DescriptorExplanation, Explanation, LimitState, Matched, Query};
 
-pub(super) async fn explain(State(state): State<AdminState>, body: Bytes) -> Response {
-    let request = match json::parse_request(&body) {
+/// Answers `POST /debug/explain`: the `/json` request in `body`, explained without consuming.
+pub(super) async fn explain(
+    limiter: &crate::limiter::Limiter,
+    rlqs: Option<&crate::quota::Hub>,
+    body: &[u8],
+) -> Response {
+    let request = match json::parse_request(body) {
         Ok(request) => request,
         Err(problem) => return error(StatusCode::BAD_REQUEST, &problem),
     };
     let query = request.query();
-    match state.limiter.explain(&query).await {
+    match limiter.explain(&query).await {
         Ok(explanation) => {
             let mut answer = render(&query, &explanation);
-            if let Some(hub) = &state.rlqs {
+            if let Some(hub) = rlqs {
                 add_rlqs(&mut answer, &query, hub);
             }
             (StatusCode::OK, axum::Json(answer)).into_response()

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::admin::descriptor;
+use crate::http::descriptor;
 
 /// How long the whole exchange may take.
 const TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,6 +1,6 @@
 //! The one route table of each listener: [`HTTP`] (the public listener: probes, metrics and
 //! the check front ends) and [`ADMIN`] (the operator listener). The routers are built from
-//! them (`admin::router`, `admin::admin_router`), and so are the HTTP listener's 403 guard
+//! them (`http::router`, `admin::admin_router`), and so are the HTTP listener's 403 guard
 //! for the operator paths ([`guarded_paths`]), which admin routes are served without the
 //! token ([`Access`]), both index pages ([`index_page`]) and the routes' table in the docs
 //! ([`markdown`]). A route added here is served, guarded, listed and documented at once; an
@@ -311,7 +311,7 @@ pub const DOCS_FILE: &str = "docs/routes.md";
 /// Both tables as Markdown: the file [`DOCS_FILE`].
 pub fn markdown() -> String {
     let mut out = String::from(
-        "# HTTP routes\n\n<!-- Generated from src/admin/routes.rs: do not edit. Regenerate with \
+        "# HTTP routes\n\n<!-- Generated from src/http/routes.rs: do not edit. Regenerate with \
          `RATEKEEPER_REGENERATE=1 cargo test --lib routes`. -->\n\n\
          ratekeeper has two HTTP listeners. The HTTP listener serves what probes, Prometheus and \
          the check front ends need; the operator endpoints are served only on the admin listener, \
@@ -456,7 +456,7 @@ mod tests {
         let actual = std::fs::read_to_string(&path).unwrap_or_default();
         assert!(
             actual == expected,
-            "{DOCS_FILE} differs from the route tables of src/admin/routes.rs; regenerate it: \
+            "{DOCS_FILE} differs from the route tables of src/http/routes.rs; regenerate it: \
              RATEKEEPER_REGENERATE=1 cargo test --lib routes"
         );
     }

@@ -51,7 +51,7 @@ struct JsonOverride {
 }
 
 /// A parsed body whose units are checked: [`JsonRequest::query`] cannot fail.
-pub(super) struct ParsedRequest {
+pub(crate) struct ParsedRequest {
     request: JsonRequest,
     limits: Vec<Option<LimitOverride>>,
 }
@@ -80,7 +80,7 @@ impl ParsedRequest {
 
 /// Parses a request body; the error says what is wrong and where (the field's path, like
 /// `descriptors[0].entries[1].key`, when the problem is inside the body's structure).
-pub(super) fn parse_request(body: &[u8]) -> Result<ParsedRequest, String> {
+pub(crate) fn parse_request(body: &[u8]) -> Result<ParsedRequest, String> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     let request: JsonRequest =
         serde_path_to_error::deserialize(&mut deserializer).map_err(|error| {
