@@ -12,7 +12,7 @@
 # the gRPC port. Bind 0.0.0.0 explicitly where the port must be reachable from outside the
 # container (probes and metrics in deploy/kubernetes/deployment.yaml; a plain `docker run`).
 # The admin listener (/counters, /debug/explain, /ui) stays on 127.0.0.1:6070 and is not
-# exposed; binding it elsewhere needs RATEKEEPER_ADMIN_TOKEN_FILE (see README, "Admin").
+# exposed; binding it elsewhere needs RATEKEEPER_ADMIN_TOKEN_FILE (see docs/admin.md).
 
 # --- build ----------------------------------------------------------------------------------
 # Debian 12 (bookworm), like the runtime image below: the binary links the system glibc, so

@@ -544,7 +544,7 @@ impl Cluster {
         let whole_at = whole.then(|| since(Instant::now()));
         // The counters moved back to the returned node: it has received some, and no more
         // for a second (the last batch landed). Until then a key it owns counts from zero
-        // where its counter has not arrived yet (README, "The guarantee"): exactness is
+        // where its counter has not arrived yet (docs/cluster.md, "The guarantee"): exactness is
         // checked after the handoff.
         let http = self.addrs[index].http;
         let received = || metric(http, "ratekeeper_cluster_handoff_received_total");
@@ -1037,7 +1037,7 @@ fn judge(
     let warmup = settings.warmup.as_secs_f64();
     let mut met = true;
     // Growth per node: the sample just before each of its restarts (after the warm-up),
-    // and the last one. The key tables follow the live keys by design (README, "How long a
+    // and the last one. The key tables follow the live keys by design (docs/keys.md, "How long a
     // key lives"), and how many keys are live at a sample depends on where in its minute
     // windows it falls and on how much the node just took over: the target is RSS net of
     // the key tables (their room times a slot's bytes), the rest of the process; raw RSS is

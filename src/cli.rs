@@ -16,6 +16,7 @@ use crate::limits::{Limits, LoadOptions, parse_duration};
 use crate::store::Capabilities;
 use crate::store::redis::{self, Target};
 
+pub mod docs;
 pub mod reference_env;
 mod serve;
 
@@ -183,6 +184,7 @@ impl ExplainArgs {
 
 #[derive(Args)]
 pub struct ValidateArgs {
+    /// The limits file, or a directory of them (as `serve --config`).
     pub path: PathBuf,
     /// Merge files that name the same domain, as `serve --merge-domain-config` does.
     #[arg(long, env = "RATEKEEPER_MERGE_DOMAIN_CONFIG")]

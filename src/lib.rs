@@ -30,6 +30,8 @@ pub mod error;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
+#[cfg(test)]
+mod generated;
 pub mod histogram;
 pub mod http;
 pub mod limiter;

@@ -29,6 +29,8 @@ use prometheus_client::registry::Registry;
 use crate::histogram::{AtomicHistogram, SharedHistogram};
 use crate::limits::{Limit, Limits, Node};
 
+pub mod catalog;
+
 /// Settings of the metrics.
 #[derive(Clone, Copy, Debug)]
 pub struct MetricsOptions {

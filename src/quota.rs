@@ -30,7 +30,7 @@ pub use self::hub::{
     Strategy, StreamId, Usage, node_limit,
 };
 pub use self::rule::{BucketKey, Rule, bucket_key, resolve};
-pub use self::stats::{RlqsStats, UNKNOWN_DOMAIN};
+pub use self::stats::{DomainLabel, RefusedLabel, RlqsStats, UNKNOWN_DOMAIN};
 
 /// Envoy 1.40 reports every bucket this often (fixed; `reporting_interval` is not read):
 /// the clock of the division (staleness, the exchange across the cluster).

@@ -87,9 +87,38 @@ struct ResultLabels {
 }
 
 /// The webhook's metrics (`ratekeeper_webhook_*`).
-struct Metrics {
+pub(crate) struct Metrics {
     reviews: Family<ResultLabels, Counter>,
     duration: Arc<AtomicHistogram>,
+}
+
+impl Metrics {
+    /// The webhook's metrics and its registry, which holds them and `tls`'s figures.
+    pub(crate) fn registered(tls: &Arc<crate::transport::tls::TlsStats>) -> (Metrics, Registry) {
+        let mut registry = Registry::with_prefix("ratekeeper");
+        let metrics = Metrics {
+            reviews: Family::default(),
+            duration: Arc::new(AtomicHistogram::default()),
+        };
+        registry.register(
+            "webhook_reviews",
+            "Admission reviews answered, by result (injected, skipped, refused: the pod cannot take the sidecar, malformed, not_json, too_large, timeout)",
+            metrics.reviews.clone(),
+        );
+        registry.register(
+            "webhook_review_duration_seconds",
+            "Time to answer an admission review, body read included",
+            SharedHistogram(Arc::clone(&metrics.duration)),
+        );
+        tls.register_metrics_as(WEBHOOK_TLS.what, &mut registry);
+        (metrics, registry)
+    }
+
+    /// Counts a review answered with `result`.
+    #[cfg(test)]
+    pub(crate) fn count(&self, result: &'static str) {
+        self.reviews.get_or_create(&ResultLabels { result }).inc();
+    }
 }
 
 struct WebhookState {
@@ -117,23 +146,7 @@ impl Webhook {
         };
         let https = bind(options.addr).await?;
         let http = bind(options.http_addr).await?;
-        let mut registry = Registry::with_prefix("ratekeeper");
-        let metrics = Metrics {
-            reviews: Family::default(),
-            duration: Arc::new(AtomicHistogram::default()),
-        };
-        registry.register(
-            "webhook_reviews",
-            "Admission reviews answered, by result (injected, skipped, refused: the pod cannot take the sidecar, malformed, not_json, too_large, timeout)",
-            metrics.reviews.clone(),
-        );
-        registry.register(
-            "webhook_review_duration_seconds",
-            "Time to answer an admission review, body read included",
-            SharedHistogram(Arc::clone(&metrics.duration)),
-        );
-        tls.stats()
-            .register_metrics_as(WEBHOOK_TLS.what, &mut registry);
+        let (metrics, registry) = Metrics::registered(tls.stats());
         Ok(Webhook {
             https,
             http,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Mutual TLS between the ratekeeper replicas without cert-manager (README, "Peer
+# Mutual TLS between the ratekeeper replicas without cert-manager (docs/cluster.md, "Peer
 # security"): makes a CA and the one certificate every replica shares, valid for the DNS
 # name `ratekeeper-peers` (what --peer-tls-name checks) as server and client, and prints the
 # Secret ratekeeper-peer-tls (tls.crt, tls.key, ca.crt) to apply:

@@ -14,7 +14,7 @@
 //!
 //! Pure: the environment comes in as a map and the ids of ratekeeper's explicitly given
 //! arguments as a set; nothing here reads the process environment. Every variable of
-//! [`VARIABLES`] is answered one way or another (a test holds it to that, and to README's
+//! [`VARIABLES`] is answered one way or another (a test holds it to that, and to docs/migrating.md's
 //! migration table naming each of them).
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -63,6 +63,7 @@ pub struct ServeArgs {
 #[derive(Args)]
 #[command(next_help_heading = "Listeners")]
 pub struct ListenArgs {
+    /// Envoy's RateLimitService (and RLQS, and gRPC health) on this TCP address.
     #[arg(long, env = "RATEKEEPER_GRPC_ADDR", default_value = DEFAULT_GRPC_ADDR)]
     pub grpc_addr: SocketAddr,
     /// Serve gRPC on this Unix domain socket instead of --grpc-addr (a stale socket file
@@ -86,8 +87,8 @@ pub struct ListenArgs {
 #[derive(Args)]
 #[command(next_help_heading = "Limits")]
 pub struct LimitsArgs {
-    /// Limits: a YAML file, or a directory of *.yaml / *.yml files (with --config-source
-    /// file).
+    /// Limits: a YAML file, or a directory read recursively, every file in it whatever its
+    /// name ends with, names starting with `.` skipped (with --config-source file).
     #[arg(long, env = "RATEKEEPER_CONFIG", default_value = "config/")]
     pub config: PathBuf,
     /// Where the limits come from: `file` (--config, watched and reloaded) or `xds` (an
@@ -138,6 +139,7 @@ pub struct XdsArgs {
     /// attempt (with jitter) up to --xds-backoff-max.
     #[arg(long, env = "RATEKEEPER_XDS_BACKOFF_INITIAL", value_parser = duration, default_value = "1s")]
     pub xds_backoff_initial: Duration,
+    /// The longest delay between two attempts to reach the xDS server.
     #[arg(long, env = "RATEKEEPER_XDS_BACKOFF_MAX", value_parser = duration, default_value = "60s")]
     pub xds_backoff_max: Duration,
 }

@@ -448,16 +448,6 @@ mod tests {
     /// `docs/routes.md` is the tables' Markdown; `RATEKEEPER_REGENERATE=1` writes it.
     #[test]
     fn the_docs_route_table_is_generated_from_the_tables() {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DOCS_FILE);
-        let expected = markdown();
-        if std::env::var_os("RATEKEEPER_REGENERATE").is_some() {
-            std::fs::write(&path, &expected).expect("write the route table");
-        }
-        let actual = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            actual == expected,
-            "{DOCS_FILE} differs from the route tables of src/http/routes.rs; regenerate it: \
-             RATEKEEPER_REGENERATE=1 cargo test --lib routes"
-        );
+        crate::generated::check(DOCS_FILE, &markdown(), "routes");
     }
 }

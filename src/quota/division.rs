@@ -4,7 +4,7 @@
 //! Invariants:
 //! - The shares of a bucket never add up to more than its limit, except that every reporter
 //!   keeps at least one token per unit: with more reporters than the limit, the sum is the
-//!   number of reporters (documented in README "RLQS").
+//!   number of reporters (documented in docs/rlqs.md).
 //! - An idle reporter keeps a small share ([`FLOOR_DIVISOR`]); a reporter whose demand is not
 //!   known yet (a newcomer) is treated as wanting the whole limit, so it gets a fair share at
 //!   once and the others shrink.

@@ -1,7 +1,7 @@
 //! What a quota bucket's limit is: its id read as a descriptor of the limits domain, looked
 //! up in the compiled limits exactly as `ShouldRateLimit` looks a descriptor up. Pure.
 //!
-//! The mapping (README "RLQS"): the report's `domain` is the limits domain; the bucket id's
+//! The mapping (docs/rlqs.md): the report's `domain` is the limits domain; the bucket id's
 //! pairs, ordered by key (byte order), are the descriptor's entries. So the bucket
 //! `{"path": "/a", "api_key": "alice"}` is the descriptor `[(api_key, alice), (path, /a)]`.
 //! Values, wildcards and defaults match as in the limits files; then

@@ -4,7 +4,7 @@
 //!
 //! Each mTLS node listens on its own loopback address (127.0.0.2, .3, .4) and its
 //! certificate is valid for that address only, so one node's certificate cannot speak for
-//! another (the identity rule: README, "Peer security").
+//! another (the identity rule: docs/cluster.md, "Peer security").
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

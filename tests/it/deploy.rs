@@ -376,7 +376,7 @@ fn kustomization_lists_every_manifest_and_each_parses() {
     for entry in fs::read_dir(repo_path(MANIFESTS)).expect("deploy/kubernetes") {
         let name = entry.expect("a dir entry").file_name();
         let name = name.to_string_lossy().into_owned();
-        // peer-certificate.yaml needs cert-manager's CRDs: applied on its own (README).
+        // peer-certificate.yaml needs cert-manager's CRDs: applied on its own (docs/cluster.md).
         let separate = ["kustomization.yaml", "peer-certificate.yaml"];
         if (name.ends_with(".yaml") || name.ends_with(".yml")) && !separate.contains(&&*name) {
             present.insert(name);

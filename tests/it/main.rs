@@ -25,6 +25,7 @@ mod cluster_security;
 mod counters;
 mod dashboard;
 mod deploy;
+mod docs;
 mod envoy_e2e;
 mod envoy_metadata;
 mod examples;

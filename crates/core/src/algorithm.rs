@@ -111,7 +111,7 @@ impl fmt::Display for Unit {
     }
 }
 
-/// How a limit counts. See README.md, "Algorithms", for what each parameter means.
+/// How a limit counts. See docs/algorithms.md for what each parameter means.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Algorithm {
     /// At most `requests_per_unit` hits per epoch-aligned window of one `unit`.

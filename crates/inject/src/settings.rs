@@ -27,7 +27,7 @@ pub const RESOURCES: &str = "ratekeeper.io/resources";
 pub const HTTP_PORT: &str = "ratekeeper.io/http-port";
 pub const ISTIO: &str = "ratekeeper.io/istio";
 
-/// Every annotation ratekeeper reads, with the flag that sets its default (README,
+/// Every annotation ratekeeper reads, with the flag that sets its default (docs/injection.md
 /// "Injecting the sidecar", prints this table).
 pub const ANNOTATIONS: [(&str, &str); 12] = [
     (INJECT, "-"),
@@ -45,7 +45,7 @@ pub const ANNOTATIONS: [(&str, &str); 12] = [
 ];
 
 /// The image injected unless `--image` or the annotation say otherwise: the one the
-/// Dockerfile builds (README, "Docker image"), at this version.
+/// Dockerfile builds (docs/deploying.md, "Docker image"), at this version.
 pub const DEFAULT_IMAGE: &str = concat!("ratekeeper:", env!("CARGO_PKG_VERSION"));
 /// Requests and limits of the sidecar unless overridden (deploy/kubernetes/deployment.yaml's).
 pub const DEFAULT_RESOURCES: &str =

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The injector's serving certificate without cert-manager (README, "Injecting the
+# The injector's serving certificate without cert-manager (docs/injection.md, "Injecting the
 # sidecar"): makes a CA and a certificate for the injector's Service
 # (ratekeeper-injector.ratekeeper-system.svc), prints the Secret ratekeeper-injector-tls
 # (tls.crt, tls.key, ca.crt) to apply, and writes OUT_DIR/ca-bundle-patch.json, the JSON

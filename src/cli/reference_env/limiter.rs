@@ -24,7 +24,7 @@ impl Reader<'_> {
             self.warn(
                 "USE_PROMETHEUS",
                 "ignored: the metrics are at /metrics on PORT (and DEBUG_PORT), not on \
-                 PROMETHEUS_ADDR: point the scrape there (their names: README, Metrics)",
+                 PROMETHEUS_ADDR: point the scrape there (their names: docs/metrics.md)",
             );
         }
         self.unused(

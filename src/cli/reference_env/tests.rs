@@ -550,12 +550,12 @@ fn harmless_variables_are_ignored_with_a_warning_that_says_so() {
 }
 
 #[test]
-fn every_reference_variable_is_answered_and_in_the_readme_table() {
-    let readme = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
-    let table = readme
-        .split("## Migrating from envoyproxy/ratelimit")
+fn every_reference_variable_is_answered_and_in_the_manuals_table() {
+    let manual = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/migrating.md"));
+    let table = manual
+        .split("## Environment variables")
         .nth(1)
-        .expect("README has the migration section");
+        .expect("docs/migrating.md has the variables' section");
     for &variable in VARIABLES {
         for value in ["true", "false", "1", "x"] {
             let mapping = mapping(&[(variable, value)], &[]);
@@ -566,7 +566,7 @@ fn every_reference_variable_is_answered_and_in_the_readme_table() {
         }
         assert!(
             table.contains(&format!("`{variable}`")),
-            "README's migration table lacks `{variable}`"
+            "docs/migrating.md's table lacks `{variable}`"
         );
     }
     assert!(mapping(&[("UNRELATED", "1")], &[]).is_empty());

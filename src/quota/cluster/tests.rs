@@ -1,6 +1,6 @@
 //! The division across nodes over time (tokio's paused clock): the owner's shares, a silent
 //! node forgotten, hubs dividing their node's share among their streams, and the
-//! over-admission bound of README "RLQS" in cluster mode against a model of Envoy's token
+//! over-admission bound of docs/rlqs.md in cluster mode against a model of Envoy's token
 //! buckets.
 
 use std::sync::Mutex;
@@ -245,7 +245,7 @@ async fn each_node_divides_its_share_among_its_streams() {
     assert!(u64::from(b_shares) <= b_limit, "{b_shares} over {b_limit}");
 }
 
-/// README "RLQS", the bound in cluster mode, checked against the model: three nodes (one
+/// docs/rlqs.md, the bound in cluster mode, checked against the model: three nodes (one
 /// Envoy each) share a limit of R per second with burst B; a and b from the start, c from
 /// 20 s, b's pod dies at 40 s. Nodes exchange with the owner at different offsets within
 /// the interval. Over the window W the Envoys admit at most R x W + (B + n) x (1 + C) plus,

@@ -409,7 +409,7 @@ async fn shadow_mode_allows_all_and_counts_what_the_share_would_have_denied() {
     );
 }
 
-/// The README's bound, checked against the model: over a window of W seconds, Envoys
+/// The bound of docs/rlqs.md, checked against the model: over a window of W seconds, Envoys
 /// sharing a limit of R per second with burst B admit at most R * W + B + (one burst per
 /// assignment change) + one request per reporter for rounding; with 80/20 load and an
 /// Envoy joining mid-window, the total stays within 10 % of R * W + B and the busy Envoy

@@ -139,7 +139,7 @@ impl Cluster {
     /// the fallback: a node whose detector takes a dead owner off its ring hands the
     /// counters it kept on its fallback share to the keys' new owners 50 ms later, and a
     /// forward that failed around then, decided on the share after that handoff, would count
-    /// on a counter the new owner never sees (README, "The guarantee").
+    /// on a counter the new owner never sees (docs/cluster.md, "The guarantee").
     pub(super) async fn check_distributed(
         &self,
         node: &Node,

@@ -134,7 +134,7 @@ impl PeerService {
 /// With mutual TLS, accepts a message that changes state on behalf of the node at
 /// `concerns` only over a connection whose client certificate speaks for that node
 /// ([`identity::authorize`]: UNAUTHENTICATED without one, PERMISSION_DENIED when it is
-/// another node's). Without mutual TLS, everything is accepted (README: what is and is not
+/// another node's). Without mutual TLS, everything is accepted (docs/cluster.md: what is and is not
 /// authenticated then).
 fn authorize<T>(node: &Node, request: &Request<T>, concerns: &str) -> Result<(), Status> {
     let Some(tls) = &node.tls else {

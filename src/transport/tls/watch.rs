@@ -136,7 +136,7 @@ async fn settle(events: &mut mpsc::Receiver<()>) -> bool {
 #[derive(Debug)]
 pub(super) struct TlsCollector {
     pub stats: Arc<TlsStats>,
-    /// `grpc` or `peer`: the metrics' prefix.
+    /// `grpc`, `peer` or `webhook`: the metrics' prefix.
     pub what: &'static str,
 }
 
@@ -147,6 +147,10 @@ impl Collector for TlsCollector {
             "peer" => (
                 "Loads of the peer TLS certificate files by result (the start-up load counts)",
                 "Peer connections whose TLS handshake failed or timed out",
+            ),
+            "webhook" => (
+                "Loads of the webhook's TLS certificate files by result (the start-up load counts)",
+                "Admission webhook connections whose TLS handshake failed or timed out",
             ),
             _ => (
                 "Loads of the gRPC TLS certificate files by result (the start-up load counts)",

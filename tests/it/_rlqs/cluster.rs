@@ -1,7 +1,7 @@
 //! RLQS in cluster mode with real processes: two ratekeeper nodes, each with its own RLQS
 //! stream (a tonic client speaking what Envoy speaks), share one bucket's limit through the
 //! bucket's owner on the ring; when one node dies the survivor's share goes back to the
-//! whole limit within the documented time (README "RLQS", cluster mode). The nodes exchange
+//! whole limit within the documented time (docs/rlqs.md, cluster mode). The nodes exchange
 //! every second (`--rlqs-exchange-every 1s`, not the default 5 s), so the test takes seconds,
 //! not half a minute; the times it checks are in those intervals.
 
@@ -21,7 +21,7 @@ use crate::support::{Ratekeeper, TempDir, metric, metric_total, start_cluster, w
 /// The nodes' exchange interval.
 const INTERVAL: Duration = Duration::from_secs(1);
 
-/// README: a dead node is forgotten after two exchange intervals and the survivors get its
+/// docs/rlqs.md: a dead node is forgotten after two exchange intervals and the survivors get its
 /// share at their next exchange: three intervals.
 const SURVIVOR_WITHIN: Duration = INTERVAL.saturating_mul(3);
 
