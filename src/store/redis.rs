@@ -71,6 +71,20 @@ pub const CAPABILITIES: Capabilities = Capabilities {
 
 const SCRIPT: &str = include_str!("redis.lua");
 
+/// Where [`SCRIPT`] takes each algorithm's branch ([`algorithm::lua_branches`]).
+const ALGORITHMS_MARKER: &str = "    -- ALGORITHMS:";
+
+/// The script Redis runs: [`SCRIPT`] with every algorithm's Lua in place of its marker
+/// (the marker's two comment lines).
+pub fn script() -> String {
+    let (head, rest) = SCRIPT
+        .split_once(ALGORITHMS_MARKER)
+        .expect("redis.lua has the algorithms' marker");
+    // The marker is two comment lines: the rest starts after the second one.
+    let tail = rest.splitn(3, '\n').nth(2).unwrap_or_default();
+    format!("{head}{}{tail}", algorithm::lua_branches())
+}
+
 /// Consecutive failed calls that open the breaker.
 const BREAKER_FAILURES: u32 = 3;
 
@@ -147,7 +161,7 @@ impl RedisStore {
     pub fn new(options: RedisOptions, clock: Clock) -> Result<RedisStore, redis::RedisError> {
         let caller = Arc::new(Caller {
             backend: Backend::new(&options.target, options.pool, options.timeout)?,
-            script: redis::Script::new(SCRIPT),
+            script: redis::Script::new(&script()),
             // Within an hour, so it fits.
             ttl_margin_ms: u64::try_from(
                 options

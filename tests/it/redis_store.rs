@@ -694,7 +694,7 @@ fn assert_script_refuses(label: &str, checks: [[f64; 8]; 2], keys: [&str; 2], pr
         .flat_map(|number| number.to_le_bytes())
         .collect();
     let reply: redis::RedisResult<Vec<u8>> = redis::cmd("EVAL")
-        .arg(include_str!("../../src/store/redis.lua"))
+        .arg(ratekeeper::store::redis::script())
         .arg(2)
         .arg(keys[0])
         .arg(keys[1])

@@ -14,6 +14,13 @@
 //! - `requests_per_unit == 0` denies everything.
 //! - The per-key [`State`] is 12 bytes; its meaning depends on the algorithm, which is part
 //!   of the key's identity, so one key's state is always read by the algorithm that wrote it.
+//!
+//! Each algorithm is one file, a [`Kernel`]: its state's layout, its decision, how it gives
+//! hits back, lends, merges and how long its state matters, and beside it its Redis twin
+//! (`NAME.lua`, pasted into the Redis store's script by [`lua_branches`]). The
+//! [`algorithms!`] list registers them: one line each. What all of them share (a limit of
+//! 0, a cost beyond capacity, bringing a state to `now` before giving back or merging) is
+//! here, once.
 
 use std::fmt;
 
@@ -111,44 +118,184 @@ impl fmt::Display for Unit {
     }
 }
 
-/// How a limit counts. See docs/algorithms.md for what each parameter means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Algorithm {
+/// One algorithm: everything about it that differs from the others. Its functions are
+/// called only through [`Algorithm`]'s dispatch, after the shared steps (see the module
+/// doc), so a kernel never sees a limit of 0 or a cost beyond its capacity.
+pub(crate) trait Kernel {
+    /// Its name in limits files (`algorithm: NAME`), metrics and explain.
+    const NAME: &'static str;
+    /// Its code: the counter slot hashed into key ids (`key`), the peer wire
+    /// (`peer.proto`'s `Algorithm`, whose values are these) and the Redis script (which
+    /// refuses a code it does not know). Never renumber: keys, peers and scripts of another
+    /// version read it.
+    const CODE: u8;
+    /// Whether `burst` means something for it.
+    const USES_BURST: bool;
+    /// Its branch of the Redis script (`NAME.lua`; see its header for what it reads and sets).
+    const LUA: &'static str;
+
+    /// Its bucket size given a limit's `burst` (`None` when the file says none).
+    fn burst(requests_per_unit: u32, burst: Option<u32>) -> u32;
+    /// The burst of one of `members` nodes' share, whose rate is `requests_per_unit`.
+    fn share_burst(rate: &Rate, requests_per_unit: u32, members: u32) -> u32;
+    /// [`Rate::capacity`].
+    fn capacity(rate: &Rate) -> u64;
+    /// [`Rate::refill_time`]: zero for a window.
+    fn refill_time(_rate: &Rate) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
+    /// [`init`].
+    fn init(rate: &Rate, now: u64) -> State;
+    /// [`State::from_numbers`].
+    fn from_numbers(rate: &Rate, time: u64, numbers: [u64; 3]) -> State;
+    /// [`decide`], for a cost within capacity and a limit above 0.
+    fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision;
+    /// [`give_back`]'s change to a state already brought to `now`.
+    fn give_back(rate: &Rate, state: &mut State, now: u64, cost: u64);
+    /// The window a state is in (the one lent hits are counted in); `None` for a bucket.
+    fn window(state: &State) -> Option<u64>;
+    /// [`refund`], on a state brought to `now` and, for a window, still in the loan's.
+    fn refund(rate: &Rate, state: &mut State, now: u64, units: u64) -> u64;
+    /// [`lifetime`].
+    fn lifetime(rate: &Rate, reset_after: u64) -> u64;
+    /// [`merge`], of two states brought to `now`.
+    fn merge(rate: &Rate, ours: State, theirs: State, now: u64) -> State;
+}
+
+/// Declares [`Algorithm`] from the list of kernels, and its dispatch: one `match` per
+/// kernel function, each arm a static call, so nothing is dynamic on the request path.
+macro_rules! algorithms {
+    ($($(#[$meta:meta])* $variant:ident => $module:ident::$kernel:ident,)*) => {
+        $(mod $module;)*
+
+        /// How a limit counts. See docs/algorithms.md for what each parameter means.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+        pub enum Algorithm {
+            $($(#[$meta])* $variant,)*
+        }
+
+        impl Algorithm {
+            pub const ALL: [Algorithm; [$(stringify!($variant)),*].len()] =
+                [$(Algorithm::$variant),*];
+
+            /// The algorithm's code, the one number every representation uses (see
+            /// [`Kernel::CODE`]).
+            pub const fn code(self) -> u8 {
+                match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::CODE,)* }
+            }
+
+            pub const fn as_str(self) -> &'static str {
+                match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::NAME,)* }
+            }
+
+            /// Whether `burst` means something for this algorithm.
+            pub const fn uses_burst(self) -> bool {
+                match self {
+                    $(Algorithm::$variant => <$module::$kernel as Kernel>::USES_BURST,)*
+                }
+            }
+
+            /// Its branch of the Redis script.
+            pub const fn lua(self) -> &'static str {
+                match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::LUA,)* }
+            }
+
+            fn burst(self, requests_per_unit: u32, burst: Option<u32>) -> u32 {
+                match self {
+                    $(Algorithm::$variant =>
+                        <$module::$kernel as Kernel>::burst(requests_per_unit, burst),)*
+                }
+            }
+
+            fn share_burst(self, rate: &Rate, requests_per_unit: u32, members: u32) -> u32 {
+                match self {
+                    $(Algorithm::$variant => <$module::$kernel as Kernel>::share_burst(
+                        rate, requests_per_unit, members),)*
+                }
+            }
+
+            fn capacity(self, rate: &Rate) -> u64 {
+                match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::capacity(rate),)* }
+            }
+
+            fn refill_time(self, rate: &Rate) -> std::time::Duration {
+                match self {
+                    $(Algorithm::$variant => <$module::$kernel as Kernel>::refill_time(rate),)*
+                }
+            }
+
+            fn init(self, rate: &Rate, now: u64) -> State {
+                match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::init(rate, now),)* }
+            }
+
+            fn state_from_numbers(self, rate: &Rate, time: u64, numbers: [u64; 3]) -> State {
+                match self {
+                    $(Algorithm::$variant =>
+                        <$module::$kernel as Kernel>::from_numbers(rate, time, numbers),)*
+                }
+            }
+
+            #[inline]
+            fn step(self, rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
+                match self {
+                    $(Algorithm::$variant =>
+                        <$module::$kernel as Kernel>::step(rate, state, now, cost),)*
+                }
+            }
+
+            fn give_back(self, rate: &Rate, state: &mut State, now: u64, cost: u64) {
+                match self {
+                    $(Algorithm::$variant =>
+                        <$module::$kernel as Kernel>::give_back(rate, state, now, cost),)*
+                }
+            }
+
+            fn window(self, state: &State) -> Option<u64> {
+                match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::window(state),)* }
+            }
+
+            fn refund(self, rate: &Rate, state: &mut State, now: u64, units: u64) -> u64 {
+                match self {
+                    $(Algorithm::$variant =>
+                        <$module::$kernel as Kernel>::refund(rate, state, now, units),)*
+                }
+            }
+
+            fn lifetime(self, rate: &Rate, reset_after: u64) -> u64 {
+                match self {
+                    $(Algorithm::$variant =>
+                        <$module::$kernel as Kernel>::lifetime(rate, reset_after),)*
+                }
+            }
+
+            fn merge(self, rate: &Rate, ours: State, theirs: State, now: u64) -> State {
+                match self {
+                    $(Algorithm::$variant =>
+                        <$module::$kernel as Kernel>::merge(rate, ours, theirs, now),)*
+                }
+            }
+        }
+    };
+}
+
+// The registry: a new algorithm is its file (a `Kernel`), its `.lua` beside it, and one line
+// here (plus its value in `peer.proto`'s `Algorithm`, which a test holds to this list).
+algorithms! {
     /// At most `requests_per_unit` hits per epoch-aligned window of one `unit`.
     #[default]
-    FixedWindow,
+    FixedWindow => fixed_window::FixedWindow,
     /// Like a fixed window, but the previous window's count is weighted by how much of it
     /// still overlaps the sliding window ending now (the two-window approximation).
-    SlidingWindow,
+    SlidingWindow => sliding_window::SlidingWindow,
     /// A bucket of `burst` tokens (default `requests_per_unit`), refilled continuously at
     /// `requests_per_unit` per `unit`; a hit takes one token.
-    TokenBucket,
+    TokenBucket => token_bucket::TokenBucket,
     /// Generic cell rate algorithm: one hit every `unit / requests_per_unit`, with up to
     /// `burst` (default 1) hits at once. One timestamp of state.
-    Gcra,
+    Gcra => gcra::Gcra,
 }
 
 impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindow,
-        Algorithm::TokenBucket,
-        Algorithm::Gcra,
-    ];
-
-    /// The algorithm's code, the one number every representation uses: the counter slot
-    /// hashed into key ids (`key`), the peer wire (`peer.proto`'s `Algorithm`, whose values
-    /// are these), and the Redis script (`redis.lua`, which refuses a code it does not
-    /// know). Never renumber: keys, peers and scripts of another version read it.
-    pub const fn code(self) -> u8 {
-        match self {
-            Algorithm::FixedWindow => 0,
-            Algorithm::SlidingWindow => 1,
-            Algorithm::TokenBucket => 2,
-            Algorithm::Gcra => 3,
-        }
-    }
-
     /// The algorithm of `code` ([`Algorithm::code`]), if there is one.
     pub fn from_code(code: i64) -> Option<Algorithm> {
         Algorithm::ALL
@@ -161,26 +308,36 @@ impl Algorithm {
             .into_iter()
             .find(|algorithm| algorithm.as_str().eq_ignore_ascii_case(name))
     }
-
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindow => "sliding_window",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::Gcra => "gcra",
-        }
-    }
-
-    /// Whether `burst` means something for this algorithm.
-    pub const fn uses_burst(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
-    }
 }
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// The per-algorithm branches of the Redis store's script: `elseif algorithm == CODE then`
+/// and the algorithm's Lua, for every algorithm, to follow the script's `if rpu <= 0`.
+pub fn lua_branches() -> String {
+    let mut branches = String::new();
+    for algorithm in Algorithm::ALL {
+        branches.push_str("    elseif algorithm == ");
+        branches.push_str(&algorithm.code().to_string());
+        branches.push_str(" then\n");
+        // The file's header (its leading comment) is for its readers, not the script.
+        let body = algorithm
+            .lua()
+            .lines()
+            .skip_while(|line| line.starts_with("--"));
+        for line in body {
+            if !line.is_empty() {
+                branches.push_str("      ");
+                branches.push_str(line);
+            }
+            branches.push('\n');
+        }
+    }
+    branches
 }
 
 /// A limit's counting rule: everything an algorithm needs besides state, time and cost.
@@ -201,11 +358,7 @@ impl Rate {
         unit: Unit,
         burst: Option<u32>,
     ) -> Rate {
-        let burst = match algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => requests_per_unit,
-            Algorithm::TokenBucket => burst.unwrap_or(requests_per_unit),
-            Algorithm::Gcra => burst.unwrap_or(1),
-        };
+        let burst = algorithm.burst(requests_per_unit, burst);
         Rate {
             algorithm,
             requests_per_unit,
@@ -226,11 +379,7 @@ impl Rate {
     pub fn share(&self, members: usize) -> Rate {
         let members = u32::try_from(members.max(1)).unwrap_or(u32::MAX);
         let requests_per_unit = self.requests_per_unit / members;
-        let burst = match self.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => requests_per_unit,
-            Algorithm::TokenBucket | Algorithm::Gcra if requests_per_unit == 0 => 0,
-            Algorithm::TokenBucket | Algorithm::Gcra => (self.burst / members).max(1),
-        };
+        let burst = self.algorithm.share_burst(self, requests_per_unit, members);
         Rate {
             requests_per_unit,
             burst,
@@ -240,27 +389,12 @@ impl Rate {
 
     /// The most hits one request can ever be admitted with (a larger cost never passes).
     pub fn capacity(&self) -> u64 {
-        match self.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => u64::from(self.requests_per_unit),
-            Algorithm::TokenBucket | Algorithm::Gcra => {
-                if self.requests_per_unit == 0 {
-                    0
-                } else {
-                    u64::from(self.burst)
-                }
-            }
-        }
+        self.algorithm.capacity(self)
     }
 
     /// How long an emptied bucket takes to refill (`token_bucket`, `gcra`); zero for windows.
     pub fn refill_time(&self) -> std::time::Duration {
-        match self.algorithm {
-            Algorithm::FixedWindow | Algorithm::SlidingWindow => std::time::Duration::ZERO,
-            Algorithm::TokenBucket | Algorithm::Gcra => std::time::Duration::from_nanos(
-                self.emission_interval()
-                    .saturating_mul(u64::from(self.burst)),
-            ),
-        }
+        self.algorithm.refill_time(self)
     }
 
     /// Nanoseconds per token for the bucket algorithms (at least 1).
@@ -269,12 +403,7 @@ impl Rate {
     }
 }
 
-/// Per-key state. Its meaning depends on the algorithm:
-/// - fixed window: `a` = window index, `b` = hits in that window;
-/// - sliding window: `a` = (window index mod 2^32) << 32 | previous window's hits,
-///   `b` = hits in the current window;
-/// - token bucket: `a` = time of the last refill (ns), `b` = whole tokens left;
-/// - gcra: `a` = theoretical arrival time (ns), `b` unused.
+/// Per-key state. Its meaning depends on the algorithm: each kernel's file says its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct State {
     pub a: u64,
@@ -305,33 +434,14 @@ impl State {
     ///
     /// A count beyond `u32` saturates (the script never writes one).
     pub fn from_numbers(rate: &Rate, time: u64, numbers: [u64; 3]) -> State {
-        let [x, y, z] = numbers;
-        let small = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-        let nanos =
-            |seconds: u64, nanos: u64| seconds.saturating_mul(NANOS_PER_SEC).saturating_add(nanos);
-        let window = time / rate.unit.nanos();
-        match rate.algorithm {
-            Algorithm::FixedWindow => State {
-                a: window,
-                b: small(x),
-            },
-            Algorithm::SlidingWindow => State::sliding(window, small(x), small(y)),
-            Algorithm::TokenBucket => State {
-                a: nanos(y, z),
-                b: small(x),
-            },
-            Algorithm::Gcra => State {
-                a: nanos(x, y),
-                b: 0,
-            },
-        }
+        rate.algorithm.state_from_numbers(rate, time, numbers)
     }
 
     /// A sliding window's state: `current` hits in window `window` (the index of the unit
     /// since the epoch), after `previous` hits in the window before.
     pub fn sliding(window: u64, previous: u32, current: u32) -> State {
         State {
-            a: sliding_pack(window, previous),
+            a: sliding_window::pack(window, previous),
             b: current,
         }
     }
@@ -411,21 +521,7 @@ pub fn give_back(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decisio
     }
     // Bring the state to `now` (window rotation, refill) without consuming.
     decide(rate, state, now, 0);
-    match rate.algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-            state.b -= clamp_u32(cost.min(u64::from(state.b)));
-        }
-        Algorithm::TokenBucket => {
-            let burst = u64::from(rate.burst);
-            let tokens = u64::from(state.b).min(burst);
-            state.b = clamp_u32(tokens.saturating_add(cost).min(burst));
-        }
-        Algorithm::Gcra => {
-            let tat = state.a.max(now);
-            let back = cost.saturating_mul(rate.emission_interval()).min(tat - now);
-            state.a = tat - back;
-        }
-    }
+    rate.algorithm.give_back(rate, state, now, cost);
     let mut decision = decide(rate, state, now, 0);
     decision.allowed = true;
     decision.retry_after = Some(0);
@@ -434,21 +530,7 @@ pub fn give_back(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decisio
 
 /// The state of a key seen for the first time at `now`.
 pub fn init(rate: &Rate, now: u64) -> State {
-    match rate.algorithm {
-        Algorithm::FixedWindow => State {
-            a: now / rate.unit.nanos(),
-            b: 0,
-        },
-        Algorithm::SlidingWindow => State {
-            a: sliding_pack(now / rate.unit.nanos(), 0),
-            b: 0,
-        },
-        Algorithm::TokenBucket => State {
-            a: now,
-            b: rate.burst,
-        },
-        Algorithm::Gcra => State { a: now, b: 0 },
-    }
+    rate.algorithm.init(rate, now)
 }
 
 /// Checks `cost` hits against the limit and, when allowed and `cost > 0`, consumes them.
@@ -479,13 +561,9 @@ pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
 }
 
 /// [`decide`] for a cost within the limit's capacity.
+#[inline]
 fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
-    match rate.algorithm {
-        Algorithm::FixedWindow => fixed_window(rate, state, now, cost),
-        Algorithm::SlidingWindow => sliding_window(rate, state, now, cost),
-        Algorithm::TokenBucket => token_bucket(rate, state, now, cost),
-        Algorithm::Gcra => gcra(rate, state, now, cost),
-    }
+    rate.algorithm.step(rate, state, now, cost)
 }
 
 /// Hits lent to another node (cluster leases): taken from a counter at once, spent by the
@@ -551,11 +629,7 @@ pub fn window_at(rate: &Rate, now: u64) -> u64 {
 /// The window a windowed counter's state is in (the one lent hits are counted in); `None`
 /// for buckets, which have no windows.
 fn window_of(rate: &Rate, state: &State) -> Option<u64> {
-    match rate.algorithm {
-        Algorithm::FixedWindow => Some(state.a),
-        Algorithm::SlidingWindow => Some(state.a >> 32),
-        Algorithm::TokenBucket | Algorithm::Gcra => None,
-    }
+    rate.algorithm.window(state)
 }
 
 /// Gives back `units` lent from `window` ([`lend`]); answers how many were given back. The
@@ -567,30 +641,10 @@ pub fn refund(rate: &Rate, state: &mut State, now: u64, units: u64, window: u64)
         return 0;
     }
     decide(rate, state, now, 0);
-    match rate.algorithm {
-        Algorithm::FixedWindow | Algorithm::SlidingWindow => {
-            if window_of(rate, state) != Some(window) {
-                return 0;
-            }
-            let back = units.min(u64::from(state.b));
-            state.b -= clamp_u32(back);
-            back
-        }
-        Algorithm::TokenBucket => {
-            let burst = u64::from(rate.burst);
-            let tokens = u64::from(state.b).min(burst);
-            let back = units.min(burst - tokens);
-            state.b = clamp_u32(tokens + back);
-            back
-        }
-        Algorithm::Gcra => {
-            let interval = rate.emission_interval();
-            let tat = state.a.max(now);
-            let back = units.min((tat - now) / interval);
-            state.a = tat - back * interval;
-            back
-        }
+    if window_of(rate, state).is_some_and(|current| current != window) {
+        return 0;
     }
+    rate.algorithm.refund(rate, state, now, units)
 }
 
 /// How long (nanoseconds) the state a decision left can still change an answer, given the
@@ -601,10 +655,7 @@ pub fn refund(rate: &Rate, state: &mut State, now: u64, units: u64, window: u64)
 /// bucket's and GCRA's until the bucket would be full again. The Redis script gives its
 /// keys the same lifetimes (plus its TTL margin).
 pub fn lifetime(rate: &Rate, reset_after: u64) -> u64 {
-    match rate.algorithm {
-        Algorithm::SlidingWindow => reset_after.saturating_add(rate.unit.nanos()),
-        Algorithm::FixedWindow | Algorithm::TokenBucket | Algorithm::Gcra => reset_after,
-    }
+    rate.algorithm.lifetime(rate, reset_after)
 }
 
 /// Combines two states of one key that counted different hits (a counter handed over by
@@ -618,35 +669,7 @@ pub fn merge(rate: &Rate, ours: State, theirs: State, now: u64) -> State {
     let (mut a, mut b) = (ours, theirs);
     decide(rate, &mut a, now, 0);
     decide(rate, &mut b, now, 0);
-    match rate.algorithm {
-        Algorithm::FixedWindow => State {
-            a: a.a,
-            b: a.b.saturating_add(b.b),
-        },
-        Algorithm::SlidingWindow => {
-            let previous = (a.a & 0xffff_ffff) + (b.a & 0xffff_ffff);
-            State {
-                a: sliding_pack(a.a >> 32, clamp_u32(previous)),
-                b: a.b.saturating_add(b.b),
-            }
-        }
-        Algorithm::TokenBucket => {
-            let burst = rate.burst;
-            let used = (burst - a.b.min(burst)).saturating_add(burst - b.b.min(burst));
-            State {
-                a: a.a,
-                b: burst - used.min(burst),
-            }
-        }
-        Algorithm::Gcra => {
-            // Each side's theoretical arrival time is ahead of `now` by what it consumed.
-            let ahead = |tat: u64| tat.saturating_sub(now);
-            State {
-                a: now.saturating_add(ahead(a.a)).saturating_add(ahead(b.a)),
-                b: 0,
-            }
-        }
-    }
+    rate.algorithm.merge(rate, a, b, now)
 }
 
 fn until_window_end(unit: Unit, now: u64) -> u64 {
@@ -658,179 +681,9 @@ fn clamp_u32(value: u64) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
 }
 
-fn fixed_window(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
-    let window = now / rate.unit.nanos();
-    if state.a != window {
-        *state = State { a: window, b: 0 };
-    }
-    let limit = u64::from(rate.requests_per_unit);
-    let used = u64::from(state.b);
-    let reset_after = until_window_end(rate.unit, now);
-    let Some(after) = used.checked_add(cost).filter(|after| *after <= limit) else {
-        return Decision {
-            allowed: false,
-            remaining: clamp_u32(limit.saturating_sub(used)),
-            reset_after,
-            retry_after: (cost <= limit).then_some(reset_after),
-        };
-    };
-    state.b = clamp_u32(after);
-    Decision {
-        allowed: true,
-        remaining: clamp_u32(limit - after),
-        reset_after,
-        retry_after: Some(0),
-    }
-}
-
-fn sliding_pack(window: u64, previous: u32) -> u64 {
-    ((window & 0xffff_ffff) << 32) | u64::from(previous)
-}
-
-fn sliding_window(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
-    let len = rate.unit.nanos();
-    let window = now / len;
-    let elapsed = now % len;
-    let stored = state.a >> 32;
-    let (previous, current) = match (window & 0xffff_ffff).wrapping_sub(stored) & 0xffff_ffff {
-        0 => (state.a & 0xffff_ffff, u64::from(state.b)),
-        1 => (u64::from(state.b), 0),
-        _ => (0, 0),
-    };
-    let limit = u64::from(rate.requests_per_unit);
-    // Everything below is scaled by the window length to stay in integers:
-    // estimate * len = previous * (len - elapsed) + current * len.
-    let (len128, limit128) = (u128::from(len), u128::from(limit));
-    let weighted_previous = u128::from(previous) * u128::from(len - elapsed);
-    let estimate = weighted_previous + u128::from(current) * len128;
-    let reset_after = len - elapsed;
-    let wanted = estimate + u128::from(cost) * len128;
-    if wanted > limit128 * len128 {
-        state.a = sliding_pack(window, clamp_u32(previous));
-        state.b = clamp_u32(current);
-        let remaining = (limit128 * len128).saturating_sub(estimate) / len128;
-        return Decision {
-            allowed: false,
-            remaining: clamp_u32(u64::try_from(remaining).unwrap_or(u64::MAX)),
-            reset_after,
-            retry_after: sliding_retry_after(previous, current, cost, limit, len, elapsed),
-        };
-    }
-    // Admitted, so `current + cost <= limit`.
-    let current = current + cost;
-    state.a = sliding_pack(window, clamp_u32(previous));
-    state.b = clamp_u32(current);
-    let after = weighted_previous + u128::from(current) * len128;
-    let remaining = (limit128 * len128 - after) / len128;
-    Decision {
-        allowed: true,
-        remaining: clamp_u32(u64::try_from(remaining).unwrap_or(u64::MAX)),
-        reset_after,
-        retry_after: Some(0),
-    }
-}
-
-/// Nanoseconds until `cost` more hits fit under the sliding estimate, or `None` if never.
-///
-/// With `x` the part of the previous window still inside the sliding window, a hit fits when
-/// `previous * x + (current + cost) * len <= limit * len`.
-fn sliding_retry_after(
-    previous: u64,
-    current: u64,
-    cost: u64,
-    limit: u64,
-    len: u64,
-    elapsed: u64,
-) -> Option<u64> {
-    if cost > limit {
-        return None;
-    }
-    let left = len - elapsed;
-    // Later in this window, as the previous window's weight shrinks.
-    if let Some(room) = current
-        .checked_add(cost)
-        .and_then(|used| limit.checked_sub(used))
-        && previous > 0
-    {
-        let max_overlap = u128::from(room) * u128::from(len) / u128::from(previous);
-        if max_overlap > 0 {
-            return Some(left - u64::try_from(max_overlap.min(u128::from(left))).unwrap_or(left));
-        }
-    }
-    // In the next window, where this window's hits become the previous count.
-    if current == 0 {
-        return Some(left);
-    }
-    let max_overlap = u128::from(limit - cost) * u128::from(len) / u128::from(current);
-    let overlap = u64::try_from(max_overlap.min(u128::from(len))).unwrap_or(len);
-    Some(left + (len - overlap))
-}
-
-fn token_bucket(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
-    let interval = rate.emission_interval();
-    let burst = u64::from(rate.burst);
-    // Refill whole tokens; `a` advances by exactly the time those tokens took, so the
-    // fraction of a token earned so far is kept for the next call.
-    let mut tokens = u64::from(state.b).min(burst);
-    let mut last = state.a.min(now);
-    let earned = (now - last) / interval;
-    if tokens.saturating_add(earned) >= burst {
-        tokens = burst;
-        last = now;
-    } else {
-        tokens += earned;
-        last += earned * interval;
-    }
-    let partial = now - last;
-    let time_for = |missing: u64| (missing.saturating_mul(interval)).saturating_sub(partial);
-    if cost > tokens {
-        state.a = last;
-        state.b = clamp_u32(tokens);
-        return Decision {
-            allowed: false,
-            remaining: clamp_u32(tokens),
-            reset_after: time_for(burst - tokens),
-            retry_after: (cost <= burst).then(|| time_for(cost - tokens)),
-        };
-    }
-    tokens -= cost;
-    // A full bucket's clock restarts at the first token taken from it.
-    state.a = last;
-    state.b = clamp_u32(tokens);
-    Decision {
-        allowed: true,
-        remaining: clamp_u32(tokens),
-        reset_after: time_for(burst - tokens),
-        retry_after: Some(0),
-    }
-}
-
-fn gcra(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
-    let interval = u128::from(rate.emission_interval());
-    let capacity = interval * u128::from(rate.burst);
-    let now128 = u128::from(now);
-    let tat = u128::from(state.a).max(now128);
-    let new_tat = tat + interval * u128::from(cost);
-    let to_u64 = |value: u128| u64::try_from(value).unwrap_or(u64::MAX);
-    if new_tat - now128 > capacity {
-        let remaining = capacity.saturating_sub(tat - now128) / interval;
-        let retry_after =
-            (u64::from(rate.burst) >= cost).then(|| to_u64(new_tat - capacity - now128));
-        return Decision {
-            allowed: false,
-            remaining: clamp_u32(to_u64(remaining)),
-            reset_after: to_u64(tat - now128),
-            retry_after,
-        };
-    }
-    state.a = to_u64(new_tat);
-    let remaining = (capacity - (new_tat - now128)) / interval;
-    Decision {
-        allowed: true,
-        remaining: clamp_u32(to_u64(remaining)),
-        reset_after: to_u64(new_tat - now128),
-        retry_after: Some(0),
-    }
+/// `seconds` and `nanos` as nanoseconds, saturating.
+fn nanos(seconds: u64, nanos: u64) -> u64 {
+    seconds.saturating_mul(NANOS_PER_SEC).saturating_add(nanos)
 }
 
 #[cfg(test)]

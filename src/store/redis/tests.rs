@@ -178,3 +178,21 @@ fn stored_numbers_read_back_as_the_in_memory_state() {
         "a value of another writer"
     );
 }
+
+/// The script Redis runs has every algorithm's branch, from its `.lua` beside its kernel,
+/// in place of the marker, and nothing of the files' headers.
+#[test]
+fn the_script_holds_every_algorithms_branch() {
+    let script = script();
+    assert!(!script.contains("ALGORITHMS"), "the marker is replaced");
+    for algorithm in Algorithm::ALL {
+        let branch = format!("    elseif algorithm == {} then\n", algorithm.code());
+        assert_eq!(script.matches(&branch).count(), 1, "{algorithm}'s branch");
+    }
+    assert!(!script.contains("One branch of src/store/redis.lua"));
+    let ending = "    else\n      -- A code this script does not know";
+    assert!(
+        script.contains(&format!("      end\n{ending}")),
+        "the chain ends in `else`"
+    );
+}
