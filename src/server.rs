@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -32,7 +31,6 @@ use crate::admin::names::CounterNames;
 use crate::admin::{self, AdminOptions};
 use crate::clock::Clock;
 use crate::envoy::rlqs::{RlqsOptions, RlqsService};
-use crate::envoy::rls::{MAX_MESSAGE_BYTES, RlsService};
 use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
 use crate::http::Health;
 use crate::limiter::{Limiter, LimiterOptions};
@@ -63,15 +61,7 @@ pub const NAMES_SWEEP: Duration = Duration::from_secs(10);
 
 /// Sets every gRPC health name this server answers to serving or not.
 async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
-    if serving {
-        reporter
-            .set_serving::<RateLimitServiceServer<RlsService>>()
-            .await;
-    } else {
-        reporter
-            .set_not_serving::<RateLimitServiceServer<RlsService>>()
-            .await;
-    }
+    crate::envoy::rls::set_health(reporter, serving).await;
     let status = match serving {
         true => tonic_health::ServingStatus::Serving,
         false => tonic_health::ServingStatus::NotServing,
@@ -513,66 +503,19 @@ impl Server {
     /// Serves until `shutdown` resolves, then drains (see the module docs).
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
         let (stop_tx, stop_rx) = watch::channel(false);
-        let stopped = |mut rx: watch::Receiver<bool>| async move {
-            // An error means the sender is gone, which is also a stop.
-            let _ = rx.wait_for(|stop| *stop).await;
-        };
-        let rls =
-            RateLimitServiceServer::from_arc(Arc::new(RlsService::new(Arc::clone(&self.limiter))))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let (reporter, health_service) = tonic_health::server::health_reporter();
-        // gRPC health follows `Health` (serving, and limits loaded when that is required),
-        // set before the first call and then checked every HEALTH_SYNC.
-        let ready = self.health.is_ready();
-        set_health(&reporter, ready).await;
-        let _health_sync = AbortOnDrop(
-            tokio::spawn(sync_health(
-                Arc::clone(&self.health),
-                reporter.clone(),
-                ready,
-            ))
-            .abort_handle(),
-        );
+        let _health_sync = self.start_health_sync(&reporter).await;
         let _names_sweep = self.names.as_ref().map(|names| {
             let sweep = sweep_counter_names(Arc::clone(names), Arc::clone(&self.limiter));
             AbortOnDrop(tokio::spawn(sweep).abort_handle())
         });
+        let quota = self.start_rlqs(stop_rx.clone());
         let incoming = self.grpc.incoming(self.secrets.grpc_tls.clone());
         // ShouldRateLimit is answered by `grpc` itself; health (and any other service) by
         // tonic's router, which also takes the calls `grpc` leaves to it.
-        // RLQS streams end when the server stops, so they do not hold up the drain.
-        let rlqs = RlqsService::new(
-            Arc::clone(&self.limiter),
-            self.rlqs,
-            self.rlqs_stats.clone(),
-            self.rlqs_refused.clone(),
-            stop_rx.clone(),
-        );
-        let _rlqs_sweep = AbortOnDrop(rlqs.sweeper().spawn().abort_handle());
-        // Cluster mode: the quota buckets this node owns are divided among the nodes by
-        // `owner` (for the peer service's `Quota`); the exchanger sends this node's demand
-        // to the owners and divides its shares among its own streams.
-        let quota_owner = self.cluster.as_ref().map(|_| {
-            let forget = forget_after(self.rlqs.exchange_every);
-            Arc::new(Owner::new(self.rlqs.hub.max_buckets, forget))
-        });
-        let _rlqs_exchange = match (&self.cluster, &quota_owner) {
-            (Some(cluster), Some(owner)) => {
-                let exchanger = Exchanger::new(
-                    rlqs.hub(),
-                    cluster.clone(),
-                    Arc::clone(owner),
-                    self.rlqs.exchange_every,
-                );
-                Some(AbortOnDrop(exchanger.spawn().abort_handle()))
-            }
-            _ => None,
-        };
-        let quota_source = quota_owner.as_ref().map(Owner::source);
-        let rlqs_hub = self.rlqs_refused.is_none().then(|| Arc::clone(rlqs.hub()));
         let routes = tonic::service::Routes::new(health_service)
-            .add_service(rls)
-            .add_service(rlqs.into_server())
+            .add_service(crate::envoy::rls::server(Arc::clone(&self.limiter)))
+            .add_service(quota.service.into_server())
             .prepare();
         let grpc = crate::envoy::grpc::serve(
             incoming,
@@ -591,58 +534,34 @@ impl Server {
             cluster: self.cluster.clone(),
             reload: Arc::clone(&self.reload_stats),
             options: self.admin,
-            rlqs: rlqs_hub,
+            rlqs: quota.hub,
         };
-        let app = crate::http::router(
-            Arc::clone(&self.health),
-            Arc::clone(&self.limiter),
+        let http = serve_http(
+            (self.http, self.admin_listener),
+            shared,
             self.admin_addr,
+            self.secrets.admin_token.clone(),
+            grpc_done_rx.clone(),
         );
-        let http =
-            axum::serve(self.http, app).with_graceful_shutdown(stopped(grpc_done_rx.clone()));
-        let admin_app =
-            admin::admin_router(shared, self.secrets.admin_token.clone(), self.admin_addr);
-        let admin = axum::serve(self.admin_listener, admin_app)
-            .with_graceful_shutdown(stopped(grpc_done_rx.clone()));
         let cluster = self.cluster.clone();
-        let names = name_source(self.names.as_ref());
-        let peer = async {
-            let (Some((listener, _)), Some(cluster)) = (self.peer, &cluster) else {
-                return Ok(());
-            };
-            let service = PeerService::with_sources(cluster, names, quota_source);
-            // Accepted (and, with mutual TLS, handshaken) like the gRPC listener's
-            // connections; each request carries its connection's client certificate.
-            let incoming = GrpcListener::from_tcp(listener)?.incoming(self.secrets.peer_tls);
-            tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, stopped(grpc_done_rx))
-                .await
-                .map_err(ServeError::Peer)
-        };
-        let health = Arc::clone(&self.health);
-        let grace = self.shutdown_grace;
+        let peer = serve_peers(
+            self.peer,
+            cluster.clone(),
+            name_source(self.names.as_ref()),
+            quota.source,
+            self.secrets.peer_tls,
+            grpc_done_rx,
+        );
         let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
-        let leaving = cluster.clone();
-        let signal = async move {
-            shutdown.await;
-            tracing::info!(grace = ?grace, "shutting down: not ready, draining in-flight requests");
-            health.stop_serving();
-            set_health(&reporter, false).await;
-            // Peers stop sending us keys before we drain and hand ours over.
-            if let Some(leaving) = leaving {
-                let _ = tokio::time::timeout(grace, leaving.leave()).await;
-            }
-            let _ = stop_tx.send(true);
-            // Past the grace period, stop waiting for slow calls.
-            tokio::select! {
-                () = tokio::time::sleep(grace) => {
-                    tracing::warn!("grace period over with requests still in flight");
-                    true
-                }
-                _ = drained_rx => false,
-            }
-        };
+        let signal = stop_on(
+            shutdown,
+            Arc::clone(&self.health),
+            reporter,
+            cluster.clone(),
+            stop_tx,
+            self.shutdown_grace,
+            drained_rx,
+        );
         let serve = async {
             let grpc = async {
                 grpc.await;
@@ -652,29 +571,187 @@ impl Server {
                 }
                 let _ = grpc_done_tx.send(true);
             };
-            let ((), http, admin, peer) =
-                tokio::join!(grpc, async { http.await }, async { admin.await }, peer);
+            let ((), (http, admin), peer) = tokio::join!(grpc, http, peer);
             let _ = drained_tx.send(());
             (http, admin, peer)
         };
-        tokio::pin!(serve);
-        tokio::pin!(signal);
-        let mut signal_done = false;
-        let (http, admin, peer) = loop {
-            tokio::select! {
-                results = &mut serve => break results,
-                expired = &mut signal, if !signal_done => {
-                    if expired {
-                        return Ok(());
-                    }
-                    signal_done = true;
-                }
+        finish(serve, signal).await
+    }
+
+    /// Sets gRPC health from `Health` (serving, and limits loaded when that is required)
+    /// before the first call, and starts the task that keeps it in line every HEALTH_SYNC.
+    async fn start_health_sync(
+        &self,
+        reporter: &tonic_health::server::HealthReporter,
+    ) -> AbortOnDrop {
+        let ready = self.health.is_ready();
+        set_health(reporter, ready).await;
+        let sync = sync_health(Arc::clone(&self.health), reporter.clone(), ready);
+        AbortOnDrop(tokio::spawn(sync).abort_handle())
+    }
+
+    /// The RLQS service, with its idle-bucket sweep and, in cluster mode, its exchange: the
+    /// quota buckets this node owns are divided among the nodes by an `Owner` (answering
+    /// the peer service's `Quota`), and the exchanger sends this node's demand to the
+    /// owners and divides its shares among its own streams. Streams end when `stop` says
+    /// so, so they do not hold up the drain.
+    fn start_rlqs(&self, stop: watch::Receiver<bool>) -> Quota {
+        let service = RlqsService::new(
+            Arc::clone(&self.limiter),
+            self.rlqs,
+            self.rlqs_stats.clone(),
+            self.rlqs_refused.clone(),
+            stop,
+        );
+        let sweep = AbortOnDrop(service.sweeper().spawn().abort_handle());
+        let owner = self.cluster.as_ref().map(|_| {
+            let forget = forget_after(self.rlqs.exchange_every);
+            Arc::new(Owner::new(self.rlqs.hub.max_buckets, forget))
+        });
+        let exchange = match (&self.cluster, &owner) {
+            (Some(cluster), Some(owner)) => {
+                let exchanger = Exchanger::new(
+                    service.hub(),
+                    cluster.clone(),
+                    Arc::clone(owner),
+                    self.rlqs.exchange_every,
+                );
+                Some(AbortOnDrop(exchanger.spawn().abort_handle()))
             }
+            _ => None,
         };
-        peer?;
-        http.map_err(ServeError::Http)?;
-        admin.map_err(ServeError::Admin)?;
-        tracing::info!("drained, exiting");
-        Ok(())
+        Quota {
+            source: owner.as_ref().map(Owner::source),
+            hub: self
+                .rlqs_refused
+                .is_none()
+                .then(|| Arc::clone(service.hub())),
+            service,
+            _sweep: sweep,
+            _exchange: exchange,
+        }
+    }
+}
+
+/// RLQS as this node serves it, and what keeps its tasks running.
+struct Quota {
+    service: RlqsService,
+    /// What the peer service answers other nodes' `Quota` calls with (cluster mode).
+    source: Option<crate::store::cluster::quota::QuotaSource>,
+    /// The node's RLQS state for the admin listener; `None` when RLQS streams are refused.
+    hub: Option<Arc<crate::quota::Hub>>,
+    _sweep: AbortOnDrop,
+    _exchange: Option<AbortOnDrop>,
+}
+
+/// The HTTP listener's and the admin listener's servers (`listeners`, in that order),
+/// both until `stop`; answers each one's result.
+fn serve_http(
+    listeners: (TcpListener, TcpListener),
+    shared: admin::Admin,
+    admin_addr: SocketAddr,
+    token: Option<TokenFile>,
+    stop: watch::Receiver<bool>,
+) -> impl Future<Output = (std::io::Result<()>, std::io::Result<()>)> {
+    let app = crate::http::router(
+        Arc::clone(&shared.health),
+        Arc::clone(&shared.limiter),
+        admin_addr,
+    );
+    let http = axum::serve(listeners.0, app).with_graceful_shutdown(stopped(stop.clone()));
+    let admin_app = admin::admin_router(shared, token, admin_addr);
+    let admin = axum::serve(listeners.1, admin_app).with_graceful_shutdown(stopped(stop));
+    async move { tokio::join!(async { http.await }, async { admin.await }) }
+}
+
+/// Serves until `serve` ends (every listener drained), with `signal` run beside it (the
+/// shutdown's first half): returns at once, `Ok`, if the grace period ran out first.
+async fn finish(
+    serve: impl Future<
+        Output = (
+            std::io::Result<()>,
+            std::io::Result<()>,
+            Result<(), ServeError>,
+        ),
+    >,
+    signal: impl Future<Output = bool>,
+) -> Result<(), ServeError> {
+    tokio::pin!(serve);
+    tokio::pin!(signal);
+    let mut signal_done = false;
+    let (http, admin, peer) = loop {
+        tokio::select! {
+            results = &mut serve => break results,
+            expired = &mut signal, if !signal_done => {
+                if expired {
+                    return Ok(());
+                }
+                signal_done = true;
+            }
+        }
+    };
+    peer?;
+    http.map_err(ServeError::Http)?;
+    admin.map_err(ServeError::Admin)?;
+    tracing::info!("drained, exiting");
+    Ok(())
+}
+
+/// Resolves once `stop` says stop (or its sender is gone, which is also a stop).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// The peer listener's server in cluster mode (at once `Ok` otherwise), until `stop`.
+/// Connections are accepted (and, with mutual TLS, handshaken) like the gRPC listener's;
+/// each request carries its connection's client certificate.
+async fn serve_peers(
+    peer: Option<(TcpListener, SocketAddr)>,
+    cluster: Option<Cluster>,
+    names: Option<NameSource>,
+    quota: Option<crate::store::cluster::quota::QuotaSource>,
+    tls: Option<Tls>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), ServeError> {
+    let (Some((listener, _)), Some(cluster)) = (peer, &cluster) else {
+        return Ok(());
+    };
+    let service = PeerService::with_sources(cluster, names, quota);
+    let incoming = GrpcListener::from_tcp(listener)?.incoming(tls);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, stopped(stop))
+        .await
+        .map_err(ServeError::Peer)
+}
+
+/// Shutdown's first half, once `shutdown` resolves: not ready (`/healthcheck` 503, gRPC
+/// health NOT_SERVING), leave the ring so peers stop sending keys before this node drains
+/// and hands its own over, then `stop` the gRPC listener. Answers whether the `grace`
+/// period ran out before `drained` (calls still in flight).
+async fn stop_on(
+    shutdown: impl Future<Output = ()>,
+    health: Arc<Health>,
+    reporter: tonic_health::server::HealthReporter,
+    leaving: Option<Cluster>,
+    stop: watch::Sender<bool>,
+    grace: Duration,
+    drained: tokio::sync::oneshot::Receiver<()>,
+) -> bool {
+    shutdown.await;
+    tracing::info!(grace = ?grace, "shutting down: not ready, draining in-flight requests");
+    health.stop_serving();
+    set_health(&reporter, false).await;
+    if let Some(leaving) = leaving {
+        let _ = tokio::time::timeout(grace, leaving.leave()).await;
+    }
+    let _ = stop.send(true);
+    // Past the grace period, stop waiting for slow calls.
+    tokio::select! {
+        () = tokio::time::sleep(grace) => {
+            tracing::warn!("grace period over with requests still in flight");
+            true
+        }
+        _ = drained => false,
     }
 }

@@ -307,34 +307,7 @@ impl Shared {
                 (*id, domain.clone())
             }
             None => {
-                if report.domain.is_empty() {
-                    return Err((
-                        "invalid_argument",
-                        Status::invalid_argument(
-                            "domain: the first report of a stream must name the domain (the limits domain of its buckets)",
-                        ),
-                    ));
-                }
-                let known = self
-                    .limiter
-                    .limits()
-                    .load()
-                    .domain(&report.domain)
-                    .is_some();
-                let label = if known {
-                    report.domain.as_str()
-                } else {
-                    tracing::info!(domain = %report.domain, "rlqs stream for a domain no limits file defines: its buckets are allowed all");
-                    UNKNOWN_DOMAIN
-                };
-                let sink_tx = tx.clone();
-                let ttl = self.options.assignment_ttl;
-                let sink: Sink =
-                    Box::new(move |actions| sink_tx.try_send(Ok(response(actions, ttl))).is_ok());
-                let id = self
-                    .hub
-                    .open(&report.domain, label, sink)
-                    .map_err(|error| ("too_many_streams", hub_status(&error)))?;
+                let id = self.open(&report.domain, tx)?;
                 *open = Some((id, report.domain.clone()));
                 (id, report.domain.clone())
             }
@@ -356,6 +329,33 @@ impl Shared {
             actions.extend(self.deny_invalid(&domain, invalid));
         }
         Ok(response(actions, self.options.assignment_ttl))
+    }
+
+    /// Opens a stream on its first report, which names `domain`: a domain no limits file
+    /// defines is counted as `_unknown`, and its buckets are allowed all.
+    fn open(&self, domain: &str, tx: &Tx) -> Result<StreamId, (&'static str, Status)> {
+        if domain.is_empty() {
+            return Err((
+                "invalid_argument",
+                Status::invalid_argument(
+                    "domain: the first report of a stream must name the domain (the limits domain of its buckets)",
+                ),
+            ));
+        }
+        let known = self.limiter.limits().load().domain(domain).is_some();
+        let label = if known {
+            domain
+        } else {
+            tracing::info!(domain = %domain, "rlqs stream for a domain no limits file defines: its buckets are allowed all");
+            UNKNOWN_DOMAIN
+        };
+        let sink_tx = tx.clone();
+        let ttl = self.options.assignment_ttl;
+        let sink: Sink =
+            Box::new(move |actions| sink_tx.try_send(Ok(response(actions, ttl))).is_ok());
+        self.hub
+            .open(domain, label, sink)
+            .map_err(|error| ("too_many_streams", hub_status(&error)))
     }
 
     /// Answers buckets whose id cannot be read as a descriptor: deny all, each counted by

@@ -14,7 +14,9 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{
@@ -198,6 +200,26 @@ fn limited_status(limited: &Limited) -> DescriptorStatus {
 #[derive(Debug)]
 pub struct RlsService {
     limiter: Arc<Limiter>,
+}
+
+/// The tonic service of `RateLimitService` (the calls `envoy::grpc` leaves to tonic's
+/// router), bounded to [`MAX_MESSAGE_BYTES`] per message.
+pub fn server(limiter: Arc<Limiter>) -> RateLimitServiceServer<RlsService> {
+    RateLimitServiceServer::from_arc(Arc::new(RlsService::new(limiter)))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+}
+
+/// Sets `RateLimitService`'s own name in gRPC health to serving or not.
+pub async fn set_health(reporter: &tonic_health::server::HealthReporter, serving: bool) {
+    if serving {
+        reporter
+            .set_serving::<RateLimitServiceServer<RlsService>>()
+            .await;
+    } else {
+        reporter
+            .set_not_serving::<RateLimitServiceServer<RlsService>>()
+            .await;
+    }
 }
 
 impl RlsService {

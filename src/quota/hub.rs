@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::division::{self, TokenBucket};
 use super::rule::{BucketKey, Rule};
-use super::stats::RlqsStats;
+use super::stats::{DomainLabel, RlqsStats};
 
 pub type StreamId = u64;
 
@@ -249,53 +249,14 @@ impl Hub {
         rule: impl Fn(&BucketKey) -> Rule,
         now: Instant,
     ) -> Result<Reported, HubError> {
-        // One entry per bucket, even if the message names a bucket twice.
-        let mut merged: Vec<Usage> = Vec::with_capacity(usages.len());
-        let mut seen: HashMap<BucketKey, usize> = HashMap::with_capacity(usages.len());
-        for usage in usages {
-            match seen.entry(usage.bucket.clone()) {
-                Entry::Occupied(at) => {
-                    let into = &mut merged[*at.get()];
-                    into.allowed = into.allowed.saturating_add(usage.allowed);
-                    into.denied = into.denied.saturating_add(usage.denied);
-                    into.elapsed = into.elapsed.max(usage.elapsed);
-                }
-                Entry::Vacant(at) => {
-                    at.insert(merged.len());
-                    merged.push(usage);
-                }
-            }
-        }
+        let merged = merge_usages(usages);
         let members = self.members();
         let mut state = self.lock();
         let State {
             streams, buckets, ..
         } = &mut *state;
         let stream = streams.get(&id).ok_or(HubError::Closed)?;
-        let new = merged
-            .iter()
-            .filter(|usage| !stream.buckets.contains(&usage.bucket))
-            .count();
-        let would = stream.buckets.len() + new;
-        if would > self.options.max_buckets_per_stream {
-            return Err(HubError::TooManyBuckets {
-                would,
-                max: self.options.max_buckets_per_stream,
-            });
-        }
-        let fresh = merged
-            .iter()
-            .filter(|usage| {
-                !buckets.contains_key(&(Arc::clone(&stream.domain), usage.bucket.clone()))
-            })
-            .count();
-        let node_would = buckets.len() + fresh;
-        if fresh > 0 && node_would > self.options.max_buckets {
-            return Err(HubError::TooManyNodeBuckets {
-                would: node_would,
-                max: self.options.max_buckets,
-            });
-        }
+        self.check_room(stream, buckets, &merged)?;
         let domain = Arc::clone(&stream.domain);
         let stream_label = Arc::clone(&stream.label);
         let label = RlqsStats::label(&stream.label);
@@ -303,18 +264,7 @@ impl Hub {
         let mut pushes: Vec<(StreamId, Action)> = Vec::new();
         for usage in merged {
             let rule = rule(&usage.bucket);
-            let count = usage.allowed.saturating_add(usage.denied);
-            self.stats
-                .reported_allowed
-                .get_or_create(&label)
-                .inc_by(usage.allowed);
-            self.stats
-                .reported_denied
-                .get_or_create(&label)
-                .inc_by(usage.denied);
-            if rule == Rule::UnknownDomain {
-                self.stats.unknown_domain_reports.inc();
-            }
+            self.count_usage(&label, &usage, rule);
             let key = (Arc::clone(&domain), usage.bucket.clone());
             let bucket = match buckets.entry(key) {
                 Entry::Occupied(entry) => entry.into_mut(),
@@ -335,59 +285,7 @@ impl Hub {
                     reporter.share = None;
                 }
             }
-            let unit_secs = match rule {
-                Rule::Limited { rate, .. } => rate.unit.seconds(),
-                _ => 1,
-            };
-            match bucket.reporters.get_mut(&id) {
-                Some(reporter) => {
-                    let elapsed = now.saturating_duration_since(reporter.last_report);
-                    reporter.demand = Some(division::demand(division::rate_per_unit(
-                        count,
-                        elapsed.as_nanos(),
-                        unit_secs,
-                    )));
-                    if let (Rule::Limited { shadow: true, .. }, Some(share)) =
-                        (rule, reporter.share)
-                    {
-                        // What the share would have let through over the elapsed time.
-                        let earned = scale(share, elapsed, unit_secs);
-                        let over = usage.allowed.saturating_sub(earned);
-                        if over > 0 {
-                            self.stats
-                                .shadow_violations
-                                .get_or_create(&label)
-                                .inc_by(over);
-                        }
-                    }
-                    reporter.last_report = now;
-                    if count > 0 {
-                        reporter.last_busy = now;
-                    }
-                }
-                None => {
-                    // A newcomer: its demand is read from Envoy's own interval when that
-                    // covers at least a second (a stream reconnecting after a restart),
-                    // else unknown (it wants a fair share at once).
-                    let demand = (usage.elapsed >= Duration::from_secs(1)).then(|| {
-                        division::demand(division::rate_per_unit(
-                            count,
-                            usage.elapsed.as_nanos(),
-                            unit_secs,
-                        ))
-                    });
-                    bucket.reporters.insert(
-                        id,
-                        Reporter {
-                            demand,
-                            last_report: now,
-                            last_busy: now,
-                            share: None,
-                            sent: None,
-                        },
-                    );
-                }
-            }
+            self.note_reporter(bucket, id, &usage, &label, now);
             for (reporter, strategy, changed) in redivide(bucket, members) {
                 let action = Action::Assign {
                     bucket: usage.bucket.clone(),
@@ -415,6 +313,119 @@ impl Hub {
             .inc_by(reported.actions.len() as u64);
         self.deliver(streams, pushes);
         Ok(reported)
+    }
+
+    /// Refuses a report that would take `stream` past its bucket bound, or this node past
+    /// its own, before anything of it is taken.
+    fn check_room(
+        &self,
+        stream: &Stream,
+        buckets: &HashMap<(Arc<str>, BucketKey), Bucket>,
+        merged: &[Usage],
+    ) -> Result<(), HubError> {
+        let new = merged
+            .iter()
+            .filter(|usage| !stream.buckets.contains(&usage.bucket))
+            .count();
+        let would = stream.buckets.len() + new;
+        if would > self.options.max_buckets_per_stream {
+            return Err(HubError::TooManyBuckets {
+                would,
+                max: self.options.max_buckets_per_stream,
+            });
+        }
+        let fresh = merged
+            .iter()
+            .filter(|usage| {
+                !buckets.contains_key(&(Arc::clone(&stream.domain), usage.bucket.clone()))
+            })
+            .count();
+        let node_would = buckets.len() + fresh;
+        if fresh > 0 && node_would > self.options.max_buckets {
+            return Err(HubError::TooManyNodeBuckets {
+                would: node_would,
+                max: self.options.max_buckets,
+            });
+        }
+        Ok(())
+    }
+
+    /// Counts what one bucket's report says Envoy allowed and denied.
+    fn count_usage(&self, label: &DomainLabel, usage: &Usage, rule: Rule) {
+        self.stats
+            .reported_allowed
+            .get_or_create(label)
+            .inc_by(usage.allowed);
+        self.stats
+            .reported_denied
+            .get_or_create(label)
+            .inc_by(usage.denied);
+        if rule == Rule::UnknownDomain {
+            self.stats.unknown_domain_reports.inc();
+        }
+    }
+
+    /// Records stream `id`'s report on `bucket`: its demand (from the time since its last
+    /// report, or for a newcomer Envoy's own interval when that covers a second), and, for
+    /// a shadow-mode limit, what it let through beyond its share.
+    fn note_reporter(
+        &self,
+        bucket: &mut Bucket,
+        id: StreamId,
+        usage: &Usage,
+        label: &DomainLabel,
+        now: Instant,
+    ) {
+        let rule = bucket.rule;
+        let count = usage.allowed.saturating_add(usage.denied);
+        let unit_secs = match rule {
+            Rule::Limited { rate, .. } => rate.unit.seconds(),
+            _ => 1,
+        };
+        let Some(reporter) = bucket.reporters.get_mut(&id) else {
+            // A newcomer: its demand is read from Envoy's own interval when that covers at
+            // least a second (a stream reconnecting after a restart), else unknown (it
+            // wants a fair share at once).
+            let demand = (usage.elapsed >= Duration::from_secs(1)).then(|| {
+                division::demand(division::rate_per_unit(
+                    count,
+                    usage.elapsed.as_nanos(),
+                    unit_secs,
+                ))
+            });
+            bucket.reporters.insert(
+                id,
+                Reporter {
+                    demand,
+                    last_report: now,
+                    last_busy: now,
+                    share: None,
+                    sent: None,
+                },
+            );
+            return;
+        };
+        let elapsed = now.saturating_duration_since(reporter.last_report);
+        reporter.demand = Some(division::demand(division::rate_per_unit(
+            count,
+            elapsed.as_nanos(),
+            unit_secs,
+        )));
+        if let (Rule::Limited { shadow: true, .. }, Some(share)) = (rule, reporter.share) {
+            // What the share would have let through over the elapsed time.
+            let earned = scale(share, elapsed, unit_secs);
+            let over = usage.allowed.saturating_sub(earned);
+            if over > 0 {
+                self.stats
+                    .shadow_violations
+                    .get_or_create(label)
+                    .inc_by(over);
+            }
+        }
+        reporter.last_report = now;
+        if count > 0 {
+            reporter.last_busy = now;
+        }
     }
 
     /// Ends stream `id`: its shares go back to the other reporters of its buckets at once.
@@ -763,6 +774,27 @@ fn redivide(bucket: &mut Bucket, members: u64) -> Vec<(StreamId, Strategy, bool)
         out.push((id, strategy, changed));
     }
     out
+}
+
+/// One entry per bucket, even if a report names a bucket twice: their counts summed.
+fn merge_usages(usages: Vec<Usage>) -> Vec<Usage> {
+    let mut merged: Vec<Usage> = Vec::with_capacity(usages.len());
+    let mut seen: HashMap<BucketKey, usize> = HashMap::with_capacity(usages.len());
+    for usage in usages {
+        match seen.entry(usage.bucket.clone()) {
+            Entry::Occupied(at) => {
+                let into = &mut merged[*at.get()];
+                into.allowed = into.allowed.saturating_add(usage.allowed);
+                into.denied = into.denied.saturating_add(usage.denied);
+                into.elapsed = into.elapsed.max(usage.elapsed);
+            }
+            Entry::Vacant(at) => {
+                at.insert(merged.len());
+                merged.push(usage);
+            }
+        }
+    }
+    merged
 }
 
 #[cfg(test)]

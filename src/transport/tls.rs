@@ -309,15 +309,7 @@ fn load(options: &TlsOptions, flags: &'static Flags) -> Result<Loaded, TlsError>
         }
         None => None,
     };
-    // Each file's length, then its bytes: a change to any file changes the version.
-    let mut version = 0xcbf2_9ce4_8422_2325; // FNV-1a 64's offset basis
-    for bytes in [&cert_pem, &key_pem]
-        .into_iter()
-        .chain(ca_pem.as_ref().map(|(_, pem)| pem))
-    {
-        version = fnv1a64(version, &(bytes.len() as u64).to_le_bytes());
-        version = fnv1a64(version, bytes);
-    }
+    let version = files_version(&cert_pem, &key_pem, ca_pem.as_ref().map(|(_, pem)| pem));
 
     let chain = certificates(flags.cert, &options.cert, &cert_pem)?;
     let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|error| TlsError::Invalid {
@@ -326,32 +318,7 @@ fn load(options: &TlsOptions, flags: &'static Flags) -> Result<Loaded, TlsError>
         problem: pem_problem(&error, "private key"),
     })?;
     let client_key = key.clone_key();
-    let signing_key = provider
-        .key_provider
-        .load_private_key(key)
-        .map_err(|error| TlsError::Invalid {
-            flag: flags.key,
-            path: options.key.clone(),
-            problem: format!("unusable private key: {error}"),
-        })?;
-    let certified = rustls::sign::CertifiedKey::new(chain.clone(), signing_key);
-    match certified.keys_match() {
-        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => {}
-        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
-            return Err(TlsError::Mismatch {
-                flags,
-                cert: options.cert.clone(),
-                key: options.key.clone(),
-            });
-        }
-        Err(error) => {
-            return Err(TlsError::Invalid {
-                flag: flags.cert,
-                path: options.cert.clone(),
-                problem: format!("unusable certificate: {error}"),
-            });
-        }
-    }
+    let certified = certified_key(options, flags, chain.clone(), key, &provider)?;
 
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
@@ -385,6 +352,51 @@ fn load(options: &TlsOptions, flags: &'static Flags) -> Result<Loaded, TlsError>
         client,
     };
     Ok(Loaded { configs, version })
+}
+
+/// A hash of the files' bytes, each file's length first: a change to any file changes it.
+fn files_version(cert: &[u8], key: &[u8], ca: Option<&Vec<u8>>) -> u64 {
+    let mut version = 0xcbf2_9ce4_8422_2325; // FNV-1a 64's offset basis
+    for bytes in [cert, key].into_iter().chain(ca.map(Vec::as_slice)) {
+        version = fnv1a64(version, &(bytes.len() as u64).to_le_bytes());
+        version = fnv1a64(version, bytes);
+    }
+    version
+}
+
+/// The certificate chain and its private key as one signing identity, refused when the
+/// key is unusable or does not belong to the certificate.
+fn certified_key(
+    options: &TlsOptions,
+    flags: &'static Flags,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Result<rustls::sign::CertifiedKey, TlsError> {
+    let signing_key = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|error| TlsError::Invalid {
+            flag: flags.key,
+            path: options.key.clone(),
+            problem: format!("unusable private key: {error}"),
+        })?;
+    let certified = rustls::sign::CertifiedKey::new(chain, signing_key);
+    match certified.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => Ok(certified),
+        Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
+            Err(TlsError::Mismatch {
+                flags,
+                cert: options.cert.clone(),
+                key: options.key.clone(),
+            })
+        }
+        Err(error) => Err(TlsError::Invalid {
+            flag: flags.cert,
+            path: options.cert.clone(),
+            problem: format!("unusable certificate: {error}"),
+        }),
+    }
 }
 
 /// The client side of mutual TLS between peers: presents this node's certificate, and

@@ -125,6 +125,113 @@ impl Taken {
     }
 }
 
+/// One distributed decision in progress: each part's answer, what the parts consumed
+/// (to give back if the request fails), the first error, and the parts left to the
+/// fallback.
+struct Round {
+    answers: Vec<Option<Decisions>>,
+    taken: Taken,
+    /// The first error of any part; once there is one, the parts still in flight are
+    /// awaited only to give back what they consumed.
+    failed: Option<StoreError>,
+    fallbacks: Vec<(usize, Arc<Remote>, Checks)>,
+    /// The decisions of the checks admitted from a lease (part 1), until the parts exist.
+    leased: Decisions,
+}
+
+impl Round {
+    /// Room for the answers of `parts` parts, the leased ones in already.
+    fn with_parts(mut self, parts: usize) -> Round {
+        self.answers = (0..parts).map(|_| None).collect();
+        self.answers[1] = Some(std::mem::take(&mut self.leased));
+        self
+    }
+
+    /// Decides this node's part (part 0) on its engine.
+    async fn decide_here(&mut self, node: &Node, local: Checks) {
+        if local.is_empty() {
+            return;
+        }
+        match node.engine().begin(&local) {
+            Ok(started) => match started.finish_consumed().await {
+                Ok((decisions, consumed)) => {
+                    self.answers[0] = Some(decisions);
+                    self.taken.engine.push((local, consumed));
+                }
+                Err(error) => self.failed = Some(error),
+            },
+            // The engine gave back its own part already.
+            Err(error) => self.failed = Some(error),
+        }
+    }
+
+    /// Takes an owner's answer to part `index`: its decisions, an error of its own, or (it
+    /// could not be reached, or is no longer a member) the part back for the fallback.
+    fn take_answer(
+        &mut self,
+        index: usize,
+        remote: Arc<Remote>,
+        answer: Result<remote::Answer, oneshot::error::RecvError>,
+    ) {
+        match answer {
+            Ok(Ok(answered)) => {
+                self.answers[index] = Some(answered.decisions);
+                self.taken.forwarded.push((remote, answered.counted));
+            }
+            Ok(Err((error @ PeerError::Remote { .. }, _))) => {
+                self.failed
+                    .get_or_insert_with(|| ClusterError::from(error).into());
+            }
+            Ok(Err((_, part))) => self.fallbacks.push((index, remote, part)),
+            Err(_) => {
+                let peer = Arc::clone(remote.address());
+                let problem = "the forward was dropped".to_owned();
+                self.failed
+                    .get_or_insert_with(|| ClusterError::Protocol { peer, problem }.into());
+            }
+        }
+    }
+}
+
+/// Each check's decider: this node (part 0), the lease it was admitted from already
+/// (part 1; a lease spent on a key this node owns now is given back and the key decided
+/// here), or its owner.
+fn route<'t>(
+    node: &Node,
+    topology: &'t Topology,
+    checks: Checks,
+    leased: SpentLeases,
+) -> (Scatter<Target<'t>>, Round) {
+    let mut spent = leased.into_iter();
+    let mut round = Round {
+        answers: Vec::new(),
+        taken: Taken::default(),
+        failed: None,
+        fallbacks: Vec::new(),
+        leased: Decisions::new(),
+    };
+    let mut scatter = Scatter::new([Target::Here, Target::Leased], checks.len());
+    for check in checks {
+        let route = check.counters.first().map(|counter| counter.key.route);
+        let target = match (Target::of(topology, route), spent.next().flatten()) {
+            (Target::Here, spent) => {
+                if let Some(spent) = spent {
+                    node.leases.unspend(&check, &spent);
+                }
+                Target::Here
+            }
+            (_, Some(spent)) => {
+                round.leased.push(spent.decision);
+                round.taken.leased.push((check.clone(), spent));
+                Target::Leased
+            }
+            (owner, None) => owner,
+        };
+        scatter.push(target, check);
+    }
+    (scatter, round)
+}
+
 impl Cluster {
     /// [`Cluster::check`] when some checks belong to other nodes; an owner that cannot be
     /// reached is a case for the fallback policy. `leased` holds, per check, what it spent
@@ -147,38 +254,12 @@ impl Cluster {
         leased: SpentLeases,
         may_reroute: bool,
     ) -> Result<Decisions, StoreError> {
-        let mut spent = leased.into_iter();
-        let mut taken = Taken::default();
-        let mut leased = Decisions::new();
         let topology = node.topology.load();
-        // Part 0: this node; part 1: the checks admitted from a lease, decided right here.
-        let mut scatter = Scatter::new([Target::Here, Target::Leased], checks.len());
-        for check in checks {
-            let route = check.counters.first().map(|counter| counter.key.route);
-            let target = match (Target::of(&topology, route), spent.next().flatten()) {
-                (Target::Here, spent) => {
-                    // The ring changed since the lease was spent: this node owns the key
-                    // now, and decides it; the lease gets its hits back.
-                    if let Some(spent) = spent {
-                        node.leases.unspend(&check, &spent);
-                    }
-                    Target::Here
-                }
-                (_, Some(spent)) => {
-                    leased.push(spent.decision);
-                    taken.leased.push((check.clone(), spent));
-                    Target::Leased
-                }
-                (owner, None) => owner,
-            };
-            scatter.push(target, check);
-        }
+        let (scatter, round) = route(node, &topology, checks, leased);
         let (parts, gather) = scatter.into_parts();
+        let mut round = round.with_parts(parts.len());
         // Queue the forwards first, so they travel while the local part is decided.
-        let mut answers: Vec<Option<Decisions>> = (0..parts.len()).map(|_| None).collect();
-        answers[1] = Some(leased);
         let mut waiting: Vec<(usize, Arc<Remote>, oneshot::Receiver<remote::Answer>)> = Vec::new();
-        let mut fallbacks: Vec<(usize, Arc<Remote>, Checks)> = Vec::new();
         let mut local = Checks::new();
         for (index, (target, part)) in parts.into_iter().enumerate() {
             match target {
@@ -186,89 +267,65 @@ impl Cluster {
                 Target::Leased => {}
                 Target::Owner(remote) => match remote.submit(part) {
                     Ok(rx) => waiting.push((index, Arc::clone(remote), rx)),
-                    Err((_, part)) => fallbacks.push((index, Arc::clone(remote), part)),
+                    Err((_, part)) => round.fallbacks.push((index, Arc::clone(remote), part)),
                 },
             }
         }
         drop(topology);
-        // The first error of any part; once there is one, the parts still in flight are
-        // awaited only to give back what they consumed.
-        let mut failed: Option<StoreError> = None;
-        if !local.is_empty() {
-            let started = node.engine().begin(&local);
-            match started {
-                Ok(started) => match started.finish_consumed().await {
-                    Ok((decisions, consumed)) => {
-                        answers[0] = Some(decisions);
-                        taken.engine.push((local, consumed));
-                    }
-                    Err(error) => failed = Some(error),
-                },
-                // The engine gave back its own part already.
-                Err(error) => failed = Some(error),
-            }
-        }
+        round.decide_here(node, local).await;
         // Every forward is answered within its deadline (see `remote`).
         for (index, remote, rx) in waiting {
-            match rx.await {
-                Ok(Ok(answered)) => {
-                    answers[index] = Some(answered.decisions);
-                    taken.forwarded.push((remote, answered.counted));
-                }
-                Ok(Err((error @ PeerError::Remote { .. }, _))) => {
-                    failed.get_or_insert_with(|| ClusterError::from(error).into());
-                }
-                // Unreachable, or no longer a member: the fallback policy decides.
-                Ok(Err((_, part))) => fallbacks.push((index, remote, part)),
-                Err(_) => {
-                    let peer = Arc::clone(remote.address());
-                    let problem = "the forward was dropped".to_owned();
-                    failed.get_or_insert_with(|| ClusterError::Protocol { peer, problem }.into());
-                }
-            }
+            round.take_answer(index, remote, rx.await);
         }
-        if failed.is_none() && !fallbacks.is_empty() {
-            let topology = node.topology.load_full();
-            for (index, remote, part) in fallbacks {
-                let moved = part.iter().any(|check| {
-                    Target::of(&topology, Some(check.route())) != Target::Owner(&remote)
-                });
-                let decided = if may_reroute && moved {
-                    // What a rerouted part consumed is not given back if a later part
-                    // fails: an under-admission at worst.
-                    node.stats.rerouted.fetch_add(1, Ordering::Relaxed);
-                    Box::pin(self.check_distributed(node, part, SpentLeases::new(), false))
-                        .await
-                        .map(|decisions| (decisions, None))
-                } else {
-                    node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-                    node.fallback(part).await
-                };
-                match decided {
-                    Ok((decisions, consumed)) => {
-                        answers[index] = Some(decisions);
-                        taken.engine.extend(consumed);
-                    }
-                    Err(error) => {
-                        failed = Some(error);
-                        break;
-                    }
-                }
-            }
-            // The ring changed while the fallback counted: what it counted on this node's
-            // share after the handoff is handed over too.
-            if !Arc::ptr_eq(&topology, &node.topology.load_full()) {
-                node.rebalance.notify_one();
-            }
+        if round.failed.is_none() && !round.fallbacks.is_empty() {
+            self.decide_fallbacks(node, &mut round, may_reroute).await;
         }
-        let decided = match failed {
+        let decided = match round.failed {
             Some(error) => Err(error),
-            None => gather.gather(answers).ok_or_else(too_few),
+            None => gather.gather(round.answers).ok_or_else(too_few),
         };
         if decided.is_err() {
-            taken.give_back(node).await;
+            round.taken.give_back(node).await;
         }
         decided
+    }
+
+    /// Decides the parts whose owner could not be reached: routed again (once, with
+    /// `may_reroute`) when the owner has left the ring meanwhile, else by the fallback
+    /// policy. Stops at the first error.
+    async fn decide_fallbacks(&self, node: &Node, round: &mut Round, may_reroute: bool) {
+        let topology = node.topology.load_full();
+        for (index, remote, part) in std::mem::take(&mut round.fallbacks) {
+            let moved = part
+                .iter()
+                .any(|check| Target::of(&topology, Some(check.route())) != Target::Owner(&remote));
+            let decided = if may_reroute && moved {
+                // What a rerouted part consumed is not given back if a later part
+                // fails: an under-admission at worst.
+                node.stats.rerouted.fetch_add(1, Ordering::Relaxed);
+                Box::pin(self.check_distributed(node, part, SpentLeases::new(), false))
+                    .await
+                    .map(|decisions| (decisions, None))
+            } else {
+                node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                node.fallback(part).await
+            };
+            match decided {
+                Ok((decisions, consumed)) => {
+                    round.answers[index] = Some(decisions);
+                    round.taken.engine.extend(consumed);
+                }
+                Err(error) => {
+                    round.failed = Some(error);
+                    break;
+                }
+            }
+        }
+        // The ring changed while the fallback counted: what it counted on this node's
+        // share after the handoff is handed over too.
+        if !Arc::ptr_eq(&topology, &node.topology.load_full()) {
+            node.rebalance.notify_one();
+        }
     }
 
     /// [`Store::peek`](crate::store::Store::peek) when some checks belong to other nodes:

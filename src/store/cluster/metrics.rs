@@ -18,9 +18,18 @@ pub(super) struct ClusterCollector {
 
 impl Collector for ClusterCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (stats, remotes) = self.cluster.stats();
+        self.encode_totals(&mut encoder)?;
+        self.encode_leases(&mut encoder)?;
+        self.encode_peers(&mut encoder)
+    }
+}
+
+impl ClusterCollector {
+    /// Membership, fallbacks, handoffs and the RLQS exchange.
+    fn encode_totals(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (stats, _) = self.cluster.stats();
         scrape_gauge(
-            &mut encoder,
+            encoder,
             "cluster_members",
             "Nodes on this node's hash ring, itself included",
             self.cluster.member_count() as u64,
@@ -83,8 +92,13 @@ impl Collector for ClusterCollector {
             ),
         ];
         for (name, help, value) in totals {
-            scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
+            scrape_counter(encoder, name, help, value.load(Ordering::Relaxed))?;
         }
+        Ok(())
+    }
+
+    /// The hits lent and borrowed with leases.
+    fn encode_leases(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let leases = self.cluster.leases();
         let lease_totals: [(&str, &str, &AtomicU64); 3] = [
             (
@@ -104,14 +118,19 @@ impl Collector for ClusterCollector {
             ),
         ];
         for (name, help, value) in lease_totals {
-            scrape_counter(&mut encoder, name, help, value.load(Ordering::Relaxed))?;
+            scrape_counter(encoder, name, help, value.load(Ordering::Relaxed))?;
         }
         scrape_gauge(
-            &mut encoder,
+            encoder,
             "cluster_leases",
             "Keys this node holds a lease for",
             leases.len() as u64,
-        )?;
+        )
+    }
+
+    /// Each peer's forwarding figures, breaker and health.
+    fn encode_peers(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (_, remotes) = self.cluster.stats();
         type Read = fn(&super::remote::Remote) -> u64;
         let per_peer: [(&str, &str, MetricType, Read); 5] = [
             (

@@ -522,37 +522,7 @@ impl Remote {
                     recovered.notify_one();
                 }
                 for (pending, group) in batch.into_iter().zip(reply.groups) {
-                    let expected: usize = pending
-                        .checks
-                        .iter()
-                        .map(|check| check.counters.len())
-                        .sum();
-                    let failed = !group.error.is_empty() || group.code != 0;
-                    let answer = if !failed && group.decisions.len() == expected {
-                        self.take_leases(&pending.checks, &group.decisions);
-                        Ok(Answered {
-                            decisions: group
-                                .decisions
-                                .iter()
-                                .map(convert::decision_from_wire)
-                                .collect(),
-                            counted: Counted::new(pending.checks, &group.decisions),
-                        })
-                    } else {
-                        let (kind, message) = if failed {
-                            (convert::error_from_wire(group.code), group.error)
-                        } else {
-                            let problem = "answered a different number of decisions";
-                            (ErrorKind::Internal, problem.to_owned())
-                        };
-                        let peer = Arc::clone(&self.address);
-                        let error = PeerError::Remote {
-                            peer,
-                            kind,
-                            message,
-                        };
-                        Err((error, pending.checks))
-                    };
+                    let answer = self.answer(pending.checks, group);
                     let _ = pending.reply.send(answer);
                 }
             }
@@ -566,6 +536,38 @@ impl Remote {
                 }
             }
         }
+    }
+
+    /// One group's answer: its decisions (taking the leases they grant), or the owner's own
+    /// error, or a malformed answer (another number of decisions) as an internal error.
+    // `Answer` is what the batch's channel carries: built once per group and moved into it.
+    #[allow(clippy::result_large_err)]
+    fn answer(&self, checks: Checks, group: wire::GroupReply) -> Answer {
+        let expected: usize = checks.iter().map(|check| check.counters.len()).sum();
+        let failed = !group.error.is_empty() || group.code != 0;
+        if !failed && group.decisions.len() == expected {
+            self.take_leases(&checks, &group.decisions);
+            return Ok(Answered {
+                decisions: group
+                    .decisions
+                    .iter()
+                    .map(convert::decision_from_wire)
+                    .collect(),
+                counted: Counted::new(checks, &group.decisions),
+            });
+        }
+        let (kind, message) = if failed {
+            (convert::error_from_wire(group.code), group.error)
+        } else {
+            let problem = "answered a different number of decisions";
+            (ErrorKind::Internal, problem.to_owned())
+        };
+        let error = PeerError::Remote {
+            peer: Arc::clone(&self.address),
+            kind,
+            message,
+        };
+        Err((error, checks))
     }
 }
 

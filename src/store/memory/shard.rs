@@ -579,6 +579,49 @@ impl Shard {
     }
 }
 
+/// Decides a check of one counter on its held `slot`, in place: pushes its decision onto
+/// `out` and writes the slot as the check's charge says. Answers the outcome, and the
+/// slot's new expiry when it came earlier than it was (a refund can bring a bucket's full
+/// time forward), which the key table's due order must learn.
+#[inline]
+fn decide_in_place(
+    slot: &mut Slot,
+    counter: &Counter,
+    check: &Check,
+    now: u64,
+    out: &mut Decisions,
+) -> (Outcome, Option<u32>) {
+    let mut state = State {
+        a: slot.a,
+        b: slot.b,
+    };
+    let decision = algorithm::apply(&counter.rate, &mut state, now, check.cost, check.charge);
+    out.push(decision);
+    let mut earlier = None;
+    if check.writes(decision.allowed) {
+        let until = expires(
+            now,
+            algorithm::lifetime(&counter.rate, decision.reset_after),
+        );
+        if until < slot.expires {
+            earlier = Some(until);
+        }
+        *slot = Slot {
+            a: state.a,
+            b: state.b,
+            expires: until,
+        };
+    }
+    if !decision.allowed {
+        let outcome = Outcome::Denied {
+            key: counter.key,
+            retry_after: decision.retry_after,
+        };
+        return (outcome, earlier);
+    }
+    (Outcome::Admitted, earlier)
+}
+
 impl Counters {
     /// Decides `check` at `now`, consuming on every counter if all admit (and, as its
     /// charge says, counting a rejected check or giving back a refund: [`Check::writes`]).
@@ -598,37 +641,23 @@ impl Counters {
             && let Some(slot) = self.keys.get_mut(&counter.key)
         {
             // The common case, a known key with one limit: decide in place, one probe.
-            let mut state = State {
-                a: slot.a,
-                b: slot.b,
-            };
-            let decision =
-                algorithm::apply(&counter.rate, &mut state, now, check.cost, check.charge);
-            out.push(decision);
-            if check.writes(decision.allowed) {
-                let until = expires(
-                    now,
-                    algorithm::lifetime(&counter.rate, decision.reset_after),
-                );
-                let earlier = until < slot.expires;
-                *slot = Slot {
-                    a: state.a,
-                    b: state.b,
-                    expires: until,
-                };
-                if earlier {
-                    // A refund can bring a bucket's full time forward.
-                    self.keys.lower_due(&counter.key, until);
-                }
+            let (outcome, earlier) = decide_in_place(slot, counter, check, now, out);
+            if let Some(until) = earlier {
+                // A refund can bring a bucket's full time forward.
+                self.keys.lower_due(&counter.key, until);
             }
-            if !decision.allowed {
-                return Ok(Outcome::Denied {
-                    key: counter.key,
-                    retry_after: decision.retry_after,
-                });
-            }
-            return Ok(Outcome::Admitted);
+            return Ok(outcome);
         }
+        self.evaluate_slots(check, now, out)
+    }
+
+    /// [`Counters::evaluate`] for a check of several counters, or of a key not held yet.
+    fn evaluate_slots(
+        &mut self,
+        check: &Check,
+        now: u64,
+        out: &mut Decisions,
+    ) -> Result<Outcome, StoreError> {
         let mut new_keys = 0usize;
         let mut states: States = check
             .counters

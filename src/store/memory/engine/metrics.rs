@@ -18,7 +18,19 @@ pub(super) struct EngineCollector {
 
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let shard_label = |index: usize| [("shard", index.to_string())];
+        self.encode_shards(&mut encoder)?;
+        self.encode_rules(&mut encoder)?;
+        self.encode_lock_wait(&mut encoder)
+    }
+}
+
+fn shard_label(index: usize) -> [(&'static str, String); 1] {
+    [("shard", index.to_string())]
+}
+
+impl EngineCollector {
+    /// Each shard's keys, waiters and counts.
+    fn encode_shards(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let figures = self.engine.figures();
         type Figure = fn(&super::ShardFigures) -> usize;
         let gauges: [(&str, &str, Figure); 3] = [
@@ -83,6 +95,11 @@ impl Collector for EngineCollector {
                 encode_counter(family.encode_family(&labels)?, read(shard))?;
             }
         }
+        Ok(())
+    }
+
+    /// Each rule's keys, budget and refusals.
+    fn encode_rules(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // Each rule named once per scrape, for the three families.
         let rules: Vec<([(&str, String); 1], RuleKeys)> = self
             .engine
@@ -116,6 +133,11 @@ impl Collector for EngineCollector {
         for (label, keys) in &rules {
             encode_counter(refusals.encode_family(label)?, keys.refused)?;
         }
+        Ok(())
+    }
+
+    /// How long checks waited for a busy shard, per shard.
+    fn encode_lock_wait(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let mut wait = encoder.encode_descriptor(
             "shard_lock_wait_seconds",
             "How long checks that found their shard busy waited for it",
