@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::ratekeeper::Ratekeeper;
 use super::temp::{TempDir, write_config};
-use super::tools::find_program;
+use super::tools::{find_program, found_or_apt_installed};
 
 /// The ports every node listens on inside its own namespace.
 pub const NODE_GRPC_PORT: u16 = 8081;
@@ -66,18 +66,21 @@ pub struct Netns {
 }
 
 impl Netns {
-    /// `nodes` namespaces wired as the module describes. `Err` says why namespaces cannot
-    /// be created here (no `ip`, not root, no CAP_NET_ADMIN): the caller skips, saying so.
-    /// Any later failure panics with the failing command and its stderr.
-    pub fn new(nodes: usize) -> Result<Netns, String> {
+    /// `nodes` namespaces wired as the module describes; `ip` is Debian's `iproute2`,
+    /// installed when missing. Panics when namespaces cannot be created here (not root, no
+    /// CAP_NET_ADMIN), saying so: the partition tests are never skipped. Any later failure
+    /// panics with the failing command and its stderr.
+    pub fn new(nodes: usize) -> Netns {
         assert!(
             (1..=32).contains(&nodes),
             "1 to 32 nodes fit the address plan"
         );
         static RUNS: AtomicUsize = AtomicUsize::new(0);
-        let Some(ip) = find_program(&["ip"], &["/usr/sbin", "/sbin"]) else {
-            return Err("no `ip` program (iproute2) in PATH, /usr/sbin or /sbin".to_owned());
-        };
+        let ip = found_or_apt_installed(
+            || find_program(&["ip"], &["/usr/sbin", "/sbin"]),
+            "iproute2",
+            "or put `ip` on PATH",
+        );
         let ip = ip.to_string_lossy().into_owned();
         let run = format!(
             "rk-{}-{}",
@@ -85,7 +88,12 @@ impl Netns {
             RUNS.fetch_add(1, Ordering::Relaxed)
         );
         let switch = format!("{run}-sw");
-        run_ip(&ip, &["netns", "add", &switch])?;
+        if let Err(error) = run_ip(&ip, &["netns", "add", &switch]) {
+            panic!(
+                "cannot create network namespaces, which the partition tests need: {error} \
+                 (run the tests as root, or with CAP_NET_ADMIN and CAP_SYS_ADMIN)"
+            );
+        }
         let mut netns = Netns {
             ip,
             switch: switch.clone(),
@@ -96,7 +104,7 @@ impl Netns {
             etc_root_created: false,
         };
         netns.wire();
-        Ok(netns)
+        netns
     }
 
     /// Creates the node namespaces, the peer network and the client links.

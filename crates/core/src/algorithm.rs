@@ -180,15 +180,18 @@ macro_rules! algorithms {
 
             /// The algorithm's code, the one number every representation uses (see
             /// [`Kernel::CODE`]).
+            #[inline]
             pub const fn code(self) -> u8 {
                 match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::CODE,)* }
             }
 
+            #[inline]
             pub const fn as_str(self) -> &'static str {
                 match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::NAME,)* }
             }
 
             /// Whether `burst` means something for this algorithm.
+            #[inline]
             pub const fn uses_burst(self) -> bool {
                 match self {
                     $(Algorithm::$variant => <$module::$kernel as Kernel>::USES_BURST,)*
@@ -196,10 +199,12 @@ macro_rules! algorithms {
             }
 
             /// Its branch of the Redis script.
+            #[inline]
             pub const fn lua(self) -> &'static str {
                 match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::LUA,)* }
             }
 
+            #[inline]
             fn burst(self, requests_per_unit: u32, burst: Option<u32>) -> u32 {
                 match self {
                     $(Algorithm::$variant =>
@@ -207,6 +212,7 @@ macro_rules! algorithms {
                 }
             }
 
+            #[inline]
             fn share_burst(self, rate: &Rate, requests_per_unit: u32, members: u32) -> u32 {
                 match self {
                     $(Algorithm::$variant => <$module::$kernel as Kernel>::share_burst(
@@ -214,20 +220,24 @@ macro_rules! algorithms {
                 }
             }
 
+            #[inline]
             fn capacity(self, rate: &Rate) -> u64 {
                 match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::capacity(rate),)* }
             }
 
+            #[inline]
             fn refill_time(self, rate: &Rate) -> std::time::Duration {
                 match self {
                     $(Algorithm::$variant => <$module::$kernel as Kernel>::refill_time(rate),)*
                 }
             }
 
+            #[inline]
             fn init(self, rate: &Rate, now: u64) -> State {
                 match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::init(rate, now),)* }
             }
 
+            #[inline]
             fn state_from_numbers(self, rate: &Rate, time: u64, numbers: [u64; 3]) -> State {
                 match self {
                     $(Algorithm::$variant =>
@@ -243,6 +253,7 @@ macro_rules! algorithms {
                 }
             }
 
+            #[inline]
             fn give_back(self, rate: &Rate, state: &mut State, now: u64, cost: u64) {
                 match self {
                     $(Algorithm::$variant =>
@@ -250,10 +261,12 @@ macro_rules! algorithms {
                 }
             }
 
+            #[inline]
             fn window(self, state: &State) -> Option<u64> {
                 match self { $(Algorithm::$variant => <$module::$kernel as Kernel>::window(state),)* }
             }
 
+            #[inline]
             fn refund(self, rate: &Rate, state: &mut State, now: u64, units: u64) -> u64 {
                 match self {
                     $(Algorithm::$variant =>
@@ -261,6 +274,7 @@ macro_rules! algorithms {
                 }
             }
 
+            #[inline]
             fn lifetime(self, rate: &Rate, reset_after: u64) -> u64 {
                 match self {
                     $(Algorithm::$variant =>
@@ -268,6 +282,7 @@ macro_rules! algorithms {
                 }
             }
 
+            #[inline]
             fn merge(self, rate: &Rate, ours: State, theirs: State, now: u64) -> State {
                 match self {
                     $(Algorithm::$variant =>
@@ -672,16 +687,19 @@ pub fn merge(rate: &Rate, ours: State, theirs: State, now: u64) -> State {
     rate.algorithm.merge(rate, a, b, now)
 }
 
+#[inline]
 fn until_window_end(unit: Unit, now: u64) -> u64 {
     let len = unit.nanos();
     len - now % len
 }
 
+#[inline]
 fn clamp_u32(value: u64) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
 }
 
 /// `seconds` and `nanos` as nanoseconds, saturating.
+#[inline]
 fn nanos(seconds: u64, nanos: u64) -> u64 {
     seconds.saturating_mul(NANOS_PER_SEC).saturating_add(nanos)
 }

@@ -14,18 +14,22 @@ impl Kernel for FixedWindow {
     const USES_BURST: bool = false;
     const LUA: &'static str = include_str!("fixed_window.lua");
 
+    #[inline]
     fn burst(requests_per_unit: u32, _burst: Option<u32>) -> u32 {
         requests_per_unit
     }
 
+    #[inline]
     fn share_burst(_rate: &Rate, requests_per_unit: u32, _members: u32) -> u32 {
         requests_per_unit
     }
 
+    #[inline]
     fn capacity(rate: &Rate) -> u64 {
         u64::from(rate.requests_per_unit)
     }
 
+    #[inline]
     fn init(rate: &Rate, now: u64) -> State {
         State {
             a: now / rate.unit.nanos(),
@@ -33,6 +37,7 @@ impl Kernel for FixedWindow {
         }
     }
 
+    #[inline]
     fn from_numbers(rate: &Rate, time: u64, [used, _, _]: [u64; 3]) -> State {
         let window = time / rate.unit.nanos();
         State {
@@ -41,6 +46,7 @@ impl Kernel for FixedWindow {
         }
     }
 
+    #[inline]
     fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
         let window = now / rate.unit.nanos();
         if state.a != window {
@@ -66,24 +72,29 @@ impl Kernel for FixedWindow {
         }
     }
 
+    #[inline]
     fn give_back(_rate: &Rate, state: &mut State, _now: u64, cost: u64) {
         state.b -= clamp_u32(cost.min(u64::from(state.b)));
     }
 
+    #[inline]
     fn window(state: &State) -> Option<u64> {
         Some(state.a)
     }
 
+    #[inline]
     fn refund(_rate: &Rate, state: &mut State, _now: u64, units: u64) -> u64 {
         let back = units.min(u64::from(state.b));
         state.b -= clamp_u32(back);
         back
     }
 
+    #[inline]
     fn lifetime(_rate: &Rate, reset_after: u64) -> u64 {
         reset_after
     }
 
+    #[inline]
     fn merge(_rate: &Rate, ours: State, theirs: State, _now: u64) -> State {
         State {
             a: ours.a,

@@ -16,10 +16,12 @@ impl Kernel for Gcra {
     const USES_BURST: bool = true;
     const LUA: &'static str = include_str!("gcra.lua");
 
+    #[inline]
     fn burst(_requests_per_unit: u32, burst: Option<u32>) -> u32 {
         burst.unwrap_or(1)
     }
 
+    #[inline]
     fn share_burst(rate: &Rate, requests_per_unit: u32, members: u32) -> u32 {
         if requests_per_unit == 0 {
             0
@@ -28,6 +30,7 @@ impl Kernel for Gcra {
         }
     }
 
+    #[inline]
     fn capacity(rate: &Rate) -> u64 {
         if rate.requests_per_unit == 0 {
             0
@@ -36,6 +39,7 @@ impl Kernel for Gcra {
         }
     }
 
+    #[inline]
     fn refill_time(rate: &Rate) -> Duration {
         Duration::from_nanos(
             rate.emission_interval()
@@ -43,10 +47,12 @@ impl Kernel for Gcra {
         )
     }
 
+    #[inline]
     fn init(_rate: &Rate, now: u64) -> State {
         State { a: now, b: 0 }
     }
 
+    #[inline]
     fn from_numbers(_rate: &Rate, _time: u64, [seconds, nanoseconds, _]: [u64; 3]) -> State {
         State {
             a: nanos(seconds, nanoseconds),
@@ -54,6 +60,7 @@ impl Kernel for Gcra {
         }
     }
 
+    #[inline]
     fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
         let interval = u128::from(rate.emission_interval());
         let capacity = interval * u128::from(rate.burst);
@@ -82,16 +89,19 @@ impl Kernel for Gcra {
         }
     }
 
+    #[inline]
     fn give_back(rate: &Rate, state: &mut State, now: u64, cost: u64) {
         let tat = state.a.max(now);
         let back = cost.saturating_mul(rate.emission_interval()).min(tat - now);
         state.a = tat - back;
     }
 
+    #[inline]
     fn window(_state: &State) -> Option<u64> {
         None
     }
 
+    #[inline]
     fn refund(rate: &Rate, state: &mut State, now: u64, units: u64) -> u64 {
         let interval = rate.emission_interval();
         let tat = state.a.max(now);
@@ -100,10 +110,12 @@ impl Kernel for Gcra {
         back
     }
 
+    #[inline]
     fn lifetime(_rate: &Rate, reset_after: u64) -> u64 {
         reset_after
     }
 
+    #[inline]
     fn merge(_rate: &Rate, ours: State, theirs: State, now: u64) -> State {
         // Each side's theoretical arrival time is ahead of `now` by what it consumed.
         let ahead = |tat: u64| tat.saturating_sub(now);

@@ -11,6 +11,7 @@ use super::{Decision, Kernel, Rate, State, clamp_u32};
 pub(crate) struct SlidingWindow;
 
 /// The state's `a`: the window's index (mod 2^32) and the previous window's count.
+#[inline]
 pub(crate) fn pack(window: u64, previous: u32) -> u64 {
     ((window & 0xffff_ffff) << 32) | u64::from(previous)
 }
@@ -21,18 +22,22 @@ impl Kernel for SlidingWindow {
     const USES_BURST: bool = false;
     const LUA: &'static str = include_str!("sliding_window.lua");
 
+    #[inline]
     fn burst(requests_per_unit: u32, _burst: Option<u32>) -> u32 {
         requests_per_unit
     }
 
+    #[inline]
     fn share_burst(_rate: &Rate, requests_per_unit: u32, _members: u32) -> u32 {
         requests_per_unit
     }
 
+    #[inline]
     fn capacity(rate: &Rate) -> u64 {
         u64::from(rate.requests_per_unit)
     }
 
+    #[inline]
     fn init(rate: &Rate, now: u64) -> State {
         State {
             a: pack(now / rate.unit.nanos(), 0),
@@ -40,6 +45,7 @@ impl Kernel for SlidingWindow {
         }
     }
 
+    #[inline]
     fn from_numbers(rate: &Rate, time: u64, [previous, current, _]: [u64; 3]) -> State {
         let window = time / rate.unit.nanos();
         State {
@@ -48,6 +54,7 @@ impl Kernel for SlidingWindow {
         }
     }
 
+    #[inline]
     fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
         let len = rate.unit.nanos();
         let window = now / len;
@@ -92,24 +99,29 @@ impl Kernel for SlidingWindow {
         }
     }
 
+    #[inline]
     fn give_back(_rate: &Rate, state: &mut State, _now: u64, cost: u64) {
         state.b -= clamp_u32(cost.min(u64::from(state.b)));
     }
 
+    #[inline]
     fn window(state: &State) -> Option<u64> {
         Some(state.a >> 32)
     }
 
+    #[inline]
     fn refund(_rate: &Rate, state: &mut State, _now: u64, units: u64) -> u64 {
         let back = units.min(u64::from(state.b));
         state.b -= clamp_u32(back);
         back
     }
 
+    #[inline]
     fn lifetime(rate: &Rate, reset_after: u64) -> u64 {
         reset_after.saturating_add(rate.unit.nanos())
     }
 
+    #[inline]
     fn merge(_rate: &Rate, ours: State, theirs: State, _now: u64) -> State {
         let previous = (ours.a & 0xffff_ffff) + (theirs.a & 0xffff_ffff);
         State {

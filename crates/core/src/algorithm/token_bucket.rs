@@ -17,10 +17,12 @@ impl Kernel for TokenBucket {
     const USES_BURST: bool = true;
     const LUA: &'static str = include_str!("token_bucket.lua");
 
+    #[inline]
     fn burst(requests_per_unit: u32, burst: Option<u32>) -> u32 {
         burst.unwrap_or(requests_per_unit)
     }
 
+    #[inline]
     fn share_burst(rate: &Rate, requests_per_unit: u32, members: u32) -> u32 {
         if requests_per_unit == 0 {
             0
@@ -29,6 +31,7 @@ impl Kernel for TokenBucket {
         }
     }
 
+    #[inline]
     fn capacity(rate: &Rate) -> u64 {
         if rate.requests_per_unit == 0 {
             0
@@ -37,6 +40,7 @@ impl Kernel for TokenBucket {
         }
     }
 
+    #[inline]
     fn refill_time(rate: &Rate) -> Duration {
         Duration::from_nanos(
             rate.emission_interval()
@@ -44,6 +48,7 @@ impl Kernel for TokenBucket {
         )
     }
 
+    #[inline]
     fn init(rate: &Rate, now: u64) -> State {
         State {
             a: now,
@@ -51,6 +56,7 @@ impl Kernel for TokenBucket {
         }
     }
 
+    #[inline]
     fn from_numbers(_rate: &Rate, _time: u64, [tokens, seconds, nanoseconds]: [u64; 3]) -> State {
         State {
             a: nanos(seconds, nanoseconds),
@@ -58,6 +64,7 @@ impl Kernel for TokenBucket {
         }
     }
 
+    #[inline]
     fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
         let interval = rate.emission_interval();
         let burst = u64::from(rate.burst);
@@ -97,16 +104,19 @@ impl Kernel for TokenBucket {
         }
     }
 
+    #[inline]
     fn give_back(rate: &Rate, state: &mut State, _now: u64, cost: u64) {
         let burst = u64::from(rate.burst);
         let tokens = u64::from(state.b).min(burst);
         state.b = clamp_u32(tokens.saturating_add(cost).min(burst));
     }
 
+    #[inline]
     fn window(_state: &State) -> Option<u64> {
         None
     }
 
+    #[inline]
     fn refund(rate: &Rate, state: &mut State, _now: u64, units: u64) -> u64 {
         let burst = u64::from(rate.burst);
         let tokens = u64::from(state.b).min(burst);
@@ -115,10 +125,12 @@ impl Kernel for TokenBucket {
         back
     }
 
+    #[inline]
     fn lifetime(_rate: &Rate, reset_after: u64) -> u64 {
         reset_after
     }
 
+    #[inline]
     fn merge(rate: &Rate, ours: State, theirs: State, _now: u64) -> State {
         let burst = rate.burst;
         let used = (burst - ours.b.min(burst)).saturating_add(burst - theirs.b.min(burst));
