@@ -18,7 +18,7 @@
 //! Each algorithm is one file, a [`Kernel`]: its state's layout, its decision, how it gives
 //! hits back, lends, merges and how long its state matters, and beside it its Redis twin
 //! (`NAME.lua`, pasted into the Redis store's script by [`lua_branches`]). The
-//! [`algorithms!`] list registers them: one line each. What all of them share (a limit of
+//! `algorithms!` list registers them: one line each. What all of them share (a limit of
 //! 0, a cost beyond capacity, bringing a state to `now` before giving back or merging) is
 //! here, once.
 
@@ -691,6 +691,59 @@ pub fn merge(rate: &Rate, ours: State, theirs: State, now: u64) -> State {
 fn until_window_end(unit: Unit, now: u64) -> u64 {
     let len = unit.nanos();
     len - now % len
+}
+
+/// What the two windows share: the count is the limit's, and hits given back (a refund,
+/// a loan's return) come off the current window's count, never below zero; answers how
+/// many did.
+#[inline]
+fn take_back(state: &mut State, units: u64) -> u64 {
+    let back = units.min(u64::from(state.b));
+    state.b -= clamp_u32(back);
+    back
+}
+
+/// A window's capacity: its limit.
+#[inline]
+fn window_capacity(rate: &Rate) -> u64 {
+    u64::from(rate.requests_per_unit)
+}
+
+/// What the two buckets share: their size is `burst`.
+mod bucket {
+    use std::time::Duration;
+
+    use super::Rate;
+
+    /// One of `members` nodes' burst: a share of the bucket, at least one hit while it
+    /// refills at all.
+    #[inline]
+    pub(super) fn share_burst(rate: &Rate, requests_per_unit: u32, members: u32) -> u32 {
+        if requests_per_unit == 0 {
+            0
+        } else {
+            (rate.burst / members).max(1)
+        }
+    }
+
+    /// The bucket's size, or 0 when it never refills.
+    #[inline]
+    pub(super) fn capacity(rate: &Rate) -> u64 {
+        if rate.requests_per_unit == 0 {
+            0
+        } else {
+            u64::from(rate.burst)
+        }
+    }
+
+    /// How long an emptied bucket takes to fill.
+    #[inline]
+    pub(super) fn refill_time(rate: &Rate) -> Duration {
+        Duration::from_nanos(
+            rate.emission_interval()
+                .saturating_mul(u64::from(rate.burst)),
+        )
+    }
 }
 
 #[inline]

@@ -4,7 +4,7 @@
 //! State: `a` = the window's index since the epoch, `b` = hits counted in it. A count
 //! matters until its window ends. Its Redis twin is `fixed_window.lua`.
 
-use super::{Decision, Kernel, Rate, State, clamp_u32, until_window_end};
+use super::{Decision, Kernel, Rate, State, clamp_u32, take_back, window_capacity, until_window_end};
 
 pub(crate) struct FixedWindow;
 
@@ -26,7 +26,7 @@ impl Kernel for FixedWindow {
 
     #[inline]
     fn capacity(rate: &Rate) -> u64 {
-        u64::from(rate.requests_per_unit)
+        window_capacity(rate)
     }
 
     #[inline]
@@ -74,7 +74,7 @@ impl Kernel for FixedWindow {
 
     #[inline]
     fn give_back(_rate: &Rate, state: &mut State, _now: u64, cost: u64) {
-        state.b -= clamp_u32(cost.min(u64::from(state.b)));
+        take_back(state, cost);
     }
 
     #[inline]
@@ -84,9 +84,7 @@ impl Kernel for FixedWindow {
 
     #[inline]
     fn refund(_rate: &Rate, state: &mut State, _now: u64, units: u64) -> u64 {
-        let back = units.min(u64::from(state.b));
-        state.b -= clamp_u32(back);
-        back
+        take_back(state, units)
     }
 
     #[inline]

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::{Decision, Kernel, Rate, State, clamp_u32, nanos};
+use super::{Decision, Kernel, Rate, State, bucket, clamp_u32, nanos};
 
 pub(crate) struct Gcra;
 
@@ -23,28 +23,17 @@ impl Kernel for Gcra {
 
     #[inline]
     fn share_burst(rate: &Rate, requests_per_unit: u32, members: u32) -> u32 {
-        if requests_per_unit == 0 {
-            0
-        } else {
-            (rate.burst / members).max(1)
-        }
+        bucket::share_burst(rate, requests_per_unit, members)
     }
 
     #[inline]
     fn capacity(rate: &Rate) -> u64 {
-        if rate.requests_per_unit == 0 {
-            0
-        } else {
-            u64::from(rate.burst)
-        }
+        bucket::capacity(rate)
     }
 
     #[inline]
     fn refill_time(rate: &Rate) -> Duration {
-        Duration::from_nanos(
-            rate.emission_interval()
-                .saturating_mul(u64::from(rate.burst)),
-        )
+        bucket::refill_time(rate)
     }
 
     #[inline]

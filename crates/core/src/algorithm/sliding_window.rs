@@ -6,7 +6,7 @@
 //! the current window. A count matters until the end of the window after its own (where
 //! it weighs in as the previous count). Its Redis twin is `sliding_window.lua`.
 
-use super::{Decision, Kernel, Rate, State, clamp_u32};
+use super::{Decision, Kernel, Rate, State, clamp_u32, take_back, window_capacity};
 
 pub(crate) struct SlidingWindow;
 
@@ -34,7 +34,7 @@ impl Kernel for SlidingWindow {
 
     #[inline]
     fn capacity(rate: &Rate) -> u64 {
-        u64::from(rate.requests_per_unit)
+        window_capacity(rate)
     }
 
     #[inline]
@@ -101,7 +101,7 @@ impl Kernel for SlidingWindow {
 
     #[inline]
     fn give_back(_rate: &Rate, state: &mut State, _now: u64, cost: u64) {
-        state.b -= clamp_u32(cost.min(u64::from(state.b)));
+        take_back(state, cost);
     }
 
     #[inline]
@@ -111,9 +111,7 @@ impl Kernel for SlidingWindow {
 
     #[inline]
     fn refund(_rate: &Rate, state: &mut State, _now: u64, units: u64) -> u64 {
-        let back = units.min(u64::from(state.b));
-        state.b -= clamp_u32(back);
-        back
+        take_back(state, units)
     }
 
     #[inline]
