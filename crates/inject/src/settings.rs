@@ -166,18 +166,7 @@ impl SettingsArgs {
     /// the annotation (or flag) and what is wrong with it.
     pub fn for_pod(&self, annotations: Option<&Map>) -> Result<Settings, String> {
         let mut resources = self.resources.as_str();
-        let mut settings = Settings {
-            image: self.image.clone(),
-            limits_configmap: self.limits_configmap.clone(),
-            cluster: self.cluster,
-            peers_service: self.peers_service.clone(),
-            peer_tls_secret: self.peer_tls_secret.clone(),
-            peer_tls_name: self.peer_tls_name.clone(),
-            admin_token_secret: self.admin_token_secret.clone(),
-            resources: Node::Null,
-            http_port: self.http_port,
-            istio: self.istio,
-        };
+        let mut settings = self.settings();
         let mut resources_from = "--resources";
         for (name, value) in annotations.into_iter().flat_map(Map::iter) {
             if !name.starts_with(PREFIX) {
@@ -190,59 +179,32 @@ impl SettingsArgs {
                 ));
             };
             let text = text.trim();
-            match name {
-                INJECT => match text {
-                    "enabled" | "disabled" => {}
-                    _ => {
-                        return Err(format!(
-                            "annotation {name}: {text:?} is neither enabled nor disabled"
-                        ));
-                    }
-                },
-                STATUS => {}
-                IMAGE => settings.image = text.to_owned(),
-                LIMITS_CONFIGMAP => settings.limits_configmap = text.to_owned(),
-                CLUSTER => settings.cluster = boolean(name, text)?,
-                PEERS_SERVICE => settings.peers_service = text.to_owned(),
-                PEER_TLS_SECRET => settings.peer_tls_secret = text.to_owned(),
-                PEER_TLS_NAME => settings.peer_tls_name = text.to_owned(),
-                ADMIN_TOKEN_SECRET => {
-                    settings.admin_token_secret = (!text.is_empty()).then(|| text.to_owned());
-                }
-                RESOURCES => {
-                    resources = text;
-                    resources_from = RESOURCES;
-                }
-                HTTP_PORT => {
-                    settings.http_port = text
-                        .parse()
-                        .map_err(|_| format!("annotation {name}: {text:?} is not a port number"))?;
-                }
-                ISTIO => {
-                    settings.istio = match text {
-                        "auto" => Istio::Auto,
-                        "true" => Istio::On,
-                        "false" => Istio::Off,
-                        _ => {
-                            return Err(format!(
-                                "annotation {name}: {text:?} is not auto, true or false"
-                            ));
-                        }
-                    };
-                }
-                _ => {
-                    let known: Vec<&str> = ANNOTATIONS.iter().map(|(name, _)| *name).collect();
-                    return Err(format!(
-                        "unknown annotation {name} (known: {})",
-                        known.join(", ")
-                    ));
-                }
+            settings.annotated(name, text)?;
+            if name == RESOURCES {
+                resources = text;
+                resources_from = RESOURCES;
             }
         }
         settings.resources = parse_resources(resources)
             .map_err(|problem| format!("{}: {problem}", describe(resources_from)))?;
         settings.check()?;
         Ok(settings)
+    }
+
+    /// The flags' settings, resources not parsed yet (`Node::Null`).
+    fn settings(&self) -> Settings {
+        Settings {
+            image: self.image.clone(),
+            limits_configmap: self.limits_configmap.clone(),
+            cluster: self.cluster,
+            peers_service: self.peers_service.clone(),
+            peer_tls_secret: self.peer_tls_secret.clone(),
+            peer_tls_name: self.peer_tls_name.clone(),
+            admin_token_secret: self.admin_token_secret.clone(),
+            resources: Node::Null,
+            http_port: self.http_port,
+            istio: self.istio,
+        }
     }
 }
 
@@ -310,6 +272,58 @@ fn quantity_like(text: &str) -> bool {
 }
 
 impl Settings {
+    /// Overrides the setting of annotation `name` with its value `text`; an error when the
+    /// value is bad or the annotation unknown.
+    fn annotated(&mut self, name: &str, text: &str) -> Result<(), String> {
+        match name {
+            INJECT => match text {
+                "enabled" | "disabled" => {}
+                _ => {
+                    return Err(format!(
+                        "annotation {name}: {text:?} is neither enabled nor disabled"
+                    ));
+                }
+            },
+            STATUS => {}
+            IMAGE => self.image = text.to_owned(),
+            LIMITS_CONFIGMAP => self.limits_configmap = text.to_owned(),
+            CLUSTER => self.cluster = boolean(name, text)?,
+            PEERS_SERVICE => self.peers_service = text.to_owned(),
+            PEER_TLS_SECRET => self.peer_tls_secret = text.to_owned(),
+            PEER_TLS_NAME => self.peer_tls_name = text.to_owned(),
+            ADMIN_TOKEN_SECRET => {
+                self.admin_token_secret = (!text.is_empty()).then(|| text.to_owned());
+            }
+            // Parsed by `for_pod` once every annotation is read.
+            RESOURCES => {}
+            HTTP_PORT => {
+                self.http_port = text
+                    .parse()
+                    .map_err(|_| format!("annotation {name}: {text:?} is not a port number"))?;
+            }
+            ISTIO => {
+                self.istio = match text {
+                    "auto" => Istio::Auto,
+                    "true" => Istio::On,
+                    "false" => Istio::Off,
+                    _ => {
+                        return Err(format!(
+                            "annotation {name}: {text:?} is not auto, true or false"
+                        ));
+                    }
+                };
+            }
+            _ => {
+                let known: Vec<&str> = ANNOTATIONS.iter().map(|(name, _)| *name).collect();
+                return Err(format!(
+                    "unknown annotation {name} (known: {})",
+                    known.join(", ")
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn check(&self) -> Result<(), String> {
         if self.image.is_empty() || self.image.contains(char::is_whitespace) {
             return Err(format!("image {:?}: not an image reference", self.image));

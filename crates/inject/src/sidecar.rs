@@ -110,32 +110,50 @@ pub fn inject(pod: &mut Node, flags: &SettingsArgs) -> Result<(Outcome, Settings
     };
     // The spec: checked above to be a map with a list of containers.
     if let Some(Node::Map(spec)) = map.get_mut("spec") {
-        if let Some(Node::Seq(containers)) = spec.get_mut("containers") {
-            containers.push(container(&settings));
+        add_to_spec(spec, &settings, &mut status);
+    }
+    let annotations = annotations_to_change(map, &mut status)?;
+    if istio && settings.cluster {
+        keep_peer_port_from_istio(annotations, &mut status);
+    }
+    // Serializing plain strings and lists cannot fail.
+    let status = serde_json::to_string(&status).unwrap_or_default();
+    annotations.insert(STATUS, Node::String(status));
+    Ok((Outcome::Injected, settings))
+}
+
+/// Adds the container and its volumes to the pod's `spec`, noting them in `status`.
+fn add_to_spec(spec: &mut Map, settings: &Settings, status: &mut Status) {
+    if let Some(Node::Seq(containers)) = spec.get_mut("containers") {
+        containers.push(container(settings));
+    }
+    let volumes = volumes(settings);
+    status.volumes = volumes
+        .iter()
+        .filter_map(|volume| volume.str_at(&["name"]).map(str::to_owned))
+        .collect();
+    match spec.get_mut("volumes") {
+        Some(Node::Seq(existing)) => existing.extend(volumes),
+        Some(slot) => {
+            // null: `volumes:` with nothing under it.
+            *slot = Node::Seq(volumes);
+            status.created.push("volumes=null".to_owned());
         }
-        let volumes = volumes(&settings);
-        status.volumes = volumes
-            .iter()
-            .filter_map(|volume| volume.str_at(&["name"]).map(str::to_owned))
-            .collect();
-        match spec.get_mut("volumes") {
-            Some(Node::Seq(existing)) => existing.extend(volumes),
-            Some(slot) => {
-                // null: `volumes:` with nothing under it.
-                *slot = Node::Seq(volumes);
-                status.created.push("volumes=null".to_owned());
-            }
-            None => {
-                spec.insert("volumes", Node::Seq(volumes));
-                status.created.push("volumes".to_owned());
-            }
+        None => {
+            spec.insert("volumes", Node::Seq(volumes));
+            status.created.push("volumes".to_owned());
         }
     }
-    if !map.contains_key("metadata") {
-        map.insert_first("metadata", Node::Map(Map::new()));
+}
+
+/// The pod's annotations (`pod` is its map), creating `metadata` and `annotations` where
+/// they are missing or null, as `status` notes.
+fn annotations_to_change<'a>(pod: &'a mut Map, status: &mut Status) -> Result<&'a mut Map, String> {
+    if !pod.contains_key("metadata") {
+        pod.insert_first("metadata", Node::Map(Map::new()));
         status.created.push("metadata".to_owned());
     }
-    let Some(Node::Map(metadata)) = map.get_mut("metadata") else {
+    let Some(Node::Map(metadata)) = pod.get_mut("metadata") else {
         return Err("metadata: expected a map".to_owned());
     };
     match metadata.get_mut("annotations") {
@@ -152,34 +170,33 @@ pub fn inject(pod: &mut Node, flags: &SettingsArgs) -> Result<(Outcome, Settings
     let Some(Node::Map(annotations)) = metadata.get_mut("annotations") else {
         return Err("metadata.annotations: expected a map".to_owned());
     };
-    if istio && settings.cluster {
-        // ratekeeper's own mutual TLS protects the peer port; Istio's sidecar would take
-        // those TLS bytes for plaintext gRPC.
-        for name in [ISTIO_EXCLUDE_INBOUND, ISTIO_EXCLUDE_OUTBOUND] {
-            let before = annotations
-                .get(name)
-                .and_then(Node::as_str)
-                .map(str::to_owned);
-            let ports = before.as_deref().unwrap_or("");
-            let listed = ports
-                .split(',')
-                .any(|port| port.trim() == PEER_PORT.to_string());
-            if listed {
-                continue;
-            }
-            let after = if ports.trim().is_empty() {
-                PEER_PORT.to_string()
-            } else {
-                format!("{ports},{PEER_PORT}")
-            };
-            annotations.insert(name, Node::String(after));
-            status.annotations.push((name.to_owned(), before));
+    Ok(annotations)
+}
+
+/// Adds the peer port to Istio's exclusion annotations (noting their earlier values in
+/// `status`): ratekeeper's own mutual TLS protects the peer port; Istio's sidecar would take
+/// those TLS bytes for plaintext gRPC.
+fn keep_peer_port_from_istio(annotations: &mut Map, status: &mut Status) {
+    for name in [ISTIO_EXCLUDE_INBOUND, ISTIO_EXCLUDE_OUTBOUND] {
+        let before = annotations
+            .get(name)
+            .and_then(Node::as_str)
+            .map(str::to_owned);
+        let ports = before.as_deref().unwrap_or("");
+        let listed = ports
+            .split(',')
+            .any(|port| port.trim() == PEER_PORT.to_string());
+        if listed {
+            continue;
         }
+        let after = if ports.trim().is_empty() {
+            PEER_PORT.to_string()
+        } else {
+            format!("{ports},{PEER_PORT}")
+        };
+        annotations.insert(name, Node::String(after));
+        status.annotations.push((name.to_owned(), before));
     }
-    // Serializing plain strings and lists cannot fail.
-    let status = serde_json::to_string(&status).unwrap_or_default();
-    annotations.insert(STATUS, Node::String(status));
-    Ok((Outcome::Injected, settings))
 }
 
 /// Removes what [`inject`] added (nothing when the pod has no status annotation): `Ok(true)`
@@ -269,6 +286,19 @@ fn wants_istio(pod: &Node) -> bool {
 
 /// Everything that would make the injected pod invalid or broken: refused before any change.
 fn check(pod: &Node, settings: &Settings) -> Result<(), String> {
+    let spec = check_spec(pod)?;
+    check_metadata(pod)?;
+    if spec.get("hostNetwork") == Some(&Node::Bool(true)) {
+        return Err(
+            "spec.hostNetwork: the sidecar's ports would be the node's; not injected".to_owned(),
+        );
+    }
+    check_volumes(spec)?;
+    check_ports(spec, settings)
+}
+
+/// The pod's `spec`, a map with a list of containers.
+fn check_spec(pod: &Node) -> Result<&Node, String> {
     let Some(spec) = pod.get("spec") else {
         return Err("spec: missing".to_owned());
     };
@@ -276,15 +306,17 @@ fn check(pod: &Node, settings: &Settings) -> Result<(), String> {
         return Err(format!("spec: expected a map, found {}", spec.kind()));
     }
     match spec.get("containers") {
-        Some(Node::Seq(_)) => {}
-        Some(other) => {
-            return Err(format!(
-                "spec.containers: expected a list, found {}",
-                other.kind()
-            ));
-        }
-        None => return Err("spec.containers: missing".to_owned()),
+        Some(Node::Seq(_)) => Ok(spec),
+        Some(other) => Err(format!(
+            "spec.containers: expected a list, found {}",
+            other.kind()
+        )),
+        None => Err("spec.containers: missing".to_owned()),
     }
+}
+
+/// `metadata` (if any) is a map, and its annotations (if any) a map of strings.
+fn check_metadata(pod: &Node) -> Result<(), String> {
     if let Some(metadata) = pod.get("metadata")
         && metadata.as_map().is_none()
     {
@@ -310,11 +342,11 @@ fn check(pod: &Node, settings: &Settings) -> Result<(), String> {
             ));
         }
     }
-    if spec.get("hostNetwork") == Some(&Node::Bool(true)) {
-        return Err(
-            "spec.hostNetwork: the sidecar's ports would be the node's; not injected".to_owned(),
-        );
-    }
+    Ok(())
+}
+
+/// `spec.volumes` (if any) is a list, with no volume named like one of the sidecar's.
+fn check_volumes(spec: &Node) -> Result<(), String> {
     let volumes = match spec.get("volumes") {
         None | Some(Node::Null) => &[][..],
         Some(Node::Seq(volumes)) => volumes.as_slice(),
@@ -333,6 +365,11 @@ fn check(pod: &Node, settings: &Settings) -> Result<(), String> {
             return Err(format!("spec.volumes: a volume is already named {name:?}"));
         }
     }
+    Ok(())
+}
+
+/// No container of the pod declares a port number or name the sidecar uses.
+fn check_ports(spec: &Node, settings: &Settings) -> Result<(), String> {
     let our_ports = settings.ports();
     let our_names = ["rk-http", "rk-peer", "rk-admin"];
     for list in ["initContainers", "containers"] {

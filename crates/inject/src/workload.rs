@@ -183,52 +183,14 @@ impl Run<'_> {
         mut node: Node,
         into: Option<&mut Vec<Node>>,
     ) -> Result<(), InjectError> {
-        let Some(map) = node.as_map() else {
-            return Err(problem(
-                place,
-                format!(
-                    "not a Kubernetes object: expected a map, found {}",
-                    node.kind()
-                ),
-            ));
-        };
-        let (Some(kind), Some(_)) = (
-            map.get("kind").and_then(Node::as_str).map(str::to_owned),
-            map.get("apiVersion").and_then(Node::as_str),
-        ) else {
-            return Err(problem(
-                place,
-                "not a Kubernetes object: no apiVersion and kind",
-            ));
-        };
-        let place = match node.str_at(&["metadata", "name"]) {
-            Some(name) => format!("{place} ({kind} {name})"),
-            None => format!("{place} ({kind})"),
-        };
+        let (kind, place) = identify(place, &node)?;
         if kind == "List" {
             if into.is_some() {
                 return Err(problem(&place, "a List inside a List"));
             }
-            let Some(items) = node.get_mut("items").and_then(Node::as_seq_mut) else {
-                return Err(problem(&place, "items: expected a list"));
-            };
-            let items = std::mem::take(items);
-            let mut rewritten = Vec::new();
-            for (index, item) in items.into_iter().enumerate() {
-                self.document(
-                    &format!("{place} > item {index}"),
-                    item,
-                    Some(&mut rewritten),
-                )?;
-            }
-            if let Some(slot) = node.get_mut("items") {
-                *slot = Node::Seq(rewritten);
-            }
-            self.out.push(node);
-            return Ok(());
+            return self.list(&place, node);
         }
-        let mut extra = None;
-        if kind == "Service" && is_generated(&node) {
+        let extra = if kind == "Service" && is_generated(&node) {
             if self.options.mode == Mode::Uninject {
                 self.report
                     .push(format!("{place}: removed (written by inject)"));
@@ -236,58 +198,13 @@ impl Run<'_> {
             }
             self.report
                 .push(format!("{place}: kept (written by inject)"));
+            None
         } else if let Some(path) = template_path(&kind) {
-            if !path.is_empty() {
-                misplaced_annotation(&place, &node, path)?;
-            }
-            let namespace = node.str_at(&["metadata", "namespace"]).map(str::to_owned);
-            let Some(template) = node.at_mut(path) else {
-                return Err(problem(&place, format!("{}: missing", path.join("."))));
-            };
-            // `spec.template` + `spec.containers: missing` -> `spec.template.spec.containers: ..`.
-            let at = |what: String| {
-                let field = what.starts_with("spec") || what.starts_with("metadata");
-                let what = match (path.is_empty(), field) {
-                    (true, _) => what,
-                    (false, true) => format!("{}.{what}", path.join(".")),
-                    (false, false) => format!("{}: {what}", path.join(".")),
-                };
-                problem(&place, what)
-            };
-            match self.options.mode {
-                Mode::Inject => {
-                    let (outcome, settings) =
-                        sidecar::inject(template, &self.options.settings).map_err(at)?;
-                    self.report.push(format!(
-                        "{place}: {}",
-                        match outcome {
-                            Outcome::Injected => "injected",
-                            Outcome::AlreadyInjected => "already has the sidecar, unchanged",
-                            Outcome::OptedOut =>
-                                "opted out (ratekeeper.io/inject: disabled), unchanged",
-                        }
-                    ));
-                    if outcome == Outcome::Injected && settings.cluster {
-                        let labels = template.at(&["metadata", "labels"]).cloned();
-                        extra =
-                            self.peers_service(&place, namespace, &settings.peers_service, labels)?;
-                    }
-                }
-                Mode::Uninject => {
-                    let removed = sidecar::uninject(template).map_err(at)?;
-                    self.report.push(format!(
-                        "{place}: {}",
-                        if removed {
-                            "sidecar removed"
-                        } else {
-                            "no injected sidecar, unchanged"
-                        }
-                    ));
-                }
-            }
+            self.workload(&place, &mut node, path)?
         } else if self.options.pass_through {
             self.report
                 .push(format!("{place}: no pod template, copied"));
+            None
         } else {
             return Err(problem(
                 &place,
@@ -297,18 +214,84 @@ impl Run<'_> {
                  --pass-through copies other kinds unchanged)"
                 ),
             ));
-        }
-        match into {
-            Some(items) => {
-                items.push(node);
-                items.extend(extra);
-            }
-            None => {
-                self.out.push(node);
-                self.out.extend(extra);
-            }
-        }
+        };
+        let out = match into {
+            Some(items) => items,
+            None => &mut self.out,
+        };
+        out.push(node);
+        out.extend(extra);
         Ok(())
+    }
+
+    /// Handles a List: each item in turn, the List written with the rewritten items.
+    fn list(&mut self, place: &str, mut node: Node) -> Result<(), InjectError> {
+        let Some(items) = node.get_mut("items").and_then(Node::as_seq_mut) else {
+            return Err(problem(place, "items: expected a list"));
+        };
+        let items = std::mem::take(items);
+        let mut rewritten = Vec::new();
+        for (index, item) in items.into_iter().enumerate() {
+            self.document(
+                &format!("{place} > item {index}"),
+                item,
+                Some(&mut rewritten),
+            )?;
+        }
+        if let Some(slot) = node.get_mut("items") {
+            *slot = Node::Seq(rewritten);
+        }
+        self.out.push(node);
+        Ok(())
+    }
+
+    /// Adds the sidecar to (or removes it from) the pod template at `path` of workload
+    /// `node`; the peers Service to write after it, if injection asks for one.
+    fn workload(
+        &mut self,
+        place: &str,
+        node: &mut Node,
+        path: &[&str],
+    ) -> Result<Option<Node>, InjectError> {
+        if !path.is_empty() {
+            misplaced_annotation(place, node, path)?;
+        }
+        let namespace = node.str_at(&["metadata", "namespace"]).map(str::to_owned);
+        let Some(template) = node.at_mut(path) else {
+            return Err(problem(place, format!("{}: missing", path.join("."))));
+        };
+        let at = |what: String| template_problem(place, path, what);
+        match self.options.mode {
+            Mode::Inject => {
+                let (outcome, settings) =
+                    sidecar::inject(template, &self.options.settings).map_err(at)?;
+                self.report.push(format!(
+                    "{place}: {}",
+                    match outcome {
+                        Outcome::Injected => "injected",
+                        Outcome::AlreadyInjected => "already has the sidecar, unchanged",
+                        Outcome::OptedOut =>
+                            "opted out (ratekeeper.io/inject: disabled), unchanged",
+                    }
+                ));
+                if outcome == Outcome::Injected && settings.cluster {
+                    let labels = template.at(&["metadata", "labels"]).cloned();
+                    return self.peers_service(place, namespace, &settings.peers_service, labels);
+                }
+            }
+            Mode::Uninject => {
+                let removed = sidecar::uninject(template).map_err(at)?;
+                self.report.push(format!(
+                    "{place}: {}",
+                    if removed {
+                        "sidecar removed"
+                    } else {
+                        "no injected sidecar, unchanged"
+                    }
+                ));
+            }
+        }
+        Ok(None)
     }
 
     /// The headless Service the injected pods find each other through, unless the input has
@@ -378,6 +361,47 @@ impl Run<'_> {
             ),
         ])))
     }
+}
+
+/// The kind of Kubernetes object `node` is, and `place` with its kind and name; an error
+/// when it is not one (not a map, or no apiVersion and kind).
+fn identify(place: &str, node: &Node) -> Result<(String, String), InjectError> {
+    let Some(map) = node.as_map() else {
+        return Err(problem(
+            place,
+            format!(
+                "not a Kubernetes object: expected a map, found {}",
+                node.kind()
+            ),
+        ));
+    };
+    let (Some(kind), Some(_)) = (
+        map.get("kind").and_then(Node::as_str).map(str::to_owned),
+        map.get("apiVersion").and_then(Node::as_str),
+    ) else {
+        return Err(problem(
+            place,
+            "not a Kubernetes object: no apiVersion and kind",
+        ));
+    };
+    let place = match node.str_at(&["metadata", "name"]) {
+        Some(name) => format!("{place} ({kind} {name})"),
+        None => format!("{place} ({kind})"),
+    };
+    Ok((kind, place))
+}
+
+/// The error about the pod template at `path` of document `place`, naming the field from the
+/// document's root: `spec.template` + `spec.containers: missing` ->
+/// `spec.template.spec.containers: missing`.
+fn template_problem(place: &str, path: &[&str], what: String) -> InjectError {
+    let field = what.starts_with("spec") || what.starts_with("metadata");
+    let what = match (path.is_empty(), field) {
+        (true, _) => what,
+        (false, true) => format!("{}.{what}", path.join(".")),
+        (false, false) => format!("{}: {what}", path.join(".")),
+    };
+    problem(place, what)
 }
 
 /// A `ratekeeper.io/` annotation on a workload's own metadata, where nothing reads it (the

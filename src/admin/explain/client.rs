@@ -194,117 +194,140 @@ fn parse_answer(raw: &[u8]) -> Option<(u16, String)> {
 /// The answer of `/debug/explain`, for a person.
 pub fn render(answer: &Value) -> String {
     let mut out = format!("domain {}\n", answer["domain"]);
-    let descriptors = answer["descriptors"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    for (index, descriptor) in descriptors.iter().enumerate() {
-        let entries: Vec<String> = descriptor["entries"]
-            .as_array()
-            .map_or(&[][..], Vec::as_slice)
-            .iter()
-            .map(|entry| format!("{}={}", text(&entry["key"]), text(&entry["value"])))
-            .collect();
-        let hits = descriptor["hits"].as_u64().unwrap_or(0);
-        let plural = if hits == 1 { "" } else { "s" };
-        out += &format!(
-            "descriptor {}: {} ({hits} hit{plural})\n",
-            index + 1,
-            entries.join(",")
-        );
-        let limits = descriptor["limits"]
-            .as_array()
-            .map_or(&[][..], Vec::as_slice);
-        if limits.is_empty() {
-            out += &format!("  no limit: {}\n", text(&descriptor["reason"]));
-            continue;
-        }
-        out += &format!("  {}\n", text(&descriptor["reason"]));
-        for replaced in descriptor["replaced"]
-            .as_array()
-            .map_or(&[][..], Vec::as_slice)
-        {
-            out += &format!(
-                "  dropped {} (replaced by {} at {})\n",
-                text(&replaced["limit"]),
-                replaced["by"].as_str().unwrap_or("an unnamed limit"),
-                text(&replaced["at"])
-            );
-        }
-        let mut place = Vec::new();
-        if let (Some(shard), Some(shards)) =
-            (descriptor["shard"].as_u64(), descriptor["shards"].as_u64())
-        {
-            place.push(format!("shard {shard} of {shards} on this node"));
-        }
-        if let Some(owner) = descriptor["owner"].as_str() {
-            let whose = if descriptor["local"] == true {
-                "this node"
-            } else {
-                "another node"
-            };
-            place.push(format!("owner {owner} ({whose})"));
-        }
-        if !place.is_empty() {
-            out += &format!("  counters: {}\n", place.join(", "));
-        }
-        for limit in limits {
-            let name = limit["name"].as_str().unwrap_or("(unnamed)");
-            out += &format!(
-                "  limit {name}: {} per {}, {}",
-                limit["requests_per_unit"],
-                text(&limit["unit"]),
-                text(&limit["algorithm"])
-            );
-            if limit["algorithm"] == "token_bucket" || limit["algorithm"] == "gcra" {
-                out += &format!(", burst {}", limit["burst"]);
-            }
-            if let Some(wait) = limit["max_wait_ms"].as_u64() {
-                out += &format!(", waits up to {wait}ms");
-            }
-            out += &format!(
-                "\n    used {}, remaining {}, fully reset in {}\n",
-                limit["used"],
-                limit["remaining"],
-                seconds(limit["reset_after_ms"].as_u64().unwrap_or(0))
-            );
-            let keys = &limit["keys"];
-            if let (Some(live), Some(budget)) = (keys["live"].as_u64(), keys["budget"].as_u64()) {
-                out += &format!("    keys of this rule here: {live} of its budget of {budget}");
-                match keys["refused"].as_u64() {
-                    Some(refused) if refused > 0 => {
-                        out += &format!(", {refused} requests refused at the budget\n")
-                    }
-                    _ => out += "\n",
-                }
-            }
-            if limit["would_reject"] == true {
-                out += &match limit["retry_after_ms"].as_u64() {
-                    Some(wait) => format!(
-                        "    rejects {hits} hit{plural} now; admitted again in {}\n",
-                        seconds(wait)
-                    ),
-                    None => format!("    rejects {hits} hit{plural} now, and always will\n"),
-                };
-            }
-        }
-        let verdict = if descriptor["shadow"] == true {
-            "shadow mode: counted, never rejected".to_owned()
-        } else if descriptor["would_reject"] == true {
-            match descriptor["retry_after_ms"].as_u64() {
-                Some(wait) => format!(
-                    "over: this request would be rejected now; retry in {}",
-                    seconds(wait)
-                ),
-                None => "over: this request would be rejected now, and will never pass (more \
-                         hits than a limit allows)"
-                    .to_owned(),
-            }
-        } else {
-            "within the limit: this request would pass now".to_owned()
-        };
-        out += &format!("  {verdict}\n");
+    for (index, descriptor) in array(&answer["descriptors"]).iter().enumerate() {
+        render_descriptor(&mut out, index + 1, descriptor);
     }
     out
+}
+
+/// One descriptor of the answer (`number` from 1): its entries, why its limits apply, where
+/// its counters live, each limit, and the verdict.
+fn render_descriptor(out: &mut String, number: usize, descriptor: &Value) {
+    let entries: Vec<String> = array(&descriptor["entries"])
+        .iter()
+        .map(|entry| format!("{}={}", text(&entry["key"]), text(&entry["value"])))
+        .collect();
+    let hits = descriptor["hits"].as_u64().unwrap_or(0);
+    *out += &format!(
+        "descriptor {number}: {} ({})\n",
+        entries.join(","),
+        hit_count(hits)
+    );
+    let limits = array(&descriptor["limits"]);
+    if limits.is_empty() {
+        *out += &format!("  no limit: {}\n", text(&descriptor["reason"]));
+        return;
+    }
+    *out += &format!("  {}\n", text(&descriptor["reason"]));
+    for replaced in array(&descriptor["replaced"]) {
+        *out += &format!(
+            "  dropped {} (replaced by {} at {})\n",
+            text(&replaced["limit"]),
+            replaced["by"].as_str().unwrap_or("an unnamed limit"),
+            text(&replaced["at"])
+        );
+    }
+    let place = counters_place(descriptor);
+    if !place.is_empty() {
+        *out += &format!("  counters: {}\n", place.join(", "));
+    }
+    for limit in limits {
+        render_limit(out, limit, hits);
+    }
+    *out += &format!("  {}\n", verdict(descriptor));
+}
+
+/// Where the descriptor's counters live: the shard on this node, the owner node.
+fn counters_place(descriptor: &Value) -> Vec<String> {
+    let mut place = Vec::new();
+    if let (Some(shard), Some(shards)) =
+        (descriptor["shard"].as_u64(), descriptor["shards"].as_u64())
+    {
+        place.push(format!("shard {shard} of {shards} on this node"));
+    }
+    if let Some(owner) = descriptor["owner"].as_str() {
+        let whose = if descriptor["local"] == true {
+            "this node"
+        } else {
+            "another node"
+        };
+        place.push(format!("owner {owner} ({whose})"));
+    }
+    place
+}
+
+/// One limit of a descriptor asking for `hits`: its rule, its counter, its keys' budget and
+/// whether it would reject.
+fn render_limit(out: &mut String, limit: &Value, hits: u64) {
+    let name = limit["name"].as_str().unwrap_or("(unnamed)");
+    *out += &format!(
+        "  limit {name}: {} per {}, {}",
+        limit["requests_per_unit"],
+        text(&limit["unit"]),
+        text(&limit["algorithm"])
+    );
+    if limit["algorithm"] == "token_bucket" || limit["algorithm"] == "gcra" {
+        *out += &format!(", burst {}", limit["burst"]);
+    }
+    if let Some(wait) = limit["max_wait_ms"].as_u64() {
+        *out += &format!(", waits up to {wait}ms");
+    }
+    *out += &format!(
+        "\n    used {}, remaining {}, fully reset in {}\n",
+        limit["used"],
+        limit["remaining"],
+        seconds(limit["reset_after_ms"].as_u64().unwrap_or(0))
+    );
+    let keys = &limit["keys"];
+    if let (Some(live), Some(budget)) = (keys["live"].as_u64(), keys["budget"].as_u64()) {
+        *out += &format!("    keys of this rule here: {live} of its budget of {budget}");
+        match keys["refused"].as_u64() {
+            Some(refused) if refused > 0 => {
+                *out += &format!(", {refused} requests refused at the budget\n")
+            }
+            _ => *out += "\n",
+        }
+    }
+    if limit["would_reject"] == true {
+        let hits = hit_count(hits);
+        *out += &match limit["retry_after_ms"].as_u64() {
+            Some(wait) => format!(
+                "    rejects {hits} now; admitted again in {}\n",
+                seconds(wait)
+            ),
+            None => format!("    rejects {hits} now, and always will\n"),
+        };
+    }
+}
+
+/// Whether the descriptor's request would pass now.
+fn verdict(descriptor: &Value) -> String {
+    if descriptor["shadow"] == true {
+        "shadow mode: counted, never rejected".to_owned()
+    } else if descriptor["would_reject"] == true {
+        match descriptor["retry_after_ms"].as_u64() {
+            Some(wait) => format!(
+                "over: this request would be rejected now; retry in {}",
+                seconds(wait)
+            ),
+            None => "over: this request would be rejected now, and will never pass (more \
+                     hits than a limit allows)"
+                .to_owned(),
+        }
+    } else {
+        "within the limit: this request would pass now".to_owned()
+    }
+}
+
+/// The items of a JSON array (none when `value` is not one).
+fn array(value: &Value) -> &[Value] {
+    value.as_array().map_or(&[][..], Vec::as_slice)
+}
+
+/// `1 hit`, `2 hits`.
+fn hit_count(hits: u64) -> String {
+    let plural = if hits == 1 { "" } else { "s" };
+    format!("{hits} hit{plural}")
 }
 
 fn text(value: &Value) -> String {

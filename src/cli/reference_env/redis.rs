@@ -4,6 +4,14 @@
 
 use super::{Reader, go_text};
 
+/// The reference's Redis TLS client files (and hostname check switch).
+const TLS_FILES: [&str; 4] = [
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+];
+
 impl Reader<'_> {
     /// Whether the counters go to the Redis of `REDIS_*`: `BACKEND_TYPE=redis`, or
     /// `BACKEND_TYPE` unset with `REDIS_URL` set (the reference's backend is Redis unless
@@ -19,44 +27,9 @@ impl Reader<'_> {
             "REDIS_TIMEOUT",
             "CACHE_KEY_PREFIX",
         ];
-        const TLS_FILES: [&str; 4] = [
-            "REDIS_TLS_CLIENT_CERT",
-            "REDIS_TLS_CLIENT_KEY",
-            "REDIS_TLS_CACERT",
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        ];
         self.per_second();
-        let redis = match self
-            .get("BACKEND_TYPE")
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
-            None => self.get("REDIS_URL").is_some(),
-            Some("redis") => {
-                if self.get("REDIS_URL").is_none() && !self.given("store") {
-                    self.refuse(
-                        "BACKEND_TYPE",
-                        "redis needs REDIS_URL (ratekeeper has no default Redis socket)",
-                    );
-                    return;
-                }
-                true
-            }
-            Some("memcache") => {
-                self.refuse(
-                    "BACKEND_TYPE",
-                    "ratekeeper has no memcache backend: counters live in memory (the default, \
-                     shared by a cluster with --peers) or in Redis (BACKEND_TYPE=redis)",
-                );
-                return;
-            }
-            Some(other) => {
-                self.refuse(
-                    "BACKEND_TYPE",
-                    format!("{other:?}: ratekeeper counts in memory or in Redis"),
-                );
-                return;
-            }
+        let Some(redis) = self.backend_is_redis() else {
+            return;
         };
         if !redis {
             let why = "no Redis is in use (neither REDIS_URL nor BACKEND_TYPE=redis is set)";
@@ -66,6 +39,60 @@ impl Reader<'_> {
             self.redis_tuning();
             return;
         }
+        self.redis_store();
+        self.redis_pool_size();
+        if let Some(timeout) = self.duration("REDIS_TIMEOUT") {
+            let from = ["REDIS_TIMEOUT"];
+            self.set(
+                "store_timeout",
+                "--store-timeout",
+                Some(go_text(timeout)),
+                &from,
+            );
+        }
+        self.redis_tuning();
+    }
+
+    /// `BACKEND_TYPE` (or, unset, whether `REDIS_URL` is): whether the counters go to Redis;
+    /// `None` after an error.
+    fn backend_is_redis(&mut self) -> Option<bool> {
+        match self
+            .get("BACKEND_TYPE")
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            None => Some(self.get("REDIS_URL").is_some()),
+            Some("redis") => {
+                if self.get("REDIS_URL").is_none() && !self.given("store") {
+                    self.refuse(
+                        "BACKEND_TYPE",
+                        "redis needs REDIS_URL (ratekeeper has no default Redis socket)",
+                    );
+                    return None;
+                }
+                Some(true)
+            }
+            Some("memcache") => {
+                self.refuse(
+                    "BACKEND_TYPE",
+                    "ratekeeper has no memcache backend: counters live in memory (the default, \
+                     shared by a cluster with --peers) or in Redis (BACKEND_TYPE=redis)",
+                );
+                None
+            }
+            Some(other) => {
+                self.refuse(
+                    "BACKEND_TYPE",
+                    format!("{other:?}: ratekeeper counts in memory or in Redis"),
+                );
+                None
+            }
+        }
+    }
+
+    /// `--store` from `REDIS_*`, unless ratekeeper's own is given; what of them ratekeeper
+    /// cannot honour (a key prefix, TLS client files).
+    fn redis_store(&mut self) {
         let mut from = vec![
             "REDIS_URL",
             "REDIS_SOCKET_TYPE",
@@ -82,66 +109,53 @@ impl Reader<'_> {
             let why = "ratekeeper's own --store is given";
             self.unused(&["CACHE_KEY_PREFIX", "REDIS_SENTINEL_AUTH"], why);
             self.unused(&TLS_FILES, why);
-        } else {
-            if let Some((url, shown)) = self.redis_url(tls == Some(true)) {
-                self.set_shown("store", "--store", Some(url), Some(shown), &from);
-            }
-            if self.get("CACHE_KEY_PREFIX").is_some() {
-                self.refuse(
-                    "CACHE_KEY_PREFIX",
-                    "ratekeeper's Redis keys take no prefix, so deployments sharing this Redis \
-                     would share counters: give each its own database (RATEKEEPER_STORE=\
-                     redis://HOST:PORT/DB) and unset CACHE_KEY_PREFIX",
-                );
-            }
-            self.redis_tls_files(tls == Some(true));
+            return;
         }
-        if let Some(size) = self.get("REDIS_POOL_SIZE") {
-            let from = ["REDIS_POOL_SIZE"];
-            match size.parse::<u64>() {
-                Ok(size @ 1..=256) => {
-                    self.set("store_pool", "--store-pool", Some(size.to_string()), &from);
-                }
-                Ok(size @ 257..) => {
-                    self.set("store_pool", "--store-pool", Some("256".into()), &from);
-                    self.warn(
-                        "REDIS_POOL_SIZE",
-                        format!(
-                            "{size} connections capped at 256 (requests are pipelined on them)"
-                        ),
-                    );
-                }
-                _ => self.refuse(
-                    "REDIS_POOL_SIZE",
-                    format!("{size:?} is not a pool size (1 to 256)"),
-                ),
-            }
+        if let Some((url, shown)) = self.redis_url(tls == Some(true)) {
+            self.set_shown("store", "--store", Some(url), Some(shown), &from);
         }
-        if let Some(timeout) = self.duration("REDIS_TIMEOUT") {
-            let from = ["REDIS_TIMEOUT"];
-            self.set(
-                "store_timeout",
-                "--store-timeout",
-                Some(go_text(timeout)),
-                &from,
+        if self.get("CACHE_KEY_PREFIX").is_some() {
+            self.refuse(
+                "CACHE_KEY_PREFIX",
+                "ratekeeper's Redis keys take no prefix, so deployments sharing this Redis \
+                 would share counters: give each its own database (RATEKEEPER_STORE=\
+                 redis://HOST:PORT/DB) and unset CACHE_KEY_PREFIX",
             );
         }
-        self.redis_tuning();
+        self.redis_tls_files(tls == Some(true));
+    }
+
+    /// `REDIS_POOL_SIZE` as `--store-pool` (capped at 256).
+    fn redis_pool_size(&mut self) {
+        let Some(size) = self.get("REDIS_POOL_SIZE") else {
+            return;
+        };
+        let from = ["REDIS_POOL_SIZE"];
+        match size.parse::<u64>() {
+            Ok(size @ 1..=256) => {
+                self.set("store_pool", "--store-pool", Some(size.to_string()), &from);
+            }
+            Ok(size @ 257..) => {
+                self.set("store_pool", "--store-pool", Some("256".into()), &from);
+                self.warn(
+                    "REDIS_POOL_SIZE",
+                    format!("{size} connections capped at 256 (requests are pipelined on them)"),
+                );
+            }
+            _ => self.refuse(
+                "REDIS_POOL_SIZE",
+                format!("{size:?} is not a pool size (1 to 256)"),
+            ),
+        }
     }
 
     /// The reference's Redis TLS files: ratekeeper cannot honour them.
     pub(super) fn redis_tls_files(&mut self, tls: bool) {
-        const FILES: [&str; 4] = [
-            "REDIS_TLS_CLIENT_CERT",
-            "REDIS_TLS_CLIENT_KEY",
-            "REDIS_TLS_CACERT",
-            "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-        ];
         if !tls {
-            self.unused(&FILES, "REDIS_TLS is not true");
+            self.unused(&TLS_FILES, "REDIS_TLS is not true");
             return;
         }
-        for variable in &FILES[..3] {
+        for variable in &TLS_FILES[..3] {
             if self.get(variable).is_some() {
                 self.refuse(
                     variable,
@@ -150,9 +164,9 @@ impl Reader<'_> {
                 );
             }
         }
-        if self.bool(FILES[3]) == Some(true) {
+        if self.bool(TLS_FILES[3]) == Some(true) {
             self.refuse(
-                FILES[3],
+                TLS_FILES[3],
                 "ratekeeper always verifies the Redis server's name",
             );
         }
@@ -162,29 +176,8 @@ impl Reader<'_> {
     /// error.
     pub(super) fn redis_url(&mut self, tls: bool) -> Option<(String, String)> {
         let url = self.get("REDIS_URL")?;
-        match self
-            .get("REDIS_SOCKET_TYPE")
-            .map(str::to_ascii_lowercase)
-            .as_deref()
-        {
-            Some("tcp") => {}
-            // The reference's default socket type is unix: a path is a socket.
-            None if !url.starts_with('/') => {}
-            Some("unix") | None => {
-                self.refuse(
-                    "REDIS_SOCKET_TYPE",
-                    "ratekeeper reaches Redis over TCP only (REDIS_SOCKET_TYPE=tcp, REDIS_URL=\
-                     HOST:PORT), not over a Unix socket",
-                );
-                return None;
-            }
-            Some(other) => {
-                self.refuse(
-                    "REDIS_SOCKET_TYPE",
-                    format!("{other:?} is neither tcp nor unix"),
-                );
-                return None;
-            }
+        if !self.redis_over_tcp(url) {
+            return None;
         }
         let (user, password) = match self.get("REDIS_AUTH") {
             None => (None, None),
@@ -200,61 +193,7 @@ impl Reader<'_> {
             (None, password) => format!(":{password}@"),
         };
         let kind = self.get("REDIS_TYPE").map(str::to_ascii_lowercase);
-        let build = |credentials: String| -> Result<String, (&'static str, String)> {
-            match kind.as_deref().unwrap_or("single") {
-                "single" => {
-                    if let Some((scheme, rest)) = url.split_once("://") {
-                        // radix also dials redis:// URLs; credentials in them win.
-                        let scheme = if tls && scheme == "redis" {
-                            "rediss"
-                        } else {
-                            scheme
-                        };
-                        let credentials = if rest.contains('@') {
-                            String::new()
-                        } else {
-                            credentials
-                        };
-                        return Ok(format!("{scheme}://{credentials}{rest}"));
-                    }
-                    let scheme = if tls { "rediss" } else { "redis" };
-                    host_port(url).map_err(|problem| ("REDIS_URL", problem))?;
-                    Ok(format!("{scheme}://{credentials}{url}"))
-                }
-                kind @ ("cluster" | "sentinel") if tls => Err((
-                    "REDIS_TLS",
-                    format!("ratekeeper speaks TLS to a single Redis only, not to a {kind}"),
-                )),
-                "cluster" => {
-                    for node in url.split(',') {
-                        host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
-                    }
-                    Ok(format!("redis-cluster://{credentials}{url}"))
-                }
-                "sentinel" => {
-                    let mut parts = url.split(',');
-                    let master = parts.next().unwrap_or_default();
-                    let sentinels: Vec<&str> = parts.collect();
-                    if master.is_empty() || sentinels.is_empty() {
-                        return Err((
-                            "REDIS_URL",
-                            "a sentinel URL is MASTER_NAME,HOST:PORT[,HOST:PORT...]".into(),
-                        ));
-                    }
-                    for node in &sentinels {
-                        host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
-                    }
-                    Ok(format!(
-                        "redis-sentinel://{credentials}{}/{master}",
-                        sentinels.join(",")
-                    ))
-                }
-                other => Err((
-                    "REDIS_TYPE",
-                    format!("{other:?} is not single, sentinel or cluster"),
-                )),
-            }
-        };
+        let build = |credentials: String| store_url(kind.as_deref(), url, tls, credentials);
         // The same shape twice, so the masked one builds whenever the real one does.
         let real = password.map(|password| credentials(encode(password)));
         let built = build(real.unwrap_or_default()).map(|url| {
@@ -276,6 +215,35 @@ impl Reader<'_> {
             Err((variable, problem)) => {
                 self.refuse(variable, problem);
                 None
+            }
+        }
+    }
+
+    /// Whether `REDIS_SOCKET_TYPE` (with `REDIS_URL`, `url`) asks for TCP, the only way
+    /// ratekeeper reaches Redis; an error otherwise.
+    fn redis_over_tcp(&mut self, url: &str) -> bool {
+        match self
+            .get("REDIS_SOCKET_TYPE")
+            .map(str::to_ascii_lowercase)
+            .as_deref()
+        {
+            Some("tcp") => true,
+            // The reference's default socket type is unix: a path is a socket.
+            None if !url.starts_with('/') => true,
+            Some("unix") | None => {
+                self.refuse(
+                    "REDIS_SOCKET_TYPE",
+                    "ratekeeper reaches Redis over TCP only (REDIS_SOCKET_TYPE=tcp, REDIS_URL=\
+                     HOST:PORT), not over a Unix socket",
+                );
+                false
+            }
+            Some(other) => {
+                self.refuse(
+                    "REDIS_SOCKET_TYPE",
+                    format!("{other:?} is neither tcp nor unix"),
+                );
+                false
             }
         }
     }
@@ -320,6 +288,76 @@ impl Reader<'_> {
         let settings = Self::named(&["MEMCACHE_"]);
         self.unused(&settings, "ratekeeper has no memcache backend");
     }
+}
+
+/// The `--store` URL for a Redis of type `kind` (`REDIS_TYPE`, single when unset) at `url`
+/// (`REDIS_URL`), with `credentials` (`user:password@`, or empty); an error names the
+/// variable at fault.
+fn store_url(
+    kind: Option<&str>,
+    url: &str,
+    tls: bool,
+    credentials: String,
+) -> Result<String, (&'static str, String)> {
+    match kind.unwrap_or("single") {
+        "single" => single_url(url, tls, credentials),
+        kind @ ("cluster" | "sentinel") if tls => Err((
+            "REDIS_TLS",
+            format!("ratekeeper speaks TLS to a single Redis only, not to a {kind}"),
+        )),
+        "cluster" => {
+            for node in url.split(',') {
+                host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
+            }
+            Ok(format!("redis-cluster://{credentials}{url}"))
+        }
+        "sentinel" => sentinel_url(url, credentials),
+        other => Err((
+            "REDIS_TYPE",
+            format!("{other:?} is not single, sentinel or cluster"),
+        )),
+    }
+}
+
+/// A single Redis: `url` is `HOST:PORT` or a URL already.
+fn single_url(url: &str, tls: bool, credentials: String) -> Result<String, (&'static str, String)> {
+    if let Some((scheme, rest)) = url.split_once("://") {
+        // radix also dials redis:// URLs; credentials in them win.
+        let scheme = if tls && scheme == "redis" {
+            "rediss"
+        } else {
+            scheme
+        };
+        let credentials = if rest.contains('@') {
+            String::new()
+        } else {
+            credentials
+        };
+        return Ok(format!("{scheme}://{credentials}{rest}"));
+    }
+    let scheme = if tls { "rediss" } else { "redis" };
+    host_port(url).map_err(|problem| ("REDIS_URL", problem))?;
+    Ok(format!("{scheme}://{credentials}{url}"))
+}
+
+/// Sentinels: `url` is `MASTER_NAME,HOST:PORT[,HOST:PORT...]`.
+fn sentinel_url(url: &str, credentials: String) -> Result<String, (&'static str, String)> {
+    let mut parts = url.split(',');
+    let master = parts.next().unwrap_or_default();
+    let sentinels: Vec<&str> = parts.collect();
+    if master.is_empty() || sentinels.is_empty() {
+        return Err((
+            "REDIS_URL",
+            "a sentinel URL is MASTER_NAME,HOST:PORT[,HOST:PORT...]".into(),
+        ));
+    }
+    for node in &sentinels {
+        host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
+    }
+    Ok(format!(
+        "redis-sentinel://{credentials}{}/{master}",
+        sentinels.join(",")
+    ))
 }
 
 /// `HOST:PORT` with a numeric port.

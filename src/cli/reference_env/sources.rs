@@ -125,13 +125,8 @@ impl Reader<'_> {
         );
     }
 
+    /// The `CONFIG_GRPC_XDS_*` / `XDS_CLIENT_*` subscription, when the limits come from xDS.
     pub(super) fn xds(&mut self, xds: bool) {
-        const TLS_FILES: [&str; 4] = [
-            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
-            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
-            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
-            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
-        ];
         let all = Self::named(&["CONFIG_GRPC_XDS_", "XDS_CLIENT_"]);
         if !xds {
             self.unused(
@@ -159,6 +154,16 @@ impl Reader<'_> {
             "xds_header",
             "--xds-header",
         );
+        self.xds_backoff();
+        self.unused(
+            &["XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"],
+            "ratekeeper accepts xDS responses up to 16 MiB",
+        );
+        self.xds_tls();
+    }
+
+    /// The delays between attempts to reach the management server.
+    fn xds_backoff(&mut self) {
         let initial = [
             "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
             "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
@@ -197,10 +202,16 @@ impl Reader<'_> {
             ],
             "ratekeeper always jitters each delay into its upper half",
         );
-        self.unused(
-            &["XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES"],
-            "ratekeeper accepts xDS responses up to 16 MiB",
-        );
+    }
+
+    /// TLS to the management server, which ratekeeper's xDS client does not speak.
+    fn xds_tls(&mut self) {
+        const TLS_FILES: [&str; 4] = [
+            "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+            "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+            "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+            "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+        ];
         if self.is_true("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
             self.refuse(
                 "CONFIG_GRPC_XDS_SERVER_USE_TLS",
