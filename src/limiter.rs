@@ -27,7 +27,7 @@ use crate::algorithm::Rate;
 use crate::check::{Charge, Check, Checks, Counter, Decision, RuleKeys, WaitPolicy};
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
-use crate::limits::{Applies, Domain, Limit, Limits, Node, Walk, replaced_names};
+use crate::limits::{Applies, Domain, Limit, Limits, Metadata, Node, Walk, replaced_names};
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
 
@@ -141,6 +141,14 @@ enum Plan<'a> {
         /// The descriptor's route hash (its counters' shard and owner).
         route: u64,
     },
+}
+
+impl Plan<'_> {
+    /// Whether the descriptor is checked in quota mode.
+    #[inline]
+    fn is_soft(&self) -> bool {
+        matches!(self, Plan::Checked { soft: true, .. })
+    }
 }
 
 impl Limiter {
@@ -288,15 +296,7 @@ impl Limiter {
         domain: &'s Domain,
         overrides: &'s [Option<Limit>],
     ) -> Planned<'s> {
-        let walks: SmallVec<[Option<Walk<'_>>; 4]> = query
-            .descriptors
-            .iter()
-            .zip(overrides)
-            .map(|(descriptor, overridden)| match overridden {
-                Some(_) => None,
-                None => domain.walk(descriptor.entries.iter().copied()),
-            })
-            .collect();
+        let walks = walks(query, domain, overrides);
         let nodes: SmallVec<[Option<&Node>; 4]> = walks
             .iter()
             .map(|walk| walk.as_ref().map(Walk::node))
@@ -308,15 +308,7 @@ impl Limiter {
         let mut counters_so_far = 0;
         for ((descriptor, overridden), walk) in query.descriptors.iter().zip(overrides).zip(walks) {
             let node = walk.as_ref().map(Walk::node);
-            let (applies, rule_shadow, soft) = match (overridden, node) {
-                (Some(limit), _) => (Applies::of([limit]), false, self.options.soft_mode),
-                (None, Some(node)) => (
-                    node.applies(&replaced),
-                    node.shadow_mode,
-                    node.soft || self.options.soft_mode,
-                ),
-                (None, None) => (Applies::Nothing, false, false),
-            };
+            let (applies, rule_shadow, soft) = self.applies(overridden.as_ref(), node, &replaced);
             let shadow = rule_shadow || self.options.shadow_mode;
             let limits = match applies {
                 Applies::Nothing => {
@@ -330,29 +322,10 @@ impl Limiter {
                 Applies::Limits(limits) => limits,
             };
             let key = counter_key(query.domain, &descriptor.entries, walk.as_ref());
-            let counters = limits
-                .iter()
-                .filter_map(|limit| {
-                    limit.rate.map(|rate| Counter {
-                        key: key.rule_key(&rate, limit.rule),
-                        rate,
-                    })
-                })
-                .collect();
-            let charge = if descriptor.refund {
-                Charge::Refund
-            } else if self.options.count_rejected_hits {
-                Charge::Always
-            } else {
-                Charge::Admitted
-            };
-            // Quota-mode limits let an over request pass (mostly): nothing waits for them;
-            // nor does a check that counts when rejected, or a refund (never rejected).
-            let wait = if shadow || soft || !can_wait || charge != Charge::Admitted {
-                None
-            } else {
-                wait_policy(&limits, query.max_wait)
-            };
+            // Quota-mode limits let an over request pass (mostly): nothing waits for them,
+            // nor for shadow-mode ones (never enforced), nor on a store that cannot wait.
+            let may_wait = can_wait && !shadow && !soft;
+            let check = self.check(descriptor, &limits, &key, may_wait, query.max_wait);
             let first = counters_so_far;
             counters_so_far += limits.len();
             plans.push(Plan::Checked {
@@ -365,18 +338,75 @@ impl Limiter {
                 first,
                 route: key.route(),
             });
-            checks.push(Check {
-                counters,
-                cost: descriptor.cost,
-                wait,
-                charge,
-            });
+            checks.push(check);
         }
         Planned {
             nodes,
             replaced,
             plans,
             checks,
+        }
+    }
+
+    /// What applies to one descriptor: its request-supplied limit (`overridden`), else
+    /// the limits of the entry it matched (`node`) that `replaced` leaves; with whether
+    /// its rule is in shadow mode, and whether it is soft (quota mode).
+    #[inline]
+    fn applies<'s>(
+        &self,
+        overridden: Option<&'s Limit>,
+        node: Option<&'s Node>,
+        replaced: &[&str],
+    ) -> (Applies<'s>, bool, bool) {
+        match (overridden, node) {
+            (Some(limit), _) => (Applies::of([limit]), false, self.options.soft_mode),
+            (None, Some(node)) => (
+                node.applies(replaced),
+                node.shadow_mode,
+                node.soft || self.options.soft_mode,
+            ),
+            (None, None) => (Applies::Nothing, false, false),
+        }
+    }
+
+    /// The store check of one descriptor's `limits`, its counters keyed by `key`. It may
+    /// wait (within `max_wait`, the query's bound) only if `may_wait` says its limits can.
+    #[inline]
+    fn check(
+        &self,
+        descriptor: &Descriptor<'_>,
+        limits: &[&Limit],
+        key: &KeyBuilder,
+        may_wait: bool,
+        max_wait: Option<Duration>,
+    ) -> Check {
+        let counters = limits
+            .iter()
+            .filter_map(|limit| {
+                limit.rate.map(|rate| Counter {
+                    key: key.rule_key(&rate, limit.rule),
+                    rate,
+                })
+            })
+            .collect();
+        let charge = if descriptor.refund {
+            Charge::Refund
+        } else if self.options.count_rejected_hits {
+            Charge::Always
+        } else {
+            Charge::Admitted
+        };
+        // A check that counts when rejected never waits, nor does a refund (never rejected).
+        let wait = if !may_wait || charge != Charge::Admitted {
+            None
+        } else {
+            wait_policy(limits, max_wait)
+        };
+        Check {
+            counters,
+            cost: descriptor.cost,
+            wait,
+            charge,
         }
     }
 
@@ -479,32 +509,12 @@ fn respond(
     nodes: &[Option<&Node>],
     global_shadow: bool,
 ) -> Verdict {
-    let decisions_of =
-        |first: usize, count: usize| decisions.get(first..first + count).unwrap_or(&[]);
-    // Which descriptors are reported over a limit.
-    let reported: SmallVec<[bool; 4]> = plans
-        .iter()
-        .map(|plan| match plan {
-            Plan::Checked {
-                limits,
-                first,
-                rule_shadow,
-                ..
-            } => {
-                !rule_shadow
-                    && decisions_of(*first, limits.len())
-                        .iter()
-                        .any(|decision| !decision.allowed)
-            }
-            Plan::NoLimit | Plan::Unlimited => false,
-        })
-        .collect();
-    let soft = |plan: &Plan<'_>| matches!(plan, Plan::Checked { soft: true, .. });
+    let reported = reported_over(plans, decisions);
     let soft_violations: SmallVec<[usize; 2]> = plans
         .iter()
         .zip(&reported)
         .enumerate()
-        .filter(|(_, (plan, reported))| soft(plan) && **reported)
+        .filter(|(_, (plan, reported))| plan.is_soft() && **reported)
         .map(|(index, _)| index)
         .collect();
     let groups = soft_groups(query, plans, &reported);
@@ -512,62 +522,14 @@ fn respond(
     let rate_over = plans
         .iter()
         .zip(&reported)
-        .any(|(plan, reported)| *reported && !soft(plan));
+        .any(|(plan, reported)| *reported && !plan.is_soft());
     let denied = (rate_over || soft_over) && !global_shadow;
     let statuses = plans
         .iter()
         .zip(&reported)
-        .map(|(plan, reported)| match plan {
-            Plan::NoLimit => Status::NoLimit,
-            Plan::Unlimited => Status::Unlimited,
-            Plan::Checked { limits, first, .. } => {
-                let ours = decisions_of(*first, limits.len());
-                let Some((limit, decision)) = closest_to_exhaustion(limits, ours) else {
-                    return Status::NoLimit;
-                };
-                let Some(rate) = limit.rate else {
-                    return Status::NoLimit;
-                };
-                // Every denying limit must have room again: the longest wait, if any can.
-                let retry_after = if *reported {
-                    ours.iter()
-                        .filter(|decision| !decision.allowed)
-                        .map(|decision| decision.retry_after)
-                        .reduce(|a, b| a.zip(b).map(|(a, b)| a.max(b)))
-                        .flatten()
-                        .map(Duration::from_nanos)
-                } else {
-                    None
-                };
-                Status::Limited(Limited {
-                    name: limit.name.clone(),
-                    requests_per_unit: rate.requests_per_unit,
-                    unit: rate.unit,
-                    remaining: if *reported { 0 } else { decision.remaining },
-                    reset_after: Duration::from_nanos(decision.reset_after),
-                    over: *reported,
-                    shadow: matches!(plan, Plan::Checked { shadow: true, .. }),
-                    retry_after,
-                })
-            }
-        })
+        .map(|(plan, reported)| status(plan, decisions, *reported))
         .collect();
-    // The metadata of the descriptors that still have room: passed, and not in a quota
-    // group that is over (it must not be offered as a place to route to).
-    let available = |index: usize| {
-        !reported[index]
-            && groups
-                .iter()
-                .all(|group| !(group.over && group.members.contains(&index)))
-    };
-    let metadata = nodes
-        .iter()
-        .enumerate()
-        .map(|(index, node)| match node {
-            Some(node) if available(index) => node.metadata.clone(),
-            _ => None,
-        })
-        .collect();
+    let metadata = available_metadata(nodes, &reported, &groups);
     let passed_backends = groups
         .iter()
         .filter(|group| !group.over)
@@ -581,6 +543,123 @@ fn respond(
         metadata,
         passed_backends,
     }
+}
+
+/// Per descriptor, whether it is reported over a limit: one of its limits denied it, and
+/// its rule is not in shadow mode.
+#[inline]
+fn reported_over(plans: &[Plan<'_>], decisions: &[Decision]) -> SmallVec<[bool; 4]> {
+    plans
+        .iter()
+        .map(|plan| match plan {
+            Plan::Checked {
+                limits,
+                first,
+                rule_shadow,
+                ..
+            } => {
+                !rule_shadow
+                    && decisions_of(decisions, *first, limits.len())
+                        .iter()
+                        .any(|decision| !decision.allowed)
+            }
+            Plan::NoLimit | Plan::Unlimited => false,
+        })
+        .collect()
+}
+
+/// The status of the descriptor planned as `plan` (`reported`: over a limit): its limit
+/// closest to exhaustion and how that stands.
+#[inline]
+fn status(plan: &Plan<'_>, decisions: &[Decision], reported: bool) -> Status {
+    let (limits, first, shadow) = match plan {
+        Plan::NoLimit => return Status::NoLimit,
+        Plan::Unlimited => return Status::Unlimited,
+        Plan::Checked {
+            limits,
+            first,
+            shadow,
+            ..
+        } => (limits, *first, *shadow),
+    };
+    let ours = decisions_of(decisions, first, limits.len());
+    let Some((limit, decision)) = closest_to_exhaustion(limits, ours) else {
+        return Status::NoLimit;
+    };
+    let Some(rate) = limit.rate else {
+        return Status::NoLimit;
+    };
+    // Every denying limit must have room again: the longest wait, if any can.
+    let retry_after = if reported {
+        ours.iter()
+            .filter(|decision| !decision.allowed)
+            .map(|decision| decision.retry_after)
+            .reduce(|a, b| a.zip(b).map(|(a, b)| a.max(b)))
+            .flatten()
+            .map(Duration::from_nanos)
+    } else {
+        None
+    };
+    Status::Limited(Limited {
+        name: limit.name.clone(),
+        requests_per_unit: rate.requests_per_unit,
+        unit: rate.unit,
+        remaining: if reported { 0 } else { decision.remaining },
+        reset_after: Duration::from_nanos(decision.reset_after),
+        over: reported,
+        shadow,
+        retry_after,
+    })
+}
+
+/// Per descriptor, the metadata of its configured entry (`nodes`) if it still has room:
+/// passed, and not in a quota group that is over (it must not be offered as a place to
+/// route to).
+#[inline]
+fn available_metadata(
+    nodes: &[Option<&Node>],
+    reported: &[bool],
+    groups: &[QuotaGroup<'_>],
+) -> SmallVec<[Option<Arc<Metadata>>; 4]> {
+    let available = |index: usize| {
+        !reported[index]
+            && groups
+                .iter()
+                .all(|group| !(group.over && group.members.contains(&index)))
+    };
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| match node {
+            Some(node) if available(index) => node.metadata.clone(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The store's decisions for the `count` limits of a plan, from `first`.
+#[inline]
+fn decisions_of(decisions: &[Decision], first: usize, count: usize) -> &[Decision] {
+    decisions.get(first..first + count).unwrap_or(&[])
+}
+
+/// Each descriptor's walk through `domain`; `None` for one with a request-supplied limit
+/// (in `overrides`), which is not matched.
+#[inline]
+fn walks<'s>(
+    query: &Query<'_>,
+    domain: &'s Domain,
+    overrides: &[Option<Limit>],
+) -> SmallVec<[Option<Walk<'s>>; 4]> {
+    query
+        .descriptors
+        .iter()
+        .zip(overrides)
+        .map(|(descriptor, overridden)| match overridden {
+            Some(_) => None,
+            None => domain.walk(descriptor.entries.iter().copied()),
+        })
+        .collect()
 }
 
 /// The entries that name a quota group (one model behind an AI gateway).

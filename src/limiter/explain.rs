@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::Rate;
-use crate::check::{Check, Decision, RuleKeys};
+use crate::check::{Check, Checks, Decision, Decisions, RuleKeys};
 use crate::error::Error;
 use crate::limits::{Limit, Node};
 use crate::store::Placement;
 
-use super::{Limiter, Plan, Planned, Query, overrides, validate};
+use super::{Limiter, Plan, Planned, Query, decisions_of, overrides, validate};
 
 /// Why a descriptor is limited or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -148,14 +148,8 @@ impl Limiter {
         validate(query)?;
         let snapshot = self.limits.load();
         let Some(domain) = snapshot.domain(query.domain) else {
-            let unknown = |descriptor: &super::Descriptor<'_>| DescriptorExplanation {
-                matched: Matched::UnknownDomain,
-                path: None,
-                cost: descriptor.cost,
-                shadow: false,
-                replaced: Vec::new(),
-                placement: None,
-                limits: Vec::new(),
+            let unknown = |descriptor: &super::Descriptor<'_>| {
+                DescriptorExplanation::new(Matched::UnknownDomain, descriptor.cost)
             };
             return Ok(Explanation {
                 domain_found: false,
@@ -167,10 +161,55 @@ impl Limiter {
             nodes,
             replaced,
             plans,
-            mut checks,
+            checks,
         } = self.plan(query, domain, &overrides);
+        let (placements, decisions) = self.peek(checks).await?;
+        let mut placements = placements.into_iter();
+        let mut descriptors = Vec::with_capacity(plans.len());
+        for ((plan, node), descriptor) in plans.iter().zip(&nodes).zip(&query.descriptors) {
+            let mut explained = DescriptorExplanation {
+                path: node.map(|node| node.path.clone()),
+                replaced: node
+                    .map(|node| replacements(node, &replaced, &nodes))
+                    .unwrap_or_default(),
+                ..DescriptorExplanation::new(matched(plan, *node), descriptor.cost)
+            };
+            if let Plan::Checked {
+                limits,
+                shadow,
+                first,
+                ..
+            } = plan
+            {
+                let ours = decisions_of(&decisions, *first, limits.len());
+                explained.shadow = *shadow;
+                explained.placement = placements.next();
+                explained.limits = self.limit_states(limits, ours);
+            }
+            descriptors.push(explained);
+        }
+        Ok(Explanation {
+            domain_found: true,
+            descriptors,
+        })
+    }
+
+    /// The state of each of `limits` that has a rate, from its decision in `ours`.
+    fn limit_states(&self, limits: &[&Limit], ours: &[Decision]) -> Vec<LimitState> {
+        limits
+            .iter()
+            .zip(ours)
+            .filter_map(|(limit, decision)| {
+                let keys = self.store.rule_keys(limit.rule);
+                limit_state(limit, decision, keys)
+            })
+            .collect()
+    }
+
+    /// How the counters of `checks` stand, never waiting and consuming nothing (the cost
+    /// is only weighed), with where each check's counters live.
+    async fn peek(&self, mut checks: Checks) -> Result<(Vec<Placement>, Decisions), Error> {
         for check in &mut checks {
-            // Never waits, and consumes nothing: the cost is only weighed.
             check.wait = None;
         }
         let placements: Vec<Placement> = checks
@@ -182,58 +221,35 @@ impl Limiter {
         } else {
             self.store.peek(checks).wait().await?
         };
-        let mut placements = placements.into_iter();
-        let mut descriptors = Vec::with_capacity(plans.len());
-        for ((plan, node), descriptor) in plans.iter().zip(&nodes).zip(&query.descriptors) {
-            let dropped = node.map(|node| replacements(node, &replaced, &nodes));
-            let mut explained = DescriptorExplanation {
-                matched: Matched::NoMatch,
-                path: node.map(|node| node.path.clone()),
-                cost: descriptor.cost,
-                shadow: false,
-                replaced: dropped.unwrap_or_default(),
-                placement: None,
-                limits: Vec::new(),
-            };
-            explained.matched = match (plan, node) {
-                (Plan::Unlimited, _) => Matched::Unlimited,
-                (Plan::NoLimit, None) => Matched::NoMatch,
-                (Plan::NoLimit, Some(node)) if node.limits.is_empty() => Matched::AllowListed,
-                (Plan::NoLimit, Some(_)) => Matched::Replaced,
-                (
-                    Plan::Checked {
-                        limits,
-                        node,
-                        shadow,
-                        first,
-                        ..
-                    },
-                    _,
-                ) => {
-                    let ours = decisions.get(*first..*first + limits.len()).unwrap_or(&[]);
-                    explained.shadow = *shadow;
-                    explained.placement = placements.next();
-                    explained.limits = limits
-                        .iter()
-                        .zip(ours)
-                        .filter_map(|(limit, decision)| {
-                            let keys = self.store.rule_keys(limit.rule);
-                            limit_state(limit, decision, keys)
-                        })
-                        .collect();
-                    if node.is_some() {
-                        Matched::Limited
-                    } else {
-                        Matched::RequestLimit
-                    }
-                }
-            };
-            descriptors.push(explained);
+        Ok((placements, decisions))
+    }
+}
+
+impl DescriptorExplanation {
+    /// A descriptor of `cost` hits, `matched` so, before anything else is known: no path,
+    /// nothing replaced, no counters.
+    fn new(matched: Matched, cost: u64) -> DescriptorExplanation {
+        DescriptorExplanation {
+            matched,
+            path: None,
+            cost,
+            shadow: false,
+            replaced: Vec::new(),
+            placement: None,
+            limits: Vec::new(),
         }
-        Ok(Explanation {
-            domain_found: true,
-            descriptors,
-        })
+    }
+}
+
+/// Why the descriptor planned as `plan` (whose walk ended on `node`) is limited or not.
+fn matched(plan: &Plan<'_>, node: Option<&Node>) -> Matched {
+    match (plan, node) {
+        (Plan::Unlimited, _) => Matched::Unlimited,
+        (Plan::NoLimit, None) => Matched::NoMatch,
+        (Plan::NoLimit, Some(node)) if node.limits.is_empty() => Matched::AllowListed,
+        (Plan::NoLimit, Some(_)) => Matched::Replaced,
+        (Plan::Checked { node: Some(_), .. }, _) => Matched::Limited,
+        (Plan::Checked { node: None, .. }, _) => Matched::RequestLimit,
     }
 }
 

@@ -87,6 +87,17 @@ struct DomainFiles<'s> {
     top: HashMap<(String, String), String>,
 }
 
+impl DomainFiles<'_> {
+    /// Where the next file of the domain starts (see [`compile::Base`]).
+    fn base(&self) -> compile::Base<'_> {
+        compile::Base {
+            first_limit: self.limit_count,
+            first_order: self.next_order,
+            taken: Some(&self.top),
+        }
+    }
+}
+
 impl Limits {
     /// Loads a YAML file, or every file under a directory (see `load`), with the default
     /// [`LoadOptions`].
@@ -126,6 +137,8 @@ impl Limits {
         }])
     }
 
+    /// Parses, validates and compiles `sources` in order, after the `errors` of reading
+    /// them: all of them or, if anything is wrong, every error found.
     fn build(
         sources: &[Source],
         mut errors: Vec<ConfigError>,
@@ -152,62 +165,77 @@ impl Limits {
                 .and_then(|raw| raw.domain.as_deref())
                 .and_then(|domain| files.get(domain))
                 .filter(|_| options.merge_domains);
-            let base = earlier.map_or_else(compile::Base::default, |earlier| compile::Base {
-                first_limit: earlier.limit_count,
-                first_order: earlier.next_order,
-                taken: Some(&earlier.top),
-            });
+            let base = earlier.map_or_else(compile::Base::default, DomainFiles::base);
             let Some(compiled) =
                 compile::compile(&source.name, raw, &base, &mut errors, &options.store)
             else {
                 continue;
             };
-            let domain = compiled.domain;
-            let top = match options.merge_domains {
-                true => top_level(&domain.root, &source.name),
-                false => HashMap::new(),
-            };
-            match limits.domains.entry(domain.name.clone()) {
-                Entry::Occupied(mut slot) if options.merge_domains => {
-                    merge(&mut slot.get_mut().root, domain.root);
-                    limits.limit_count += compiled.limit_count;
-                    if let Some(files) = files.get_mut(&domain.name) {
-                        files.limit_count += compiled.limit_count;
-                        files.next_order = compiled.next_order;
-                        files.top.extend(top);
-                    }
-                }
-                Entry::Occupied(_) => {
-                    let first = files.get(&domain.name).map(|files| files.first);
-                    errors.push(ConfigError::at(
-                        &source.name,
-                        format!("domain {}", error::name(&domain.name)),
-                        format!(
-                            "duplicate domain (already defined in {})",
-                            first.unwrap_or_default()
-                        ),
-                    ));
-                }
-                Entry::Vacant(slot) => {
-                    files.insert(
-                        domain.name.clone(),
-                        DomainFiles {
-                            first: &source.name,
-                            limit_count: compiled.limit_count,
-                            next_order: compiled.next_order,
-                            top,
-                        },
-                    );
-                    slot.insert(domain);
-                    limits.limit_count += compiled.limit_count;
-                }
-            }
+            limits.add_domain(
+                compiled,
+                &source.name,
+                &mut files,
+                &mut errors,
+                options.merge_domains,
+            );
         }
         if errors.is_empty() {
             limits.rules = limits.collect_rules();
             Ok(limits)
         } else {
             Err(ConfigErrors::new(errors))
+        }
+    }
+
+    /// Adds the domain `file` compiled: a new domain, more of one an earlier file defined
+    /// (with `merge_domains`), or else a duplicate domain error.
+    fn add_domain<'s>(
+        &mut self,
+        compiled: compile::Compiled,
+        file: &'s str,
+        files: &mut BTreeMap<Box<str>, DomainFiles<'s>>,
+        errors: &mut Vec<ConfigError>,
+        merge_domains: bool,
+    ) {
+        let domain = compiled.domain;
+        let top = match merge_domains {
+            true => top_level(&domain.root, file),
+            false => HashMap::new(),
+        };
+        match self.domains.entry(domain.name.clone()) {
+            Entry::Occupied(mut slot) if merge_domains => {
+                merge(&mut slot.get_mut().root, domain.root);
+                self.limit_count += compiled.limit_count;
+                if let Some(files) = files.get_mut(&domain.name) {
+                    files.limit_count += compiled.limit_count;
+                    files.next_order = compiled.next_order;
+                    files.top.extend(top);
+                }
+            }
+            Entry::Occupied(_) => {
+                let first = files.get(&domain.name).map(|files| files.first);
+                errors.push(ConfigError::at(
+                    file,
+                    format!("domain {}", error::name(&domain.name)),
+                    format!(
+                        "duplicate domain (already defined in {})",
+                        first.unwrap_or_default()
+                    ),
+                ));
+            }
+            Entry::Vacant(slot) => {
+                files.insert(
+                    domain.name.clone(),
+                    DomainFiles {
+                        first: file,
+                        limit_count: compiled.limit_count,
+                        next_order: compiled.next_order,
+                        top,
+                    },
+                );
+                slot.insert(domain);
+                self.limit_count += compiled.limit_count;
+            }
         }
     }
 

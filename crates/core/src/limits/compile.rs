@@ -19,7 +19,7 @@ use crate::key::{FNV64_OFFSET, fnv1a64};
 
 use super::error::{ConfigError, join, name};
 use super::glob::Glob;
-use super::schema::{METADATA_DEPTH, RawDescriptor, RawFile, RawLimit};
+use super::schema::{METADATA_DEPTH, RawDescriptor, RawFile, RawLimit, RawReplace};
 use super::tree::{Domain, KeyGroup, Level, Limit, Metadata, Node};
 
 /// The longest `max_wait` accepted.
@@ -110,6 +110,10 @@ impl Compiler<'_> {
         self.errors.push(ConfigError::at(self.file, place, problem));
     }
 
+    /// Compiles one level of descriptors (a file's top level, or an entry's children).
+    /// `parent` is the level's place in errors, `path` its entries' path (`edge > user`),
+    /// `keys` its keys joined by dots; `taken`, at the top of a merged domain, the
+    /// descriptors earlier files defined.
     fn level(
         &mut self,
         descriptors: Vec<RawDescriptor>,
@@ -120,100 +124,128 @@ impl Compiler<'_> {
     ) -> Level {
         let mut level = Level::new();
         let mut seen: HashMap<(String, String), usize> = HashMap::new();
-        for (index, raw) in descriptors.into_iter().enumerate() {
-            let key = raw.key.unwrap_or_default();
-            let value = raw.value.filter(|value| !value.is_empty());
+        for (index, mut raw) in descriptors.into_iter().enumerate() {
+            let key = raw.key.take().unwrap_or_default();
+            let value = raw.value.take().filter(|value| !value.is_empty());
             let place = join(parent, &descriptor_place(index, &key, value.as_deref()));
-            let mut insert = true;
-            if key.is_empty() {
-                self.error(&place, "empty key");
-                insert = false;
-            }
-            let entry = (key.clone(), value.clone().unwrap_or_default());
-            if let Some(other) = taken.and_then(|taken| taken.get(&entry)) {
-                self.error(
-                    &place,
-                    format!(
-                        "duplicate descriptor (same key and value as in {other}, merged into one domain)"
-                    ),
-                );
-                insert = false;
-            }
-            match seen.entry(entry) {
-                Entry::Occupied(first) => {
-                    let first = *first.get();
-                    self.error(
-                        &place,
-                        format!(
-                            "duplicate descriptor (same key and value as descriptors[{first}])"
-                        ),
-                    );
-                    insert = false;
-                }
-                Entry::Vacant(slot) => {
-                    slot.insert(index);
-                }
-            }
-            let limits = self.limits(raw.rate_limit, raw.rate_limits, &place);
+            let insert = self.check_entry(index, &key, value.as_deref(), &place, &mut seen, taken);
             let glob = value.as_deref().and_then(Glob::new);
-            let shared = match (raw.share_threshold, &glob, &value) {
-                (true, Some(_), Some(value)) => Some(Box::from(value.as_str())),
-                (true, _, _) => {
-                    self.error(
-                        join(&place, "share_threshold"),
-                        "share_threshold needs a wildcard value (a value with *) whose matches share one counter",
-                    );
-                    None
-                }
-                (false, _, _) => None,
-            };
-            let metadata = raw
-                .metadata
-                .and_then(|metadata| self.metadata(metadata, &join(&place, "metadata")));
-            let node_path = match &value {
-                Some(value) => format!("{path} > {}={}", name(&key), name(value)),
-                None => format!("{path} > {}", name(&key)),
-            };
-            let mut limits = limits;
-            for limit in limits.iter_mut() {
-                limit.rule = rule_tag(&node_path, limit.rate.as_ref());
-            }
-            let key_path = if keys.is_empty() {
-                key.clone()
-            } else {
-                format!("{keys}.{key}")
-            };
-            let order = self.order;
-            self.order += 1;
-            let children = self.level(raw.descriptors, &place, &node_path, &key_path, None);
-            if !insert {
-                continue;
-            }
-            let node = Node {
-                limits,
-                shadow_mode: raw.shadow_mode,
-                soft: raw.quota_mode,
-                detailed_metric: raw.detailed_metric,
-                value_to_metric: raw.value_to_metric,
-                shared,
-                metadata,
-                path: node_path.into(),
-                key_path: key_path.into(),
-                children,
-                order,
-            };
-            let group: &mut KeyGroup = level.entry(key.into()).or_default();
-            match value {
-                None => group.default = Some(Box::new(node)),
-                Some(value) => match glob {
-                    Some(glob) => group.wildcards.push((glob, value.into(), node)),
-                    None => {
-                        group.exact.insert(value.into(), node);
-                    }
-                },
+            let node_path = node_path(path, &key, value.as_deref());
+            let key_path = key_path(keys, &key);
+            let node = self.node(
+                raw,
+                value.as_deref(),
+                glob.is_some(),
+                &place,
+                node_path,
+                key_path,
+            );
+            if insert {
+                add_node(&mut level, key, value, glob, node);
             }
         }
         level
+    }
+
+    /// Reports an empty key, and a descriptor with the same key and value as one `seen`
+    /// before it on its level or as one of `taken`. `false`: leave the descriptor out.
+    fn check_entry(
+        &mut self,
+        index: usize,
+        key: &str,
+        value: Option<&str>,
+        place: &str,
+        seen: &mut HashMap<(String, String), usize>,
+        taken: Option<&HashMap<(String, String), String>>,
+    ) -> bool {
+        let mut insert = true;
+        if key.is_empty() {
+            self.error(place, "empty key");
+            insert = false;
+        }
+        let entry = (key.to_owned(), value.unwrap_or_default().to_owned());
+        if let Some(other) = taken.and_then(|taken| taken.get(&entry)) {
+            self.error(
+                place,
+                format!(
+                    "duplicate descriptor (same key and value as in {other}, merged into one domain)"
+                ),
+            );
+            insert = false;
+        }
+        match seen.entry(entry) {
+            Entry::Occupied(first) => {
+                let first = *first.get();
+                self.error(
+                    place,
+                    format!("duplicate descriptor (same key and value as descriptors[{first}])"),
+                );
+                insert = false;
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(index);
+            }
+        }
+        insert
+    }
+
+    /// The entry one descriptor compiles to, its children included. `place` names it in
+    /// errors, `path` and `key_path` are its own; `wildcard`: its value is a pattern.
+    fn node(
+        &mut self,
+        raw: RawDescriptor,
+        value: Option<&str>,
+        wildcard: bool,
+        place: &str,
+        path: String,
+        key_path: String,
+    ) -> Node {
+        let mut limits = self.limits(raw.rate_limit, raw.rate_limits, place);
+        let shared = self.shared(raw.share_threshold, wildcard, value, place);
+        let metadata = raw
+            .metadata
+            .and_then(|metadata| self.metadata(metadata, &join(place, "metadata")));
+        for limit in limits.iter_mut() {
+            limit.rule = rule_tag(&path, limit.rate.as_ref());
+        }
+        let order = self.order;
+        self.order += 1;
+        let children = self.level(raw.descriptors, place, &path, &key_path, None);
+        Node {
+            limits,
+            shadow_mode: raw.shadow_mode,
+            soft: raw.quota_mode,
+            detailed_metric: raw.detailed_metric,
+            value_to_metric: raw.value_to_metric,
+            shared,
+            metadata,
+            path: path.into(),
+            key_path: key_path.into(),
+            children,
+            order,
+        }
+    }
+
+    /// With `share_threshold`, the pattern whose matches share one counter: only a
+    /// wildcard value has one.
+    fn shared(
+        &mut self,
+        share_threshold: bool,
+        wildcard: bool,
+        value: Option<&str>,
+        place: &str,
+    ) -> Option<Box<str>> {
+        match (share_threshold, wildcard, value) {
+            (true, true, Some(value)) => Some(Box::from(value)),
+            (true, _, _) => {
+                self.error(
+                    join(place, "share_threshold"),
+                    "share_threshold needs a wildcard value (a value with *) whose matches share one counter",
+                );
+                None
+            }
+            (false, _, _) => None,
+        }
     }
 
     /// A descriptor's `metadata`: a map, nested at most [`METADATA_DEPTH`] levels. `null`
@@ -310,99 +342,25 @@ impl Compiler<'_> {
     /// One limit at `place` (`... > rate_limit` or `... > rate_limits[2]`).
     fn limit(&mut self, raw: RawLimit, place: &str) -> Option<Limit> {
         let errors_before = self.errors.len();
-        let field = |name: &str| format!("{place}.{name}");
         let rate = if raw.unlimited == Some(true) {
-            let extensions = [
-                ("unit", raw.unit.is_some()),
-                ("algorithm", raw.algorithm.is_some()),
-                ("burst", raw.burst.is_some()),
-                ("max_wait", raw.max_wait.is_some()),
-                ("max_queue", raw.max_queue.is_some()),
-                ("max_keys", raw.max_keys.is_some()),
-            ];
-            for (name, set) in extensions {
-                if set {
-                    self.error(
-                        field(name),
-                        format!("{name} must not be set when unlimited is true"),
-                    );
-                }
-            }
+            self.check_unlimited(&raw, place);
             None
         } else {
             self.rate(&raw, place)
         };
-
-        let max_wait = match raw.max_wait.as_deref() {
-            None => None,
-            Some(text) => match parse_duration(text) {
-                None => {
-                    self.error(
-                        field("max_wait"),
-                        format!(
-                            "invalid duration {text:?} (expected a number and a unit of ns, us, ms or s, e.g. \"50ms\")"
-                        ),
-                    );
-                    None
-                }
-                Some(wait) if wait.is_zero() => {
-                    self.error(field("max_wait"), "max_wait must be more than 0");
-                    None
-                }
-                Some(wait) if wait > MAX_WAIT_CEILING => {
-                    self.error(
-                        field("max_wait"),
-                        format!(
-                            "max_wait {} is more than the maximum of {}",
-                            format_duration(wait),
-                            format_duration(MAX_WAIT_CEILING)
-                        ),
-                    );
-                    None
-                }
-                Some(wait) => Some(wait),
-            },
-        };
-        let max_queue = match (raw.max_queue, raw.max_wait.is_some()) {
-            (None, false) => 0,
-            (None, true) => DEFAULT_MAX_QUEUE,
-            (Some(_), false) => {
-                if raw.unlimited != Some(true) {
-                    self.error(field("max_queue"), "max_queue is only valid with max_wait");
-                }
-                0
-            }
-            (Some(queue), true) => {
-                if !(1..=MAX_QUEUE_CEILING).contains(&queue) {
-                    self.error(
-                        field("max_queue"),
-                        format!("max_queue must be from 1 to {MAX_QUEUE_CEILING}, got {queue}"),
-                    );
-                }
-                queue
-            }
-        };
-
+        let max_wait = raw
+            .max_wait
+            .as_deref()
+            .and_then(|text| self.max_wait(text, place));
+        let max_queue = self.max_queue(&raw, place);
         if raw.max_keys == Some(0) {
             self.error(
-                field("max_keys"),
+                format!("{place}.max_keys"),
                 "max_keys must be at least 1 (a limit that may hold no key refuses every new client)",
             );
         }
-
         let own_name: Option<Arc<str>> = raw.name.filter(|name| !name.is_empty()).map(Arc::from);
-        let mut replaces = Vec::new();
-        for (index, replace) in raw.replaces.unwrap_or_default().into_iter().enumerate() {
-            let place = field(&format!("replaces[{index}].name"));
-            match replace.name.filter(|name| !name.is_empty()) {
-                None => self.error(place, "empty name"),
-                Some(other) if own_name.as_deref() == Some(other.as_str()) => {
-                    self.error(place, format!("limit {} replaces itself", name(&other)));
-                }
-                Some(other) => replaces.push(Arc::from(other)),
-            }
-        }
-
+        let replaces = self.replaces(raw.replaces.unwrap_or_default(), own_name.as_deref(), place);
         self.check_store(rate.as_ref(), max_wait, place);
         if self.errors.len() > errors_before {
             return None;
@@ -414,11 +372,113 @@ impl Compiler<'_> {
             rate,
             max_wait,
             max_queue,
-            replaces: replaces.into_boxed_slice(),
-            // Set by `level` once the entry's path is known.
+            replaces,
+            // Set by `node` once the entry's path is known.
             rule: 0,
             max_keys: raw.max_keys,
         })
+    }
+
+    /// Refuses the fields that have no meaning on an unlimited limit.
+    fn check_unlimited(&mut self, raw: &RawLimit, place: &str) {
+        let extensions = [
+            ("unit", raw.unit.is_some()),
+            ("algorithm", raw.algorithm.is_some()),
+            ("burst", raw.burst.is_some()),
+            ("max_wait", raw.max_wait.is_some()),
+            ("max_queue", raw.max_queue.is_some()),
+            ("max_keys", raw.max_keys.is_some()),
+        ];
+        for (name, set) in extensions {
+            if set {
+                self.error(
+                    format!("{place}.{name}"),
+                    format!("{name} must not be set when unlimited is true"),
+                );
+            }
+        }
+    }
+
+    /// The limit's `max_wait`, from its `text`: a duration more than 0 and at most
+    /// [`MAX_WAIT_CEILING`].
+    fn max_wait(&mut self, text: &str, place: &str) -> Option<Duration> {
+        let field = format!("{place}.max_wait");
+        match parse_duration(text) {
+            None => {
+                self.error(
+                    field,
+                    format!(
+                        "invalid duration {text:?} (expected a number and a unit of ns, us, ms or s, e.g. \"50ms\")"
+                    ),
+                );
+                None
+            }
+            Some(wait) if wait.is_zero() => {
+                self.error(field, "max_wait must be more than 0");
+                None
+            }
+            Some(wait) if wait > MAX_WAIT_CEILING => {
+                self.error(
+                    field,
+                    format!(
+                        "max_wait {} is more than the maximum of {}",
+                        format_duration(wait),
+                        format_duration(MAX_WAIT_CEILING)
+                    ),
+                );
+                None
+            }
+            Some(wait) => Some(wait),
+        }
+    }
+
+    /// The limit's `max_queue`: 0 without `max_wait` (setting it then is an error, unless
+    /// the limit is unlimited), [`DEFAULT_MAX_QUEUE`] when `max_wait` comes alone.
+    fn max_queue(&mut self, raw: &RawLimit, place: &str) -> u32 {
+        match (raw.max_queue, raw.max_wait.is_some()) {
+            (None, false) => 0,
+            (None, true) => DEFAULT_MAX_QUEUE,
+            (Some(_), false) => {
+                if raw.unlimited != Some(true) {
+                    self.error(
+                        format!("{place}.max_queue"),
+                        "max_queue is only valid with max_wait",
+                    );
+                }
+                0
+            }
+            (Some(queue), true) => {
+                if !(1..=MAX_QUEUE_CEILING).contains(&queue) {
+                    self.error(
+                        format!("{place}.max_queue"),
+                        format!("max_queue must be from 1 to {MAX_QUEUE_CEILING}, got {queue}"),
+                    );
+                }
+                queue
+            }
+        }
+    }
+
+    /// The names of the limits this one (named `own_name`) replaces: each non-empty, and
+    /// not its own.
+    fn replaces(
+        &mut self,
+        list: Vec<RawReplace>,
+        own_name: Option<&str>,
+        place: &str,
+    ) -> Box<[Arc<str>]> {
+        let mut replaces = Vec::new();
+        for (index, replace) in list.into_iter().enumerate() {
+            let place = format!("{place}.replaces[{index}].name");
+            match replace.name.filter(|name| !name.is_empty()) {
+                None => self.error(place, "empty name"),
+                Some(other) if own_name == Some(other.as_str()) => {
+                    self.error(place, format!("limit {} replaces itself", name(&other)));
+                }
+                Some(other) => replaces.push(Arc::from(other)),
+            }
+        }
+        replaces.into_boxed_slice()
     }
 
     /// Refuses what the selected store cannot count exactly.
@@ -530,7 +590,6 @@ fn depth(value: &serde_json::Value) -> usize {
     }
 }
 
-/// `descriptors[3] (key api_key, value vip)`.
 /// The tag of the rule at `path` with `rate` ([`Limit::rule`]): FNV-1a over the path and the
 /// counter's slot, folded to 32 bits, never 0 (the tag of keys of no configured rule).
 fn rule_tag(path: &str, rate: Option<&Rate>) -> u32 {
@@ -544,6 +603,7 @@ fn rule_tag(path: &str, rate: Option<&Rate>) -> u32 {
     }
 }
 
+/// `descriptors[3] (key api_key, value vip)`.
 fn descriptor_place(index: usize, key: &str, value: Option<&str>) -> String {
     match value {
         Some(value) => format!(
@@ -552,6 +612,38 @@ fn descriptor_place(index: usize, key: &str, value: Option<&str>) -> String {
             name(value)
         ),
         None => format!("descriptors[{index}] (key {})", name(key)),
+    }
+}
+
+/// The path of the entry `key` (with `value`) under `parent`: `edge > api_key=vip`.
+fn node_path(parent: &str, key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!("{parent} > {}={}", name(key), name(value)),
+        None => format!("{parent} > {}", name(key)),
+    }
+}
+
+/// `keys` and `key` joined by a dot (`api_key.path`).
+fn key_path(keys: &str, key: &str) -> String {
+    if keys.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{keys}.{key}")
+    }
+}
+
+/// Files `node` under `key` in `level`: as the key's default (no value), a wildcard
+/// (`glob`) or an exact value.
+fn add_node(level: &mut Level, key: String, value: Option<String>, glob: Option<Glob>, node: Node) {
+    let group: &mut KeyGroup = level.entry(key.into()).or_default();
+    match value {
+        None => group.default = Some(Box::new(node)),
+        Some(value) => match glob {
+            Some(glob) => group.wildcards.push((glob, value.into(), node)),
+            None => {
+                group.exact.insert(value.into(), node);
+            }
+        },
     }
 }
 
