@@ -451,6 +451,13 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A Go duration copied as the flag's duration text.
+    fn copy_duration(&mut self, variable: &'static str, id: &'static str, long: &'static str) {
+        if let Some(duration) = self.duration(variable) {
+            self.set(id, long, Some(go_text(duration)), &[variable]);
+        }
+    }
+
     /// A value copied as it is.
     fn copy(&mut self, variable: &'static str, id: &'static str, long: &'static str) {
         if let Some(value) = self.get(variable) {

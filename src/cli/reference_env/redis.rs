@@ -2,7 +2,7 @@
 //! sentinel or cluster; auth and TLS), the Redis knobs ratekeeper does not need, and what
 //! it refuses (a per-second Redis, memcache, a key prefix, TLS client files).
 
-use super::{Reader, go_text};
+use super::Reader;
 
 /// The reference's Redis TLS client files (and hostname check switch).
 const TLS_FILES: [&str; 4] = [
@@ -41,15 +41,7 @@ impl Reader<'_> {
         }
         self.redis_store();
         self.redis_pool_size();
-        if let Some(timeout) = self.duration("REDIS_TIMEOUT") {
-            let from = ["REDIS_TIMEOUT"];
-            self.set(
-                "store_timeout",
-                "--store-timeout",
-                Some(go_text(timeout)),
-                &from,
-            );
-        }
+        self.copy_duration("REDIS_TIMEOUT", "store_timeout", "--store-timeout");
         self.redis_tuning();
     }
 

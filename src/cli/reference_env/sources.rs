@@ -186,15 +186,11 @@ impl Reader<'_> {
                 );
             }
         }
-        if let Some(delay) = self.duration("XDS_CLIENT_BACKOFF_MAX_INTERVAL") {
-            let from = ["XDS_CLIENT_BACKOFF_MAX_INTERVAL"];
-            self.set(
-                "xds_backoff_max",
-                "--xds-backoff-max",
-                Some(go_text(delay)),
-                &from,
-            );
-        }
+        self.copy_duration(
+            "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+            "xds_backoff_max",
+            "--xds-backoff-max",
+        );
         self.unused(
             &[
                 "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
