@@ -49,12 +49,12 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratekeeper::cluster::ClusterOptions;
+use ratekeeper::cluster::ring::{DEFAULT_VNODES, Ring};
 use ratekeeper::key::{KeyBuilder, shard_of};
 use ratekeeper::limits::Limits;
 use ratekeeper::server::{Server, ServerOptions};
 use ratekeeper::store::StoreOptions;
-use ratekeeper::store::cluster::ClusterOptions;
-use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 use ratekeeper::store::memory::EngineConfig;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;

@@ -71,9 +71,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use loadgen::client::{self, Report, Stop};
 use loadgen::workload::{DOMAIN, KEY, Workload};
+use ratekeeper::cluster::ring::{DEFAULT_VNODES, Ring};
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::limits::Limits;
-use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 
 const NAMES: [&str; 3] = ["a", "b", "c"];
 /// Bytes one slot of a shard's key table takes: a 24-byte key, its 16-byte state and a

@@ -14,12 +14,12 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::response::{Html, Response};
 use axum::routing::{MethodRouter, post};
 
+use crate::cluster::Runtime;
 use crate::envoy::rls::MAX_MESSAGE_BYTES;
 use crate::http::routes::{self, Access, IndexOf};
 use crate::http::{Health, Probes, page};
 use crate::limiter::Limiter;
 use crate::reload::ReloadStats;
-use crate::store::cluster::Cluster;
 
 pub mod auth;
 mod counters;
@@ -59,8 +59,8 @@ pub struct Admin {
     /// The descriptor values of live counters (`--counter-names`), which the limiter feeds
     /// as its observer; `None` when none are kept.
     pub names: Option<Arc<names::CounterNames>>,
-    /// The in-memory store across peers, in cluster mode (its ring, its members' names).
-    pub cluster: Option<Cluster>,
+    /// The cluster runtime, in cluster mode (its ring, its members' names).
+    pub cluster: Option<Arc<Runtime>>,
     pub reload: Arc<ReloadStats>,
     pub options: AdminOptions,
     /// The node's RLQS state (`None` where RLQS streams are refused).

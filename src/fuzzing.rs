@@ -26,17 +26,17 @@ use crate::admin::{Admin, AdminOptions};
 use crate::algorithm::{Algorithm, Rate, Unit};
 use crate::check::{Check, Checks, Counter};
 use crate::clock::Clock;
+use crate::cluster::lease::Leases;
+use crate::cluster::proto::v1 as wire;
+use crate::cluster::proto::v1::peer_server::Peer;
+use crate::cluster::service::PeerService;
+use crate::cluster::{ClusterOptions, convert};
 use crate::error::ErrorKind;
 use crate::http::Health;
 use crate::key::KeyId;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::{Limits, LoadOptions, Source};
-use crate::store::cluster::convert;
-use crate::store::cluster::lease::Leases;
-use crate::store::cluster::proto::v1 as wire;
-use crate::store::cluster::proto::v1::peer_server::Peer;
-use crate::store::cluster::service::PeerService;
-use crate::store::cluster::{Cluster, ClusterOptions};
+use crate::store::cluster::Cluster;
 use crate::store::memory::{Engine, EngineConfig, MemoryStore};
 
 /// The limits every fixture decides with: each algorithm, a nested descriptor, a wildcard,
@@ -479,7 +479,7 @@ fn names_reply(reply: wire::NamesReply) {
 /// An owner's answer to a `Quota` report of two buckets: one share per bucket, each at most
 /// its limit, or refused.
 fn quota_reply(reply: wire::QuotaReply) {
-    use crate::store::cluster::quota::{QuotaBucket, QuotaDemand};
+    use crate::cluster::quota::{QuotaBucket, QuotaDemand};
     let sent = [10, u64::from(u32::MAX)].map(|limit| QuotaDemand {
         bucket: QuotaBucket {
             route: limit,
@@ -518,7 +518,7 @@ impl PeerFixture {
             let cluster = runtime.block_on(async {
                 Cluster::join(MemoryStore::new(engine), ClusterOptions::new(Self::ME))
             });
-            let service = PeerService::unwrapped(&cluster);
+            let service = cluster.unwrapped_peer_service(None, None);
             let check = |route: u64| Check {
                 counters: smallvec::smallvec![Counter {
                     key: KeyId {
@@ -555,7 +555,7 @@ impl PeerFixture {
             let counters = self.checks.iter().flat_map(|check| check.counters.iter());
             for (counter, decision) in counters.zip(&group.decisions) {
                 convert::decision_from_wire(decision);
-                if let Some(grant) = crate::store::cluster::remote::grant(&lender, decision) {
+                if let Some(grant) = crate::cluster::remote::grant(&lender, decision) {
                     self.leases.take(counter, grant, now);
                 }
             }

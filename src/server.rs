@@ -30,6 +30,8 @@ use crate::admin::auth::{TokenError, TokenFile, TokenWatch};
 use crate::admin::names::CounterNames;
 use crate::admin::{self, AdminOptions};
 use crate::clock::Clock;
+use crate::cluster::names::{NameSource, Named, NamesPage};
+use crate::cluster::quota::QuotaSource;
 use crate::envoy::rlqs::{RlqsOptions, RlqsService};
 use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
 use crate::http::Health;
@@ -40,8 +42,6 @@ use crate::quota::RlqsStats;
 use crate::quota::cluster::{Exchanger, Owner, forget_after};
 use crate::reload::{self, ReloadOptions, ReloadStats, Watcher};
 use crate::store::cluster::Cluster;
-use crate::store::cluster::names::{NameSource, Named, NamesPage};
-use crate::store::cluster::service::PeerService;
 use crate::store::memory::{Engine, EngineConfig};
 use crate::store::{BuildError, StoreOptions};
 
@@ -531,7 +531,7 @@ impl Server {
             health: Arc::clone(&self.health),
             limiter: Arc::clone(&self.limiter),
             names: self.names.clone(),
-            cluster: self.cluster.clone(),
+            cluster: self.cluster.as_ref().map(Cluster::runtime).cloned(),
             reload: Arc::clone(&self.reload_stats),
             options: self.admin,
             rlqs: quota.hub,
@@ -612,7 +612,7 @@ impl Server {
             (Some(cluster), Some(owner)) => {
                 let exchanger = Exchanger::new(
                     service.hub(),
-                    cluster.clone(),
+                    Arc::clone(cluster.runtime()),
                     Arc::clone(owner),
                     self.rlqs.exchange_every,
                 );
@@ -637,7 +637,7 @@ impl Server {
 struct Quota {
     service: RlqsService,
     /// What the peer service answers other nodes' `Quota` calls with (cluster mode).
-    source: Option<crate::store::cluster::quota::QuotaSource>,
+    source: Option<QuotaSource>,
     /// The node's RLQS state for the admin listener; `None` when RLQS streams are refused.
     hub: Option<Arc<crate::quota::Hub>>,
     _sweep: AbortOnDrop,
@@ -709,14 +709,14 @@ async fn serve_peers(
     peer: Option<(TcpListener, SocketAddr)>,
     cluster: Option<Cluster>,
     names: Option<NameSource>,
-    quota: Option<crate::store::cluster::quota::QuotaSource>,
+    quota: Option<QuotaSource>,
     tls: Option<Tls>,
     stop: watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
     let (Some((listener, _)), Some(cluster)) = (peer, &cluster) else {
         return Ok(());
     };
-    let service = PeerService::with_sources(cluster, names, quota);
+    let service = cluster.peer_service(names, quota);
     let incoming = GrpcListener::from_tcp(listener)?.incoming(tls);
     tonic::transport::Server::builder()
         .add_service(service)
@@ -743,7 +743,7 @@ async fn stop_on(
     health.stop_serving();
     set_health(&reporter, false).await;
     if let Some(leaving) = leaving {
-        let _ = tokio::time::timeout(grace, leaving.leave()).await;
+        let _ = tokio::time::timeout(grace, leaving.runtime().leave()).await;
     }
     let _ = stop.send(true);
     // Past the grace period, stop waiting for slow calls.

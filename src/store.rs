@@ -7,7 +7,8 @@
 //! - [`memory`]: one node's counters in this process ([`MemoryStore`](memory::MemoryStore):
 //!   the engine's shards);
 //! - [`cluster`]: the memory store across peers ([`Cluster`](cluster::Cluster) wraps this
-//!   node's `MemoryStore` and forwards the checks other nodes own);
+//!   node's `MemoryStore` and forwards the checks other nodes own, over the cluster
+//!   runtime, [`crate::cluster`]);
 //! - [`redis`]: the counters in Redis, shared by every node
 //!   ([`RedisStore`](redis::RedisStore)).
 //!
@@ -125,6 +126,5 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
 mod build;
 pub mod cluster;
-pub mod failure;
 pub mod memory;
 pub mod redis;

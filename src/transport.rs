@@ -3,7 +3,7 @@
 //! the live TLS configs, reloaded when their files change.
 //!
 //! Shared by Envoy's gRPC listener ([`crate::envoy::grpc`]) and the cluster's peers
-//! ([`crate::store::cluster`]), so it knows neither.
+//! ([`crate::cluster`]), so it knows neither.
 
 pub mod listener;
 pub mod tls;

@@ -48,8 +48,8 @@
 use std::sync::Arc;
 
 use super::names::{self, CounterName, CounterNames, ListedCounter, MAX_PAGE, NamesFigures};
+use crate::cluster::Runtime;
 use crate::limiter::{Query, ResetOutcome};
-use crate::store::cluster::Cluster;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -68,14 +68,14 @@ const DEFAULT_PAGE: usize = 100;
 struct CountersState {
     limiter: Arc<Limiter>,
     names: Option<Arc<CounterNames>>,
-    cluster: Option<Cluster>,
+    cluster: Option<Arc<Runtime>>,
 }
 
 /// `GET` and `DELETE /counters/{domain}`; with `enabled` false, both answer 404 saying so.
 pub(super) fn route(
     limiter: Arc<Limiter>,
     names: Option<Arc<CounterNames>>,
-    cluster: Option<Cluster>,
+    cluster: Option<Arc<Runtime>>,
     enabled: bool,
 ) -> MethodRouter {
     if !enabled {
@@ -209,7 +209,7 @@ async fn list(
 async fn list_cluster(
     limiter: &Limiter,
     names: Option<&CounterNames>,
-    cluster: &Cluster,
+    cluster: &Runtime,
     domain: &str,
     params: &Params,
 ) -> Response {

@@ -40,10 +40,10 @@ use axum::routing::{MethodRouter, get};
 use serde_json::{Value, json};
 
 use self::history::History;
+use crate::cluster::Runtime;
 use crate::limiter::Limiter;
 use crate::limits::{Domain, Limits, Node};
 use crate::reload::ReloadStats;
-use crate::store::cluster::Cluster;
 
 /// The page: `ui/dashboard.html`, compiled in.
 const PAGE: &str = include_str!("ui/dashboard.html");
@@ -59,7 +59,7 @@ const HOT_PAGE: usize = 100;
 pub(super) struct UiState {
     pub limiter: Arc<Limiter>,
     pub names: Option<Arc<super::names::CounterNames>>,
-    pub cluster: Option<Cluster>,
+    pub cluster: Option<Arc<Runtime>>,
     pub reload: Arc<ReloadStats>,
     /// `--admin-counters`: the page may list and reset counters.
     pub counters: bool,
@@ -99,7 +99,7 @@ async fn data(State(state): State<UiState>) -> Response {
             .map_or(0, |elapsed| elapsed.as_secs()),
         "limits": limits(&state.limiter, &snapshot),
         "hot": hot(&state, &snapshot).await,
-        "cluster": cluster(state.cluster.as_ref()),
+        "cluster": cluster(state.cluster.as_deref()),
         "reload": reload(&state.reload),
         "counters_enabled": state.counters,
         "history": history_json(&state.history),
@@ -279,7 +279,7 @@ async fn hot(state: &UiState, snapshot: &Limits) -> Value {
 }
 
 /// The ring's members and their health as this node sees it.
-fn cluster(cluster: Option<&Cluster>) -> Value {
+fn cluster(cluster: Option<&Runtime>) -> Value {
     let Some(cluster) = cluster else {
         return json!({"mode": "single", "members": [{"address": "this node", "me": true, "healthy": true}]});
     };

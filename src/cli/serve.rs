@@ -16,8 +16,10 @@ use super::{
     rlqs_exchange_every, share, store, ttl_margin,
 };
 use crate::admin::AdminOptions;
+use crate::cluster::{ClusterOptions, Fallback};
 use crate::envoy::rlqs::RlqsOptions;
 use crate::envoy::xds::XdsOptions;
+use crate::failure::FailurePolicy;
 use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::{ConfigErrors, Limits, LoadOptions};
 use crate::metrics::MetricsOptions;
@@ -25,9 +27,8 @@ use crate::quota::HubOptions;
 use crate::reload::{self as reloader, ReloadOptions};
 use crate::server::ServerOptions;
 use crate::store::StoreOptions;
-use crate::store::cluster::{ClusterOptions, Fallback};
 use crate::store::memory::EngineConfig;
-use crate::store::redis::{FailurePolicy, RedisOptions, Target};
+use crate::store::redis::{RedisOptions, Target};
 use crate::transport::tls::TlsOptions;
 
 /// `ratekeeper serve`.

@@ -2,7 +2,7 @@
 //!
 //! Every report interval each node's [`Exchanger`] sums, per bucket, the demand of its own
 //! streams ([`Hub::node_demands`]) and sends it to the bucket's owner on the peer ring
-//! (`store::cluster`'s `Quota` call, batched per owner; the bucket is placed by
+//! (the cluster runtime's `Quota` call, batched per owner; the bucket is placed by
 //! [`quota_bucket`], a hash of its domain and id). The owner's [`Owner`] divides the limit
 //! among the nodes reporting the bucket with the same max-min division a node uses among
 //! its streams ([`division::divide`], the nodes being the reporters), answers each node its
@@ -33,9 +33,9 @@ use super::ENVOY_REPORT_INTERVAL;
 use super::division;
 use super::hub::{Hub, NodeDemand};
 use super::rule::BucketKey;
+use crate::cluster::Runtime;
+use crate::cluster::quota::{QuotaBucket, QuotaDemand, QuotaSource};
 use crate::key::{fmix64, fnv1a64};
-use crate::store::cluster::Cluster;
-use crate::store::cluster::quota::{QuotaBucket, QuotaDemand, QuotaSource};
 
 /// How often a node sends its demand to the owners unless told otherwise
 /// (`--rlqs-exchange-every`): Envoy's report interval.
@@ -213,7 +213,7 @@ impl Owner {
 /// hands the answered shares to the hub; ends once the hub is gone.
 pub struct Exchanger {
     hub: Weak<Hub>,
-    cluster: Cluster,
+    cluster: Arc<Runtime>,
     owner: Arc<Owner>,
     every: Duration,
 }
@@ -221,8 +221,13 @@ pub struct Exchanger {
 impl Exchanger {
     /// The exchanger of `hub` in `cluster`, dividing the buckets this node owns with
     /// `owner` (not started). Makes `hub` count the cluster's members.
-    pub fn new(hub: &Arc<Hub>, cluster: Cluster, owner: Arc<Owner>, every: Duration) -> Exchanger {
-        let members = cluster.clone();
+    pub fn new(
+        hub: &Arc<Hub>,
+        cluster: Arc<Runtime>,
+        owner: Arc<Owner>,
+        every: Duration,
+    ) -> Exchanger {
+        let members = Arc::clone(&cluster);
         hub.follow_members(Arc::new(move || members.member_count() as u64));
         Exchanger {
             hub: Arc::downgrade(hub),
@@ -252,7 +257,7 @@ impl Exchanger {
 }
 
 /// One exchange: this node's demands out to their owners, the shares back into `hub`.
-pub async fn exchange(hub: &Hub, cluster: &Cluster, here: &QuotaSource) {
+pub async fn exchange(hub: &Hub, cluster: &Runtime, here: &QuotaSource) {
     let demands = hub.node_demands();
     let shares = cluster.exchange_quota(&outgoing(&demands), here).await;
     take_shares(hub, demands, shares);

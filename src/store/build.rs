@@ -10,10 +10,11 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
 use super::Store;
-use super::cluster::{Cluster, ClusterOptions};
+use super::cluster::Cluster;
 use super::memory::{Engine, MemoryStore};
 use super::redis::{RedisOptions, RedisStore};
 use crate::clock::Clock;
+use crate::cluster::ClusterOptions;
 use crate::transport::listener::{ListenError, bind_tcp};
 use crate::transport::tls::{Tls, TlsOptions};
 
@@ -119,7 +120,7 @@ pub async fn build(
             let memory = MemoryStore::new(engine());
             memory.register_metrics(registry);
             let cluster = Cluster::join_with(memory, options, peer_tls.cloned());
-            cluster.register_metrics(registry);
+            cluster.runtime().register_metrics(registry);
             Ok(Built {
                 store: Arc::new(cluster.clone()),
                 cluster: Some(cluster),

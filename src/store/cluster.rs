@@ -1,26 +1,26 @@
 //! Cluster mode: one limit across all replicas, without Redis. The in-memory store across
 //! peers: a [`Cluster`] wraps this node's [`MemoryStore`] (a single node is that store
-//! alone, not a cluster).
+//! alone, not a cluster) over the cluster runtime ([`crate::cluster`]: the members, the
+//! ring, the peers' clients, the peer service), and is what the limiter sees of it.
 //!
-//! Every key has one owner node on a consistent hash [`Ring`] of the members' peer
-//! addresses, placed by the key's route hash (so all limits of a descriptor, in every window,
-//! have the same owner). [`Cluster::check`] decides the checks this node owns on its own
-//! memory store and forwards the others to their owners ([`remote`]: batched, with a
-//! deadline and a circuit breaker). When an owner cannot answer, the [`Fallback`] policy
-//! decides: by default this node's own counter for the key (degraded, but bounded).
+//! [`Cluster::check`] decides the checks this node owns (on the runtime's ring) on its own
+//! memory store and forwards the others to their owners (the runtime's clients: batched,
+//! with a deadline and a circuit breaker). When an owner cannot answer, the
+//! [`Fallback`](crate::cluster::Fallback) policy decides: by default this node's own counter
+//! for the key (degraded, but bounded). As an owner, this node answers the other nodes'
+//! checks, handoffs, resets, refunds and peeks (`owner`: the runtime's peer service hands
+//! them over, [`Cluster::peer_service`]).
 //!
-//! The jobs, one submodule each, around the [`Topology`] snapshot and the `Node` they share:
-//! - `membership`: who the members are (seeds, DNS, `Join`/`Leave`, anti-entropy on the
-//!   failure detector's pings, in `detector`), and leaving.
-//! - `rebalance`: a membership change rebuilds the ring (an immutable value swapped
-//!   atomically) and wakes the rebalance task: counters this node holds but no longer owns
-//!   (after a join, or kept during a fallback) are handed to their owners, which merge them
-//!   into their own; expired leases' unspent hits go back to their lenders. A node leaving
-//!   gracefully tells the others, drains, then hands over everything it holds.
-//! - [`lease`]: hits an owner lends this node for its hot keys, spent on the request path.
+//! The jobs, one submodule each, around the `Node` they share (the runtime and this node's
+//! memory store):
+//! - `rebalance`: woken by the runtime when the ring changed (or a peer came back):
+//!   counters this node holds but no longer owns (after a join, or kept during a fallback)
+//!   are handed to their owners, which merge them into their own. A node leaving gracefully
+//!   drains, then hands over everything it holds and gives its leases back.
 //! - `forward`: a request's checks scattered to their deciders (a lease, this node, each
 //!   owner, the fallback) and their answers gathered back in request order ([`scatter`],
 //!   the plan, is pure).
+//! - `owner`: the peer messages about this node's counters (`cluster::service::Counters`).
 //!
 //! No partial effects: a request that fails consumes nothing on any of its descriptors.
 //! When one part fails, the forwards still in flight are awaited (each is answered within
@@ -33,210 +33,35 @@
 //! (it died, the call failed, or the keys moved to another owner meanwhile) keeps that
 //! request's hits counted until the window ends, an under-admission, logged.
 //!
-//! - [`quota`]: RLQS across the cluster: each node's demand for a quota bucket sent to its
-//!   owner, which answers the node's share (the division itself is installed by the
-//!   server, see [`quota::QuotaSource`]).
-//!
-//! No import cycle between the submodules: the vocabulary ([`names`], [`lease`], [`quota`],
-//! [`scatter`], [`ring`], [`proto`], [`identity`]) imports no sibling; `convert` maps it to
-//! the wire; [`remote`] (one peer's client) builds on `convert`; the jobs build on `remote`.
+//! No import cycle between the submodules: [`scatter`] imports no sibling, `forward`
+//! builds on it, `rebalance` and `owner` stand alone.
 
-pub(crate) mod convert;
-mod detector;
-mod dial;
 mod forward;
-pub mod identity;
-pub(crate) mod lease;
-mod membership;
-mod metrics;
-pub mod names;
-pub mod proto;
-pub mod quota;
+mod owner;
 mod rebalance;
-pub(crate) mod remote;
-pub mod ring;
 pub mod scatter;
-pub mod service;
 
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-use tokio::sync::Notify;
-
-pub use self::forward::NamesMissing;
-use self::membership::Membership;
-use self::remote::{PeerError, Remote};
-use self::ring::{DEFAULT_VNODES, Ring};
 use crate::check::{Checks, Decisions};
-pub use crate::error::ClusterError;
-use crate::error::StoreError;
+use crate::cluster::names::NameSource;
+use crate::cluster::proto::v1::peer_server::PeerServer;
+use crate::cluster::quota::QuotaSource;
+use crate::cluster::remote::PeerError;
+use crate::cluster::service::{self, PeerService};
+use crate::cluster::{ClusterOptions, Runtime};
+use crate::error::{ClusterError, StoreError};
 use crate::key::KeyId;
-use crate::store::failure::FailurePolicy;
 use crate::store::memory::MemoryStore;
 use crate::store::memory::engine::Engine;
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, RuleKeys, Store};
-use crate::transport::tls::{Tls, TlsOptions};
+use crate::transport::tls::Tls;
 
-/// What a node does with a check whose owner cannot answer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Fallback {
-    /// Decide on this node's own counter for the key (handed to the owner once it is back).
-    #[default]
-    Local,
-    /// Answer by the stores' common [`FailurePolicy`] (`allow` or `deny`, as the Redis
-    /// store answers while Redis is down), retrying the owner after the breaker's cooldown.
-    Policy(FailurePolicy),
-}
-
-impl Fallback {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Fallback::Local => "local",
-            Fallback::Policy(policy) => policy.as_str(),
-        }
-    }
-}
-
-/// Settings of cluster mode.
-#[derive(Clone, Debug)]
-pub struct ClusterOptions {
-    /// This node's peer address as the others reach it.
-    pub advertise: String,
-    /// Seed members.
-    pub peers: Vec<String>,
-    /// `name:port` resolved periodically for members (a Kubernetes headless Service).
-    pub peer_dns: Option<String>,
-    pub dns_refresh: Duration,
-    pub vnodes: usize,
-    /// Deadline of one forwarded batch: how long an owner that is alive but slow is waited
-    /// for (a silent one is cut off sooner by the keepalive).
-    pub timeout: Duration,
-    /// HTTP/2 pings on every peer connection: how often, and how long one may go
-    /// unacknowledged before the connection (and every forward on it) is given up.
-    pub keepalive: Duration,
-    pub keepalive_timeout: Duration,
-    /// Groups per forwarded batch at most.
-    pub batch_size: usize,
-    /// How long a batch may wait for more groups at most.
-    pub batch_window: Duration,
-    /// Batches in flight to one peer at most.
-    pub max_in_flight: usize,
-    /// Groups waiting for one peer's batcher at most.
-    pub queue_capacity: usize,
-    pub breaker_failures: u32,
-    pub breaker_cooldown: Duration,
-    pub fallback: Fallback,
-    /// The failure detector: every member is pinged this often (each ping's deadline too).
-    pub ping_interval: Duration,
-    /// Missed pings in a row before a member is taken off this node's ring.
-    pub down_after: u32,
-    /// Answered pings in a row before a member that was down is back on the ring.
-    pub up_after: u32,
-    /// Mutual TLS between peers (`--peer-tls-*`: certificate, key, CA, and the optional
-    /// shared name): loaded by the server, which serves the peer listener with it.
-    pub tls: Option<TlsOptions>,
-    /// Serve an unauthenticated peer listener on a non-loopback address (`--peer-insecure`).
-    pub insecure: bool,
-}
-
-impl ClusterOptions {
-    pub fn new(advertise: impl Into<String>) -> ClusterOptions {
-        ClusterOptions {
-            advertise: advertise.into(),
-            peers: Vec::new(),
-            peer_dns: None,
-            dns_refresh: Duration::from_secs(5),
-            vnodes: DEFAULT_VNODES,
-            timeout: Duration::from_secs(1),
-            keepalive: Duration::from_millis(250),
-            keepalive_timeout: Duration::from_secs(1),
-            batch_size: 128,
-            batch_window: Duration::from_micros(200),
-            max_in_flight: 64,
-            queue_capacity: 4096,
-            breaker_failures: 3,
-            breaker_cooldown: Duration::from_secs(1),
-            fallback: Fallback::Local,
-            ping_interval: Duration::from_millis(500),
-            down_after: 3,
-            up_after: 2,
-            tls: None,
-            insecure: false,
-        }
-    }
-}
-
-/// Figures for one peer, kept by its client.
-#[derive(Debug, Default)]
-pub struct PeerStats {
-    /// Groups (one per originating request) forwarded to the peer.
-    pub forwarded: AtomicU64,
-    pub batches: AtomicU64,
-    pub errors: AtomicU64,
-    /// Forward batches that took longer than Envoy's default rate limit timeout.
-    pub slow: AtomicU64,
-}
-
-/// Figures of this node's cluster work, read at scrape time.
-#[derive(Debug, Default)]
-pub struct ClusterStats {
-    pub fallbacks: AtomicU64,
-    /// Request groups whose owner did not answer but had left the ring meanwhile: sent to
-    /// the new owner instead of the fallback.
-    pub rerouted: AtomicU64,
-    pub handoff_sent: AtomicU64,
-    pub handoff_failed: AtomicU64,
-    pub handoff_received: AtomicU64,
-    pub ring_changes: AtomicU64,
-    /// Peer messages refused: their client certificate does not speak for the node they
-    /// concern (mutual TLS).
-    pub refused: AtomicU64,
-    /// RLQS: bucket demands sent to their owners, those that got no share back (the owner
-    /// did not answer in time, or gave none), `Quota` calls that failed, and bucket demands
-    /// this node divided as their owner for other nodes.
-    pub quota_sent: AtomicU64,
-    pub quota_unanswered: AtomicU64,
-    pub quota_failed_calls: AtomicU64,
-    pub quota_received: AtomicU64,
-}
-
-/// The routing snapshot: the ring plus a client per member (None for this node). Rebuilt
-/// and swapped whole when the members change (`rebalance`).
-struct Topology {
-    ring: Ring,
-    remotes: Vec<Option<Arc<Remote>>>,
-}
-
-impl Topology {
-    /// The clients of the other members.
-    fn peers(&self) -> Vec<Arc<Remote>> {
-        self.remotes.iter().flatten().cloned().collect()
-    }
-
-    /// The client of the member owning `route`; `None` when this node decides it (it owns
-    /// the route, or the ring is empty).
-    fn owner_of(&self, route: u64) -> Option<&Arc<Remote>> {
-        let owner = self.ring.owner_index(route)?;
-        self.remotes.get(owner)?.as_ref()
-    }
-}
-
+/// What the store over the runtime shares: the runtime, and this node's counters.
 struct Node {
-    me: Arc<str>,
-    options: ClusterOptions,
-    /// Mutual TLS with the other nodes (both ways), when configured.
-    tls: Option<Tls>,
+    runtime: Arc<Runtime>,
     /// This node's own counters: the keys it owns, and those a local fallback decided.
     memory: MemoryStore,
-    topology: ArcSwap<Topology>,
-    membership: Mutex<Membership>,
-    /// Wakes the rebalance task (ring changed, or a peer came back).
-    rebalance: Arc<Notify>,
-    stats: ClusterStats,
-    /// Hits other nodes lent this one (see `lease`).
-    leases: Arc<lease::Leases>,
 }
 
 /// The in-memory store across peers: decides the checks this node owns on its own
@@ -249,8 +74,8 @@ pub struct Cluster {
 impl std::fmt::Debug for Cluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Cluster")
-            .field("me", &self.node.me)
-            .field("members", &self.node.topology.load().ring.members())
+            .field("me", &self.node.runtime.me)
+            .field("members", &self.node.runtime.topology.load().ring.members())
             .finish()
     }
 }
@@ -262,42 +87,15 @@ impl Cluster {
     }
 
     /// A cluster member, dialling its peers over mutual TLS with `tls` (the config the peer
-    /// listener serves with). Spawns the rebalance and (with `peer_dns`) discovery tasks,
-    /// and announces this node to its seeds. Call from inside the tokio runtime, once the
-    /// peer listener is bound (so peers can reach us as soon as they hear of us).
+    /// listener serves with): starts the runtime ([`Runtime::start`]) and the rebalance
+    /// task. Call from inside the tokio runtime, once the peer listener is bound (so peers
+    /// can reach us as soon as they hear of us).
     pub fn join_with(memory: MemoryStore, options: ClusterOptions, tls: Option<Tls>) -> Cluster {
-        let me: Arc<str> = Arc::from(options.advertise.as_str());
-        let membership = Membership {
-            seeds: options
-                .peers
-                .iter()
-                .map(|peer| peer.trim().to_owned())
-                .filter(|peer| !peer.is_empty())
-                .collect(),
-            ..Membership::default()
-        };
         let node = Arc::new(Node {
-            me,
-            tls,
+            runtime: Runtime::start(options, tls),
             memory,
-            topology: ArcSwap::from_pointee(Topology {
-                ring: Ring::new([&*options.advertise], options.vnodes),
-                remotes: vec![None],
-            }),
-            membership: Mutex::new(membership),
-            rebalance: Arc::new(Notify::new()),
-            stats: ClusterStats::default(),
-            leases: Arc::new(lease::Leases::default()),
-            options,
         });
-        node.refresh();
         tokio::spawn(Arc::clone(&node).rebalance_loop());
-        tokio::spawn(Arc::clone(&node).announce());
-        tokio::spawn(Arc::clone(&node).detect_loop());
-        tokio::spawn(Arc::clone(&node).refund_loop());
-        if node.options.peer_dns.is_some() {
-            tokio::spawn(Arc::clone(&node).discover_loop());
-        }
         Cluster { node }
     }
 
@@ -306,36 +104,32 @@ impl Cluster {
         &self.node.memory
     }
 
-    /// This node's peer address.
-    pub fn me(&self) -> &str {
-        &self.node.me
+    /// The cluster runtime under this store: the members, the ring, the peers, their
+    /// figures.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.node.runtime
     }
 
-    /// The current members, this node included unless it is leaving.
-    pub fn members(&self) -> Vec<Arc<str>> {
-        self.node.topology.load().ring.members().to_vec()
+    /// The peer service of this node (in its gRPC server), answering the counter messages
+    /// on this store, serving the counter names `names` gives (`Names`) and dividing the
+    /// quota buckets this node owns with `quota` (`Quota`).
+    pub fn peer_service(
+        &self,
+        names: Option<NameSource>,
+        quota: Option<QuotaSource>,
+    ) -> PeerServer<PeerService> {
+        self.unwrapped_peer_service(names, quota).into_server()
     }
 
-    /// How many members the ring has (this node included unless it is leaving).
-    pub fn member_count(&self) -> usize {
-        self.node.topology.load().ring.len()
-    }
-    /// The leases this node holds and its lease figures.
-    pub fn leases(&self) -> &lease::Leases {
-        &self.node.leases
-    }
-
-    /// Per-peer and cluster figures, for metrics.
-    pub fn stats(&self) -> (&ClusterStats, Vec<Arc<Remote>>) {
-        (&self.node.stats, self.node.topology.load().peers())
-    }
-
-    /// Registers the cluster's metrics (read at scrape time) in `registry`; this node's
-    /// shards register theirs through [`MemoryStore::register_metrics`].
-    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register_collector(Box::new(metrics::ClusterCollector {
-            cluster: self.clone(),
-        }));
+    /// [`Cluster::peer_service`], not wrapped in its gRPC server (the fuzz harness calls
+    /// its methods).
+    pub(crate) fn unwrapped_peer_service(
+        &self,
+        names: Option<NameSource>,
+        quota: Option<QuotaSource>,
+    ) -> PeerService {
+        let counters: Arc<dyn service::Counters> = Arc::clone(&self.node) as _;
+        PeerService::new(Arc::clone(&self.node.runtime), counters, names, quota)
     }
 
     /// Decides `checks`; one decision per counter, in order.
@@ -368,7 +162,7 @@ impl Store for Cluster {
 
     fn placement(&self, route: u64) -> Placement {
         let node = &*self.node;
-        let topology = node.topology.load();
+        let topology = node.runtime.topology.load();
         let owner = topology.ring.owner(route).cloned();
         let local = topology.owner_of(route).is_none();
         Placement {
@@ -403,9 +197,9 @@ impl Store for Cluster {
         Box::pin(async move {
             let node = &*self.node;
             let here = node.engine().reset(&keys);
-            node.leases.forget(&keys);
+            node.runtime.leases.forget(&keys);
             let remote = {
-                let topology = node.topology.load();
+                let topology = node.runtime.topology.load();
                 keys.first()
                     .and_then(|key| topology.owner_of(key.route))
                     .cloned()

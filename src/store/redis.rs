@@ -55,8 +55,8 @@ use crate::breaker::Breaker;
 use crate::check::{self, Check, Checks, Decisions, States};
 use crate::clock::Clock;
 use crate::error::StoreError;
+pub use crate::failure::FailurePolicy;
 use crate::key::KeyId;
-pub use crate::store::failure::FailurePolicy;
 use crate::store::{Capabilities, Checked, Placement, ResetFuture, Store};
 
 /// What the Redis store can count exactly: no `max_wait`; sliding windows up to 2^53 / 10^9

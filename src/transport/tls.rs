@@ -401,7 +401,7 @@ fn certified_key(
 
 /// The client side of mutual TLS between peers: presents this node's certificate, and
 /// accepts a server whose certificate one of `roots` signed (valid for the name the
-/// connection asks for: see `cluster::connect`).
+/// connection asks for: see `cluster::dial`).
 fn client_config(
     flags: &'static Flags,
     options: &TlsOptions,

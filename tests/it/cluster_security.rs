@@ -14,8 +14,8 @@ use crate::support::{
     Leaf, Ratekeeper, TempDir, TestCa, cluster_members, edge_decide, eventually, grpc_clients,
     metric_sum, start_member, wait_for_members, write_config,
 };
-use ratekeeper::store::cluster::proto::v1 as wire;
-use ratekeeper::store::cluster::proto::v1::peer_client::PeerClient;
+use ratekeeper::cluster::proto::v1 as wire;
+use ratekeeper::cluster::proto::v1::peer_client::PeerClient;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;

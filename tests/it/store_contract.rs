@@ -14,7 +14,7 @@
 //!    gives back, is allowed, and never lifts a counter above its capacity (nor below zero
 //!    used); a counted rejection takes what is left.
 //! 4. **Reset** forgets a descriptor's counters wherever they live.
-//! 5. **The failure policy** (`store::failure`): with what it counts on gone (Redis down, a
+//! 5. **The failure policy** (`failure`): with what it counts on gone (Redis down, a
 //!    key's owner unreachable), `deny` answers over the limit with the store's cooldown as
 //!    the retry, `allow` admits with the whole capacity left, the same in every store.
 //!
@@ -28,11 +28,11 @@ use crate::support::{RedisCluster, RedisServer, TempDir};
 use ratekeeper::algorithm::{Algorithm, Rate, Unit};
 use ratekeeper::check::{Charge, Check, Checks, Counter, Decisions};
 use ratekeeper::clock::Clock;
+use ratekeeper::cluster::{ClusterOptions, Fallback};
+use ratekeeper::failure::FailurePolicy;
 use ratekeeper::key::KeyBuilder;
 use ratekeeper::store::Store;
-use ratekeeper::store::cluster::service::PeerService;
-use ratekeeper::store::cluster::{Cluster, ClusterOptions, Fallback};
-use ratekeeper::store::failure::FailurePolicy;
+use ratekeeper::store::cluster::Cluster;
 use ratekeeper::store::memory::{Engine, EngineConfig, MemoryStore};
 use ratekeeper::store::redis::{RedisOptions, RedisStore, Target};
 
@@ -96,7 +96,7 @@ impl LocalCluster {
                 .collect();
             options.timeout = Duration::from_secs(5);
             let node = Cluster::join(memory(clock), options);
-            let service = PeerService::new(&node);
+            let service = node.peer_service(None, None);
             servers.push(tokio::spawn(async move {
                 let incoming = tonic::transport::server::TcpIncoming::from(listener);
                 let _ = tonic::transport::Server::builder()
@@ -107,7 +107,7 @@ impl LocalCluster {
             nodes.push(node);
         }
         for _ in 0..500 {
-            if nodes.iter().all(|node| node.members().len() == n) {
+            if nodes.iter().all(|node| node.runtime().members().len() == n) {
                 return LocalCluster { nodes, servers };
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -14,8 +14,8 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use ratekeeper::cluster::ring::{DEFAULT_VNODES, Ring};
 use ratekeeper::key::KeyBuilder;
-use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;

@@ -3,10 +3,11 @@ use std::sync::Arc;
 
 use super::*;
 use crate::clock::Clock;
+use crate::cluster::ClusterOptions;
 use crate::limiter::{Limiter, LimiterOptions, Query};
 use crate::limits::Limits;
 use crate::metrics::{Metrics, MetricsOptions};
-use crate::store::cluster::{Cluster, ClusterOptions};
+use crate::store::cluster::Cluster;
 use crate::store::memory::{EngineConfig, MemoryStore, engine::Engine};
 
 /// One family as scraped: type, help, and the label names of its samples.
@@ -77,7 +78,7 @@ async fn everything() -> String {
     let mut options = ClusterOptions::new("127.0.0.1:1");
     options.peers = vec!["127.0.0.1:2".into()];
     let cluster = Cluster::join(MemoryStore::new(engine), options);
-    cluster.register_metrics(&mut registry);
+    cluster.runtime().register_metrics(&mut registry);
     let redis = crate::store::redis::RedisStore::new(
         crate::store::redis::RedisOptions::new(
             crate::store::redis::Target::parse("redis://127.0.0.1:1").expect("a target"),

@@ -394,11 +394,9 @@ async fn three_nodes_a_newcomer_and_a_death_stay_within_the_bound() {
 /// node's own division) to the hub, and it ends once the hub is gone.
 #[tokio::test(start_paused = true)]
 async fn the_exchanger_hands_the_owners_answer_to_the_hub_every_interval() {
-    use crate::store::cluster::ClusterOptions;
-    use crate::store::memory::MemoryStore;
-    use crate::store::memory::tests::engine;
+    use crate::cluster::ClusterOptions;
     let me = "127.0.0.1:1";
-    let cluster = Cluster::join(MemoryStore::new(engine()), ClusterOptions::new(me));
+    let cluster = Runtime::start(ClusterOptions::new(me), None);
     let hub = Arc::new(Hub::new(hub_options(), RlqsStats::default()));
     let owner = Arc::new(Owner::new(10, FORGET_AFTER));
     let exchanger = Exchanger::new(&hub, cluster, Arc::clone(&owner), INTERVAL).spawn();

@@ -1,8 +1,8 @@
 //! Forwarding: a request's checks scattered to whoever decides them (a lease this node
 //! holds, this node's memory store, each other owner through its [`Remote`], the
 //! [`Fallback`] policy for an owner that cannot answer) and the answers gathered back in
-//! request order, with [`Scatter`] as the plan. Explanations (peeks) and counter listings
-//! (names) ask the other members the same way, without a fallback.
+//! request order, with [`Scatter`] as the plan. Explanations (peeks) ask the owners the
+//! same way, without a fallback.
 //!
 //! A request that fails consumes nothing: when any part errs, every other part gives back
 //! what it consumed ([`Taken::give_back`]) before the error is answered.
@@ -13,13 +13,12 @@ use std::sync::atomic::Ordering;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::names::{DEADLINE, MAX_NAMES, NamesPage};
-use super::quota::{self, QuotaDemand, QuotaSource};
-use super::remote::{self, PeerError, Remote};
 use super::scatter::Scatter;
-use super::{Cluster, ClusterError, Fallback, Node, Topology, convert, lease};
+use super::{Cluster, Node};
 use crate::check::{Check, Checks, Decisions};
-use crate::error::StoreError;
+use crate::cluster::remote::{self, PeerError, Remote};
+use crate::cluster::{Fallback, Topology, convert, lease};
+use crate::error::{ClusterError, StoreError};
 use crate::store::memory::engine::Consumed;
 
 /// Per check of a request: what it spent when it was admitted from a lease.
@@ -88,12 +87,12 @@ impl Taken {
     /// over-admission.
     async fn give_back(self, node: &Node) {
         for (check, spent) in &self.leased {
-            node.leases.unspend(check, spent);
+            node.runtime.leases.unspend(check, spent);
         }
         for (checks, consumed) in &self.engine {
             node.engine().give_back(checks, consumed);
         }
-        let topology = node.topology.load_full();
+        let topology = node.runtime.topology.load_full();
         let owns = |remote: &Remote, refund: &lease::Refund| {
             topology
                 .ring
@@ -216,7 +215,7 @@ fn route<'t>(
         let target = match (Target::of(topology, route), spent.next().flatten()) {
             (Target::Here, spent) => {
                 if let Some(spent) = spent {
-                    node.leases.unspend(&check, &spent);
+                    node.runtime.leases.unspend(&check, &spent);
                 }
                 Target::Here
             }
@@ -254,7 +253,7 @@ impl Cluster {
         leased: SpentLeases,
         may_reroute: bool,
     ) -> Result<Decisions, StoreError> {
-        let topology = node.topology.load();
+        let topology = node.runtime.topology.load();
         let (scatter, round) = route(node, &topology, checks, leased);
         let (parts, gather) = scatter.into_parts();
         let mut round = round.with_parts(parts.len());
@@ -294,7 +293,7 @@ impl Cluster {
     /// `may_reroute`) when the owner has left the ring meanwhile, else by the fallback
     /// policy. Stops at the first error.
     async fn decide_fallbacks(&self, node: &Node, round: &mut Round, may_reroute: bool) {
-        let topology = node.topology.load_full();
+        let topology = node.runtime.topology.load_full();
         for (index, remote, part) in std::mem::take(&mut round.fallbacks) {
             let moved = part
                 .iter()
@@ -302,12 +301,12 @@ impl Cluster {
             let decided = if may_reroute && moved {
                 // What a rerouted part consumed is not given back if a later part
                 // fails: an under-admission at worst.
-                node.stats.rerouted.fetch_add(1, Ordering::Relaxed);
+                node.runtime.stats.rerouted.fetch_add(1, Ordering::Relaxed);
                 Box::pin(self.check_distributed(node, part, SpentLeases::new(), false))
                     .await
                     .map(|decisions| (decisions, None))
             } else {
-                node.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+                node.runtime.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
                 node.fallback(part).await
             };
             match decided {
@@ -323,8 +322,8 @@ impl Cluster {
         }
         // The ring changed while the fallback counted: what it counted on this node's
         // share after the handoff is handed over too.
-        if !Arc::ptr_eq(&topology, &node.topology.load_full()) {
-            node.rebalance.notify_one();
+        if !Arc::ptr_eq(&topology, &node.runtime.topology.load_full()) {
+            node.runtime.rebalance.notify_one();
         }
     }
 
@@ -336,7 +335,7 @@ impl Cluster {
         node: &Node,
         checks: Checks,
     ) -> Result<Decisions, StoreError> {
-        let topology = node.topology.load();
+        let topology = node.runtime.topology.load();
         let mut scatter = Scatter::new([Target::Here], checks.len());
         for check in checks {
             let target = Target::of(&topology, Some(check.route()));
@@ -382,149 +381,26 @@ impl Cluster {
             .collect();
         gather.gather(answers).ok_or_else(too_few)
     }
-
-    /// Asks every other ring member for its names of `domain` with routes above `after`
-    /// (at most `limit`, itself at most [`MAX_NAMES`]), all at once, each within
-    /// [`DEADLINE`]: one answer per member, in ring order.
-    pub async fn member_names(
-        &self,
-        domain: &str,
-        after: Option<u64>,
-        limit: usize,
-    ) -> Vec<(Arc<str>, Result<NamesPage, NamesMissing>)> {
-        let peers = self.node.topology.load().peers();
-        let limit = limit.clamp(1, MAX_NAMES);
-        let asked = peers.iter().map(|peer| async move {
-            let answer = match peer.names(domain, after, limit, DEADLINE).await {
-                Ok(Some(page)) => Ok(page),
-                Ok(None) => Err(NamesMissing::NotKept),
-                Err(error) => Err(NamesMissing::Peer(error)),
-            };
-            (Arc::clone(peer.address()), answer)
-        });
-        futures_util::future::join_all(asked).await
-    }
-}
-
-impl Cluster {
-    /// RLQS: sends each bucket's demand to the bucket's owner on the ring, one batch per
-    /// owner (split at [`quota::MAX_BUCKETS`]), all owners at once, each call within
-    /// [`quota::DEADLINE`]; the buckets this node owns are divided by `here` (this node's
-    /// own division, with this node as the sender). Answers one share per demand, in
-    /// order: `None` where the owner did not answer in time or gave none.
-    pub async fn exchange_quota(
-        &self,
-        demands: &[QuotaDemand],
-        here: &QuotaSource,
-    ) -> Vec<Option<u64>> {
-        let node = &*self.node;
-        let mut shares = vec![None; demands.len()];
-        // Per owner (None: this node), the indices of its buckets.
-        let mut by_owner: Vec<(Option<Arc<Remote>>, Vec<usize>)> = Vec::new();
-        {
-            let topology = node.topology.load();
-            for (index, demand) in demands.iter().enumerate() {
-                let owner = topology.owner_of(demand.bucket.route).cloned();
-                let at = by_owner
-                    .iter()
-                    .position(|(known, _)| match (known, &owner) {
-                        (None, None) => true,
-                        (Some(known), Some(owner)) => Arc::ptr_eq(known, owner),
-                        _ => false,
-                    });
-                match at {
-                    Some(at) => by_owner[at].1.push(index),
-                    None => by_owner.push((owner, vec![index])),
-                }
-            }
-        }
-        let mut calls = Vec::new();
-        for (owner, indices) in &by_owner {
-            for chunk in indices.chunks(quota::MAX_BUCKETS) {
-                let batch: Vec<QuotaDemand> = chunk.iter().map(|&index| demands[index]).collect();
-                match owner {
-                    None => {
-                        let answered = here(&node.me, &batch);
-                        for (&index, share) in chunk.iter().zip(answered) {
-                            shares[index] = share;
-                        }
-                    }
-                    Some(remote) => calls
-                        .push(async move { (chunk, remote.quota(&batch, quota::DEADLINE).await) }),
-                }
-            }
-        }
-        let sent: usize = calls.len();
-        let answers = futures_util::future::join_all(calls).await;
-        let mut failed = 0u64;
-        let mut remote_buckets = 0u64;
-        for (chunk, answer) in answers {
-            remote_buckets += chunk.len() as u64;
-            match answer {
-                Ok(Some(answered)) => {
-                    for (&index, share) in chunk.iter().zip(answered) {
-                        shares[index] = share;
-                    }
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    failed += 1;
-                    tracing::debug!(%error, "a quota owner did not answer: its buckets use an equal part per member");
-                }
-            }
-        }
-        let stats = &node.stats;
-        stats
-            .quota_sent
-            .fetch_add(remote_buckets, Ordering::Relaxed);
-        stats
-            .quota_failed_calls
-            .fetch_add(failed, Ordering::Relaxed);
-        let unanswered = shares.iter().filter(|share| share.is_none()).count() as u64;
-        stats
-            .quota_unanswered
-            .fetch_add(unanswered, Ordering::Relaxed);
-        tracing::trace!(buckets = demands.len(), calls = sent, "quota exchanged");
-        shares
-    }
-}
-
-/// Why a member's names are not in a listing ([`Cluster::member_names`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NamesMissing {
-    /// The call failed or timed out.
-    Peer(PeerError),
-    /// It answered that it keeps no names (it runs without `--counter-names`).
-    NotKept,
-}
-
-impl std::fmt::Display for NamesMissing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NamesMissing::Peer(error) => error.fmt(f),
-            NamesMissing::NotKept => f.write_str("it keeps no counter names (--counter-names)"),
-        }
-    }
 }
 
 impl Node {
     /// Admits from their leases the checks whose keys other nodes own and lent this node
     /// hits for; `None` for the others (this node's own keys, and keys without a lease).
     pub(super) fn spend_leases(&self, checks: &[Check]) -> SpentLeases {
-        let topology = self.topology.load();
+        let topology = self.runtime.topology.load();
         let now = tokio::time::Instant::now();
         checks
             .iter()
             .map(|check| {
                 topology.owner_of(check.route())?;
-                self.leases.spend(check, now)
+                self.runtime.leases.spend(check, now)
             })
             .collect()
     }
 
     /// Whether this node owns every check's key (then nothing needs forwarding).
     pub(super) fn owns_all(&self, checks: &[Check]) -> bool {
-        let topology = self.topology.load();
+        let topology = self.runtime.topology.load();
         checks
             .iter()
             .all(|check| topology.owner_of(check.route()).is_none())
@@ -537,11 +413,11 @@ impl Node {
         &self,
         group: Checks,
     ) -> Result<(Decisions, Option<(Checks, Consumed)>), StoreError> {
-        match self.options.fallback {
+        match self.runtime.options.fallback {
             Fallback::Local => {
                 // This node's share of each limit: with every node falling back at once,
                 // together they admit no more than the limit.
-                let members = self.topology.load().ring.len();
+                let members = self.runtime.topology.load().ring.len();
                 let mut group = group;
                 for counter in group.iter_mut().flat_map(|check| check.counters.iter_mut()) {
                     counter.rate = counter.rate.share(members);
@@ -549,9 +425,10 @@ impl Node {
                 let (decisions, consumed) = self.engine().begin(&group)?.finish_consumed().await?;
                 Ok((decisions, Some((group, consumed))))
             }
-            Fallback::Policy(policy) => {
-                Ok((policy.decide(&group, self.options.breaker_cooldown), None))
-            }
+            Fallback::Policy(policy) => Ok((
+                policy.decide(&group, self.runtime.options.breaker_cooldown),
+                None,
+            )),
         }
     }
 }

@@ -12,9 +12,9 @@ use tokio::sync::watch;
 use super::{
     LIMITS, RateLimitQuotaUsageReports, Stream, debug_rlqs, first, open, pairs, read, report, usage,
 };
+use ratekeeper::cluster::ring::{DEFAULT_VNODES, Ring};
 use ratekeeper::quota::bucket_key;
 use ratekeeper::quota::cluster::quota_bucket;
-use ratekeeper::store::cluster::ring::{DEFAULT_VNODES, Ring};
 
 use crate::support::{Ratekeeper, TempDir, metric, metric_total, start_cluster, write_config};
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
-use super::Node;
+use super::Runtime;
 use super::convert::VERSION;
 use super::proto::v1 as wire;
 use super::proto::v1::peer_client::PeerClient;
@@ -85,7 +85,7 @@ fn alive(
     }
 }
 
-impl Node {
+impl Runtime {
     /// Pings the members forever (see the module doc).
     pub(super) async fn detect_loop(self: Arc<Self>) {
         let interval = self.options.ping_interval.max(Duration::from_millis(10));
@@ -121,13 +121,13 @@ impl Node {
                 });
                 request.set_timeout(interval);
                 let me = Arc::clone(&self.me);
-                let node = Arc::clone(&self);
+                let runtime = Arc::clone(&self);
                 pings.spawn(async move {
                     let outcome = tokio::time::timeout(interval, client.ping(request))
                         .await
                         .map_err(|_| ());
                     let (answered, theirs) = alive(outcome);
-                    let heard = theirs.map(|theirs| node.lock().heard(&me, &address, &theirs));
+                    let heard = theirs.map(|theirs| runtime.lock().heard(&me, &address, &theirs));
                     if heard.is_some_and(|heard| heard.rejoin) {
                         // Anti-entropy: the peer dropped this node; announce it again.
                         let mut request = tonic::Request::new(wire::Member {

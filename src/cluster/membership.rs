@@ -6,17 +6,20 @@
 //! failure detection, a healed partition): every ping answer carries the peer's ring; a node
 //! missing from it joins that peer again, and a node said to have left that answers with
 //! itself on its ring is a member again ([`Membership::heard`]). Any change rebuilds the
-//! ring (`rebalance`).
+//! ring and the peer clients into a new `Topology`, swapped whole (the request path only
+//! loads it), and wakes the store's rebalance task ([`Runtime::refresh`]).
 //!
 //! Invariants: `left` only ever holds nodes this node knew of (bounded by the members
 //! known); the lock is held briefly, never across an `.await`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::remote::Remote;
-use super::{Cluster, Node};
+use super::ring::Ring;
+use super::{Runtime, Topology};
 
 /// The members as this node knows them; the ring is built from [`Membership::members`].
 #[derive(Default)]
@@ -95,7 +98,7 @@ pub(super) struct Heard {
     pub(super) rejoin: bool,
 }
 
-impl Node {
+impl Runtime {
     /// The membership, locked (briefly: never across an `.await`).
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Membership> {
         // A panic while holding this lock would be a bug elsewhere; the data stays usable.
@@ -127,7 +130,7 @@ impl Node {
     /// Drops `address` (it is leaving) until it joins again. Only a node this node knows
     /// of is remembered as gone: `left` stays bounded by the members known, and the detector
     /// (which probes nodes said to have left) never dials an address a message made up.
-    pub(super) fn left(&self, address: &str) -> Vec<String> {
+    pub(crate) fn left(&self, address: &str) -> Vec<String> {
         {
             let mut membership = self.lock();
             let known = membership.candidates(&self.me).contains(address);
@@ -193,16 +196,13 @@ impl Node {
             }
         }
     }
-}
 
-impl Cluster {
     /// Every other node this node knows of, and whether the failure detector finds it
     /// reachable.
     pub fn peer_health(&self) -> Vec<(String, bool)> {
-        let node = &self.node;
-        let membership = node.lock();
+        let membership = self.lock();
         membership
-            .candidates(&node.me)
+            .candidates(&self.me)
             .into_iter()
             .map(|peer| {
                 let up = !membership.down.contains(&peer);
@@ -213,15 +213,14 @@ impl Cluster {
 
     /// Stops routing to this node and tells the others it is leaving (before the drain).
     pub async fn leave(&self) {
-        let node = &self.node;
         let remotes: Vec<Arc<Remote>> = {
-            let mut membership = node.lock();
+            let mut membership = self.lock();
             membership.leaving = true;
             membership.remotes.values().cloned().collect()
         };
         // Off this node's own ring first: its ping answers then no longer list it, so the
         // others' anti-entropy honours the leave (see `Membership::heard`).
-        node.refresh();
+        self.refresh();
         let mut calls = Vec::new();
         for remote in remotes {
             calls.push(tokio::spawn(async move { remote.leave().await }));
@@ -229,8 +228,59 @@ impl Cluster {
         for call in calls {
             let _ = call.await;
         }
-        node.refresh();
-        tracing::info!(me = %node.me, "left the cluster ring");
+        self.refresh();
+        tracing::info!(me = %self.me, "left the cluster ring");
+    }
+
+    /// Rebuilds the ring from the membership if it changed; wakes the rebalance task.
+    pub(super) fn refresh(&self) {
+        let mut membership = self.lock();
+        let members = membership.members(&self.me);
+        let current = self.topology.load();
+        let same = current.ring.len() == members.len()
+            && members.iter().all(|member| current.ring.contains(member));
+        if same {
+            return;
+        }
+        let ring = Ring::new(&members, self.options.vnodes);
+        let mut remotes = Vec::with_capacity(ring.len());
+        for member in ring.members() {
+            if **member == *self.me {
+                remotes.push(None);
+                continue;
+            }
+            let remote = match membership.remotes.get(member) {
+                Some(remote) => Some(Arc::clone(remote)),
+                None => match Remote::spawn(
+                    Arc::clone(member),
+                    Arc::clone(&self.me),
+                    &self.options,
+                    Arc::clone(&self.rebalance),
+                    Arc::clone(&self.leases),
+                    self.tls.as_ref(),
+                ) {
+                    Ok(remote) => {
+                        membership
+                            .remotes
+                            .insert(Arc::clone(member), Arc::clone(&remote));
+                        Some(remote)
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "ignoring a member");
+                        None
+                    }
+                },
+            };
+            remotes.push(remote);
+        }
+        let keep: BTreeSet<&str> = ring.members().iter().map(|member| &**member).collect();
+        membership
+            .remotes
+            .retain(|address, _| keep.contains(&**address));
+        tracing::info!(me = %self.me, members = ?ring.members(), "cluster ring changed");
+        self.topology.store(Arc::new(Topology { ring, remotes }));
+        self.stats.ring_changes.fetch_add(1, Ordering::Relaxed);
+        self.rebalance.notify_one();
     }
 }
 

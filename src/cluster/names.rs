@@ -5,7 +5,7 @@
 //! one counter may be named on several nodes, or only on nodes that do not own it. A node
 //! serves its names to the others ([`NameSource`], installed by the server: this module
 //! does not know where names are kept) with the peer call `Names`, and asks every other
-//! ring member for theirs ([`Cluster::member_names`](super::Cluster::member_names));
+//! ring member for theirs ([`Runtime::member_names`](super::Runtime::member_names));
 //! merging and reading each counter's state from its owner is the limiter's job. This
 //! module is the vocabulary and the bounds (it imports no sibling).
 //!

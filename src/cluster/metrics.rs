@@ -1,19 +1,20 @@
 //! The cluster's metrics, read at scrape time: membership, fallbacks, handoffs, the RLQS
 //! quota exchange, and per-peer forwarding figures.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType;
 
-use super::Cluster;
+use super::Runtime;
 use crate::metrics::{encode_counter, encode_gauge, scrape_counter, scrape_gauge};
 
 /// Reads the cluster's figures at scrape time.
 #[derive(Debug)]
 pub(super) struct ClusterCollector {
-    pub cluster: Cluster,
+    pub runtime: Arc<Runtime>,
 }
 
 impl Collector for ClusterCollector {
@@ -27,12 +28,12 @@ impl Collector for ClusterCollector {
 impl ClusterCollector {
     /// Membership, fallbacks, handoffs and the RLQS exchange.
     fn encode_totals(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (stats, _) = self.cluster.stats();
+        let (stats, _) = self.runtime.stats();
         scrape_gauge(
             encoder,
             "cluster_members",
             "Nodes on this node's hash ring, itself included",
-            self.cluster.member_count() as u64,
+            self.runtime.member_count() as u64,
         )?;
         let totals: [(&str, &str, &AtomicU64); 11] = [
             (
@@ -99,7 +100,7 @@ impl ClusterCollector {
 
     /// The hits lent and borrowed with leases.
     fn encode_leases(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let leases = self.cluster.leases();
+        let leases = self.runtime.leases();
         let lease_totals: [(&str, &str, &AtomicU64); 3] = [
             (
                 "cluster_lease_units_lent",
@@ -130,7 +131,7 @@ impl ClusterCollector {
 
     /// Each peer's forwarding figures, breaker and health.
     fn encode_peers(&self, encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (_, remotes) = self.cluster.stats();
+        let (_, remotes) = self.runtime.stats();
         type Read = fn(&super::remote::Remote) -> u64;
         let per_peer: [(&str, &str, MetricType, Read); 5] = [
             (
@@ -182,7 +183,7 @@ impl ClusterCollector {
             None,
             MetricType::Gauge,
         )?;
-        for (peer, up) in self.cluster.peer_health() {
+        for (peer, up) in self.runtime.peer_health() {
             let labels = [("peer", peer)];
             encode_gauge(family.encode_family(&labels)?, u64::from(up))?;
         }

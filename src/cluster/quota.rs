@@ -2,7 +2,7 @@
 //! the owner of a quota bucket (its place on the ring) the demand of its own Envoy streams
 //! for that bucket, and the owner answers the node's share of the limit. Who divides and
 //! how is not this module's business: the owner's division is installed by the server as a
-//! [`QuotaSource`] (so `store::cluster` knows nothing of Envoy); the node's side (what it
+//! [`QuotaSource`] (so the cluster knows nothing of Envoy); the node's side (what it
 //! sends, what it does with the answer) is `envoy::rlqs::cluster`. This module is the
 //! vocabulary and the bounds (it imports no sibling).
 //!

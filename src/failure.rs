@@ -1,6 +1,7 @@
-//! What a store answers while what it counts on cannot answer (Redis down, the owner of a
-//! key unreachable): one policy for every store, and one function that makes the stand-in
-//! decisions, so every store answers the same situation the same way.
+//! What a check is answered when its store or owner cannot decide it (Redis down, the owner
+//! of a key unreachable): one policy for every store and for the cluster's fallback, and one
+//! function that makes the stand-in decisions, so every store answers the same situation the
+//! same way.
 //!
 //! - [`FailurePolicy::Allow`] (fail open, like Envoy's default `failure_mode_deny: false`):
 //!   admitted, with the limit's whole capacity remaining (nothing is known to be used, so

@@ -3,7 +3,7 @@ use std::collections::BTreeSet;
 use super::*;
 
 /// The set of `members` (the cluster's tests use it too).
-pub(in crate::store::cluster) fn set(members: &[&str]) -> BTreeSet<String> {
+pub(in crate::cluster) fn set(members: &[&str]) -> BTreeSet<String> {
     members.iter().map(|member| (*member).to_owned()).collect()
 }
 
