@@ -192,6 +192,10 @@ pub struct ValidateArgs {
     /// Check the limits against what this store can count (`--store` of `serve`).
     #[arg(long, env = "RATEKEEPER_STORE", value_parser = store, default_value = "memory")]
     pub store: StoreArg,
+    /// Also print every limit, one per line, as `/rlconfig` shows them (windows of several
+    /// units as durations: `100 per 5m`).
+    #[arg(long)]
+    pub list: bool,
 }
 
 impl ValidateArgs {
@@ -215,6 +219,9 @@ impl ValidateArgs {
                     domains.join(", "),
                     limits.limit_count()
                 );
+                if self.list {
+                    print!("{limits}");
+                }
                 ExitCode::SUCCESS
             }
             Err(errors) => {

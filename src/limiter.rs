@@ -69,6 +69,9 @@ pub struct LimiterOptions {
     /// (`--count-rejected-hits`; its `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false`): see
     /// [`Charge::Always`](crate::check::Charge::Always). No check then waits (`max_wait`).
     pub count_rejected_hits: bool,
+    /// gRPC answers carry each limit's `unit_multiplier` in Envoy's pending
+    /// `RateLimit.unit_multiplier` field (`--unit-multiplier-field`).
+    pub unit_multiplier_field: bool,
 }
 
 /// Decides queries against the live limits.
@@ -604,6 +607,7 @@ fn status(plan: &Plan<'_>, decisions: &[Decision], reported: bool) -> Status {
         name: limit.name.clone(),
         requests_per_unit: rate.requests_per_unit,
         unit: rate.unit,
+        multiplier: rate.multiplier,
         remaining: if reported { 0 } else { decision.remaining },
         reset_after: Duration::from_nanos(decision.reset_after),
         over: reported,

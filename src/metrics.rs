@@ -346,11 +346,12 @@ fn limit_label(node: &Node, limit: &Limit) -> String {
     }
 }
 
+/// The limit's unit (`second`), or its window (`10s`) with a `unit_multiplier`.
 fn unit_label(limit: &Limit) -> String {
     limit
         .rate
-        .map_or("unlimited", |rate| rate.unit.as_str())
-        .to_owned()
+        .map_or("unlimited".into(), |rate| rate.window_name())
+        .into_owned()
 }
 
 /// The per-limit counters of one limits snapshot.

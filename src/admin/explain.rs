@@ -130,7 +130,7 @@ fn render(query: &Query<'_>, explanation: &Explanation) -> Value {
 }
 
 pub(super) fn limit(state: &LimitState) -> Value {
-    json!({
+    let mut out = json!({
         "name": state.name.as_deref(),
         "requests_per_unit": state.rate.requests_per_unit,
         "unit": state.rate.unit.as_str(),
@@ -147,7 +147,11 @@ pub(super) fn limit(state: &LimitState) -> Value {
             "budget": keys.budget,
             "refused": keys.refused,
         })),
-    })
+    });
+    if state.rate.multiplier != 1 {
+        out["unit_multiplier"] = json!(state.rate.multiplier);
+    }
+    out
 }
 
 fn millis(duration: std::time::Duration) -> u64 {

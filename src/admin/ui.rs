@@ -197,11 +197,15 @@ fn limits(limiter: &Limiter, snapshot: &Limits) -> Value {
                 .map(|limit| {
                     let (hits, over) = totals.get(limit.index).copied().unwrap_or_default();
                     let rate = limit.rate.map(|rate| {
-                        json!({
+                        let mut rate_json = json!({
                             "requests_per_unit": rate.requests_per_unit,
                             "unit": rate.unit.as_str(),
                             "algorithm": rate.algorithm.as_str(),
-                        })
+                        });
+                        if rate.multiplier != 1 {
+                            rate_json["unit_multiplier"] = json!(rate.multiplier);
+                        }
+                        rate_json
                     });
                     json!({
                         "name": limit.name.as_deref(),

@@ -188,6 +188,11 @@ pub struct AnswerArgs {
     /// quota-mode violations, the matched entries' `metadata`).
     #[arg(long, env = "RATEKEEPER_RESPONSE_DYNAMIC_METADATA")]
     pub response_dynamic_metadata: bool,
+    /// Send each limit's unit_multiplier in gRPC answers as Envoy's pending
+    /// RateLimit.unit_multiplier (field 4, envoyproxy/envoy#47307). Off until Envoy
+    /// releases it: its number and type may still change, and Envoy 1.40 ignores it.
+    #[arg(long, env = "RATEKEEPER_UNIT_MULTIPLIER_FIELD")]
+    pub unit_multiplier_field: bool,
 }
 
 // The counters of this node (the memory store, alone or in a cluster).
@@ -566,6 +571,7 @@ impl ServeArgs {
                 soft_mode: self.answers.quota_mode,
                 count_rejected_hits: self.answers.count_rejected_hits,
                 response_dynamic_metadata: self.answers.response_dynamic_metadata,
+                unit_multiplier_field: self.answers.unit_multiplier_field,
                 header_names: HeaderNames {
                     limit: self.answers.header_limit.as_str().into(),
                     remaining: self.answers.header_remaining.as_str().into(),

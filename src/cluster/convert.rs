@@ -14,8 +14,24 @@ use crate::key::KeyId;
 use super::names::{self, Named, NamesPage};
 use super::quota::{self, QuotaBucket, QuotaDemand};
 
-/// The protocol version this build speaks.
-pub const VERSION: u32 = 1;
+/// The newest protocol version this build speaks. Version 2 added `Rate.unit_multiplier`
+/// (windows of several units); nothing else changed.
+pub const VERSION: u32 = 2;
+/// The oldest version this build accepts. A message is sent with the oldest version that
+/// says it exactly ([`version_for`]), so a node of the release before (version 1 only)
+/// accepts everything it can count right and refuses (`FAILED_PRECONDITION`) a check it
+/// would count wrong: upgrading a running cluster works node by node.
+pub const OLDEST: u32 = 1;
+
+/// The version a message carrying counters of `rates` is sent with: [`OLDEST`], unless
+/// one of them has a `unit_multiplier`, which a version 1 node would read as one unit.
+pub fn version_for<'a>(rates: impl IntoIterator<Item = &'a Rate>) -> u32 {
+    if rates.into_iter().any(|rate| rate.multiplier != 1) {
+        VERSION
+    } else {
+        OLDEST
+    }
+}
 
 /// Bounds on what one peer message may carry.
 pub const MAX_GROUPS: usize = 4096;
@@ -97,6 +113,11 @@ pub fn counter_to_wire(counter: &Counter) -> wire::Counter {
             requests_per_unit: counter.rate.requests_per_unit,
             unit: counter.rate.unit.to_proto() as u32,
             burst: counter.rate.burst,
+            // 0 (not sent) for 1, as version 1 nodes send it.
+            unit_multiplier: match counter.rate.multiplier {
+                1 => 0,
+                multiplier => multiplier,
+            },
         }),
     }
 }
@@ -118,6 +139,14 @@ pub fn counter_from_wire(counter: &wire::Counter) -> Result<Counter, String> {
     } else {
         rate.requests_per_unit
     };
+    if rate.unit_multiplier > 1 {
+        checked = checked.every(rate.unit_multiplier).ok_or_else(|| {
+            format!(
+                "unit_multiplier {} of a {unit}: a window longer than a year",
+                rate.unit_multiplier
+            )
+        })?;
+    }
     Ok(Counter { key, rate: checked })
 }
 
@@ -398,6 +427,45 @@ mod tests {
             algorithm_from_wire(4),
             Err("unknown algorithm 4".to_owned())
         );
+    }
+
+    /// Version 2 carries `unit_multiplier`. A message is sent as version 1 unless one of
+    /// its counters has a multiplier (a version 1 node refuses version 2 instead of counting
+    /// one unit), and a version 1 counter (no field 5) is read as one unit.
+    #[test]
+    fn a_multiplier_crosses_the_wire_in_version_2_and_only_then() {
+        use crate::algorithm::{Rate, Unit};
+        use crate::key::KeyBuilder;
+        let plain = Rate::fixed(5, Unit::Second);
+        let ten_seconds = plain.every(10).expect("10 s");
+        let counter = |rate: Rate| Counter {
+            key: KeyBuilder::new("d").entry("k", "v").key(&rate),
+            rate,
+        };
+        assert_eq!(version_for([&plain, &plain]), OLDEST);
+        assert_eq!(version_for([&plain, &ten_seconds]), VERSION);
+        assert_eq!(version_for([]), OLDEST);
+        for rate in [
+            plain,
+            ten_seconds,
+            Rate::fixed(5, Unit::Day).every(14).expect("14 days"),
+        ] {
+            let wire = counter_to_wire(&counter(rate));
+            assert_eq!(counter_from_wire(&wire).map(|c| c.rate), Ok(rate));
+        }
+        // One unit is not sent at all: the bytes are version 1's.
+        let wire = counter_to_wire(&counter(plain));
+        assert_eq!(wire.rate.as_ref().map(|rate| rate.unit_multiplier), Some(0));
+        let mut one = wire;
+        one.rate.as_mut().expect("a rate").unit_multiplier = 1;
+        assert_eq!(counter_from_wire(&one).map(|c| c.rate), Ok(plain));
+        // Beyond a year is refused, never cut short.
+        let mut long = wire;
+        let rate = long.rate.as_mut().expect("a rate");
+        rate.unit = Unit::Day.to_proto() as u32;
+        rate.unit_multiplier = 366;
+        let error = counter_from_wire(&long).expect_err("over a year");
+        assert!(error.contains("longer than a year"), "{error}");
     }
 
     #[test]

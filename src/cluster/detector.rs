@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
 use super::Runtime;
-use super::convert::VERSION;
+use super::convert::OLDEST;
 use super::proto::v1 as wire;
 use super::proto::v1::peer_client::PeerClient;
 use crate::transport::tls::Tls;
@@ -116,7 +116,7 @@ impl Runtime {
                 };
                 let mut client = probe.client.clone();
                 let mut request = tonic::Request::new(wire::Member {
-                    version: VERSION,
+                    version: OLDEST,
                     address: self.me.to_string(),
                 });
                 request.set_timeout(interval);
@@ -131,7 +131,7 @@ impl Runtime {
                     if heard.is_some_and(|heard| heard.rejoin) {
                         // Anti-entropy: the peer dropped this node; announce it again.
                         let mut request = tonic::Request::new(wire::Member {
-                            version: VERSION,
+                            version: OLDEST,
                             address: me.to_string(),
                         });
                         request.set_timeout(interval);

@@ -30,7 +30,7 @@ use smallvec::SmallVec;
 use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tonic::transport::Channel;
 
-use super::convert::{self, VERSION};
+use super::convert::{self, OLDEST};
 use super::lease::{Grant, Leases, Refund};
 use super::proto::v1 as wire;
 use super::proto::v1::peer_client::PeerClient;
@@ -303,7 +303,7 @@ impl Remote {
     /// a longer deadline than forwards.
     pub async fn handoff(&self, counters: &[(KeyId, Slot)]) -> Result<u32, PeerError> {
         let batch = wire::HandoffBatch {
-            version: VERSION,
+            version: OLDEST,
             sender: self.me.to_string(),
             counters: counters
                 .iter()
@@ -322,7 +322,7 @@ impl Remote {
     /// it counted for a request that failed elsewhere. Answers how many it took back.
     pub async fn refund(&self, refunds: &[Refund]) -> Result<u64, PeerError> {
         let batch = wire::RefundBatch {
-            version: VERSION,
+            version: convert::version_for(refunds.iter().map(|refund| &refund.counter.rate)),
             sender: self.me.to_string(),
             refunds: refunds
                 .iter()
@@ -356,7 +356,7 @@ impl Remote {
     /// many it held. A node without the call (an older version) is reported as such.
     pub async fn reset(&self, keys: &[KeyId]) -> Result<u32, PeerError> {
         let message = wire::ResetRequest {
-            version: VERSION,
+            version: OLDEST,
             sender: self.me.to_string(),
             keys: keys.iter().map(convert::key_to_wire).collect(),
         };
@@ -372,8 +372,11 @@ impl Remote {
     /// nothing (an explanation): one decision per counter, in order. A node without the
     /// call (an older version) is reported as such.
     pub async fn peek(&self, checks: &Checks) -> Result<Decisions, PeerError> {
+        let rates = checks
+            .iter()
+            .flat_map(|check| check.counters.iter().map(|counter| &counter.rate));
         let message = wire::PeekRequest {
-            version: VERSION,
+            version: convert::version_for(rates),
             sender: self.me.to_string(),
             checks: checks
                 .iter()
@@ -408,7 +411,7 @@ impl Remote {
         deadline: Duration,
     ) -> Result<Option<super::names::NamesPage>, PeerError> {
         let message = wire::NamesRequest {
-            version: VERSION,
+            version: OLDEST,
             sender: self.me.to_string(),
             domain: domain.to_owned(),
             has_after: after.is_some(),
@@ -432,7 +435,7 @@ impl Remote {
         deadline: Duration,
     ) -> Result<Option<Vec<Option<u64>>>, PeerError> {
         let message = wire::QuotaReport {
-            version: VERSION,
+            version: OLDEST,
             sender: self.me.to_string(),
             buckets: demands.iter().map(convert::quota_demand_to_wire).collect(),
         };
@@ -455,7 +458,7 @@ impl Remote {
 
     async fn membership(&self, join: bool) -> Result<Vec<String>, PeerError> {
         let member = wire::Member {
-            version: VERSION,
+            version: OLDEST,
             address: self.me.to_string(),
         };
         let send = |mut client: PeerClient<Channel>, request| async move {
@@ -484,8 +487,12 @@ impl Remote {
         self.stats
             .forwarded
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let rates = batch
+            .iter()
+            .flat_map(|pending| pending.checks.iter())
+            .flat_map(|check| check.counters.iter().map(|counter| &counter.rate));
         let message = wire::CheckBatch {
-            version: VERSION,
+            version: convert::version_for(rates),
             sender: self.me.to_string(),
             groups: batch
                 .iter()

@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 use tonic::{Request, Response, Status};
 
 use super::Runtime;
-use super::convert::{self, VERSION};
+use super::convert::{self, OLDEST, VERSION};
 use super::identity;
 use super::names::{self, NameSource};
 use super::proto::v1 as wire;
@@ -147,11 +147,11 @@ pub(crate) fn count_within(
 }
 
 fn same_version(version: u32) -> Result<(), Status> {
-    if version == VERSION {
+    if (OLDEST..=VERSION).contains(&version) {
         Ok(())
     } else {
         Err(Status::failed_precondition(format!(
-            "peer protocol version {version}, this node speaks {VERSION}"
+            "peer protocol version {version}, this node speaks {OLDEST} to {VERSION}"
         )))
     }
 }

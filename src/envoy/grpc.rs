@@ -171,15 +171,12 @@ async fn should_rate_limit(
             .await
             .map_err(|_| Status::cancelled("Timeout expired"))??,
     };
-    let encoded_len = response.encoded_len();
-    let length = u32::try_from(encoded_len)
+    let mut frame = Vec::with_capacity(5 + response.response.encoded_len());
+    frame.extend_from_slice(&[0; 5]);
+    response.encode(&mut frame);
+    let length = u32::try_from(frame.len() - 5)
         .map_err(|_| Status::internal("the response is larger than 4 GiB"))?;
-    let mut frame = Vec::with_capacity(5 + encoded_len);
-    frame.push(0);
-    frame.extend_from_slice(&length.to_be_bytes());
-    response
-        .encode(&mut frame)
-        .map_err(|error| Status::internal(error.to_string()))?;
+    frame[1..5].copy_from_slice(&length.to_be_bytes());
     let mut trailers = HeaderMap::with_capacity(1);
     trailers.insert("grpc-status", HeaderValue::from_static("0"));
     let mut reply = Response::new(Reply::Message {

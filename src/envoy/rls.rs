@@ -23,6 +23,9 @@ use envoy_types::pb::google::protobuf::{
     Duration as ProtoDuration, ListValue, NullValue, Struct, Value,
 };
 
+use prost::Message;
+use smallvec::SmallVec;
+
 use crate::algorithm::Unit;
 use crate::error::Error;
 use crate::limiter::{LimitOverride, Limited, Limiter, Query, Status, Verdict};
@@ -35,6 +38,60 @@ pub async fn should_rate_limit(
     limiter: &Limiter,
     request: &RateLimitRequest,
 ) -> Result<RateLimitResponse, Error> {
+    decide(limiter, request).await.map(|answer| answer.response)
+}
+
+/// A `ShouldRateLimit` answer, with what Envoy's message has no field for yet.
+#[derive(Debug)]
+pub struct Answer {
+    pub response: RateLimitResponse,
+    /// With `--unit-multiplier-field`, each status's `unit_multiplier` (1: none), sent as
+    /// Envoy's pending `RateLimitResponse.RateLimit.unit_multiplier` (field 4, a
+    /// `UInt32Value`; envoyproxy/envoy#47307) by [`Answer::encode`]; empty otherwise.
+    pub multipliers: SmallVec<[u32; 4]>,
+}
+
+impl Answer {
+    /// Appends the response's protobuf encoding to `buf`: the response itself, and each
+    /// status with a `unit_multiplier` followed by a second `current_limit` holding only
+    /// field 4, which protobuf merges into the first (a parser that does not know field 4,
+    /// Envoy 1.40's, skips it).
+    pub fn encode(mut self, buf: &mut Vec<u8>) {
+        use prost::encoding::{WireType, encode_key, encode_varint};
+        if self.multipliers.iter().all(|multiplier| *multiplier == 1) {
+            self.response.encode(buf).expect("a Vec grows as needed");
+            return;
+        }
+        let statuses = std::mem::take(&mut self.response.statuses);
+        self.response.encode(buf).expect("a Vec grows as needed");
+        for (index, status) in statuses.iter().enumerate() {
+            let mut extra = Vec::new();
+            let multiplier = self.multipliers.get(index).copied().unwrap_or(1);
+            if multiplier != 1 {
+                // RateLimit { unit_multiplier (4): UInt32Value { value (1): multiplier } }
+                let mut value = Vec::new();
+                encode_key(1, WireType::Varint, &mut value);
+                encode_varint(u64::from(multiplier), &mut value);
+                let mut limit = Vec::new();
+                encode_key(4, WireType::LengthDelimited, &mut limit);
+                encode_varint(value.len() as u64, &mut limit);
+                limit.extend_from_slice(&value);
+                // DescriptorStatus { current_limit (2): that }
+                encode_key(2, WireType::LengthDelimited, &mut extra);
+                encode_varint(limit.len() as u64, &mut extra);
+                extra.extend_from_slice(&limit);
+            }
+            // RateLimitResponse { statuses (2): status, then the extra field }
+            encode_key(2, WireType::LengthDelimited, buf);
+            encode_varint((status.encoded_len() + extra.len()) as u64, buf);
+            status.encode(buf).expect("a Vec grows as needed");
+            buf.extend_from_slice(&extra);
+        }
+    }
+}
+
+/// Decides one `RateLimitRequest` into an [`Answer`].
+async fn decide(limiter: &Limiter, request: &RateLimitRequest) -> Result<Answer, Error> {
     let query = query(request).map_err(|error| limiter.refuse(error))?;
     let verdict = limiter.decide(&query).await?;
     let options = limiter.options();
@@ -47,7 +104,19 @@ pub async fn should_rate_limit(
     if options.response_dynamic_metadata {
         response.dynamic_metadata = Some(dynamic_metadata(&query, &verdict));
     }
-    Ok(response)
+    let multipliers = if options.unit_multiplier_field {
+        verdict
+            .statuses
+            .iter()
+            .map(|status| status.limited().map_or(1, |limited| limited.multiplier))
+            .collect()
+    } else {
+        SmallVec::new()
+    };
+    Ok(Answer {
+        response,
+        multipliers,
+    })
 }
 
 /// The response's dynamic metadata (`--response-dynamic-metadata`) as a protobuf `Struct`:
@@ -234,9 +303,11 @@ impl RateLimitService for RlsService {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        // tonic encodes the message itself: no `unit_multiplier` field on this path (calls
+        // with a `grpc-encoding`; see `envoy::grpc`).
         answer(&self.limiter, request.metadata(), request.get_ref())
             .await
-            .map(tonic::Response::new)
+            .map(|answer| tonic::Response::new(answer.response))
             .map_err(|error| error.to_grpc())
     }
 }
@@ -248,11 +319,11 @@ pub async fn answer(
     limiter: &Limiter,
     metadata: &tonic::metadata::MetadataMap,
     request: &RateLimitRequest,
-) -> Result<RateLimitResponse, Error> {
+) -> Result<Answer, Error> {
     if crate::telemetry::tracing_enabled() {
         traced(limiter, metadata, request).await
     } else {
-        should_rate_limit(limiter, request).await
+        decide(limiter, request).await
     }
 }
 
@@ -262,16 +333,13 @@ async fn traced(
     limiter: &Limiter,
     metadata: &tonic::metadata::MetadataMap,
     request: &RateLimitRequest,
-) -> Result<RateLimitResponse, Error> {
+) -> Result<Answer, Error> {
     use tracing::Instrument;
     let span = crate::telemetry::request_span(metadata, &request.domain);
-    let answer = should_rate_limit(limiter, request)
-        .instrument(span.clone())
-        .await;
+    let answer = decide(limiter, request).instrument(span.clone()).await;
     let code = match &answer {
-        Ok(response) => {
-            Code::try_from(response.overall_code).map_or("UNKNOWN", |code| code.as_str_name())
-        }
+        Ok(answer) => Code::try_from(answer.response.overall_code)
+            .map_or("UNKNOWN", |code| code.as_str_name()),
         Err(error) => error.kind().as_str(),
     };
     span.record("ratelimit.code", code);

@@ -127,6 +127,10 @@ fn limited_status(limited: &Limited) -> Value {
         "requestsPerUnit": limited.requests_per_unit,
         "unit": limited.unit.as_str().to_uppercase(),
     });
+    if limited.multiplier != 1 {
+        // The field Envoy's pending `RateLimit.unit_multiplier` gives it in proto JSON.
+        current["unitMultiplier"] = json!(limited.multiplier);
+    }
     if let Some(name) = limited.name.as_deref().filter(|name| !name.is_empty()) {
         current["name"] = json!(name);
     }

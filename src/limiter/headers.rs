@@ -11,8 +11,9 @@
 //!
 //! One policy per limit reported by the verdict's descriptors, the tightest (fewest hits
 //! left) first, each limit once. A policy is named by the limit's `name` (when it is a
-//! printable ASCII string), else `{requests_per_unit}/{unit}`; `q` is `requests_per_unit`,
-//! `w` the unit in seconds, `r` the hits left and `t` the seconds until the limit has fully
+//! printable ASCII string), else `{requests_per_unit}/{unit}` (`{requests_per_unit}/{window}`
+//! with a `unit_multiplier`: `"5/10s"`); `q` is `requests_per_unit`, `w` the window in seconds
+//! (`unit_multiplier` units), `r` the hits left and `t` the seconds until the limit has fully
 //! recovered, rounded up.
 //!
 //! [`HeaderNames`] are the draft-03 names (the reference service's `LIMIT_*_HEADER`
@@ -144,7 +145,7 @@ impl Verdict {
         let (mut policy, mut state) = (String::new(), String::new());
         for (index, (limited, name)) in limits.iter().enumerate() {
             let separator = if index == 0 { "" } else { ", " };
-            let window = limited.unit.nanos() / NANOS_PER_SEC;
+            let window = limited.window_seconds();
             let reset = u64::try_from(limited.reset_after.as_nanos())
                 .unwrap_or(u64::MAX)
                 .div_ceil(NANOS_PER_SEC);
@@ -166,7 +167,14 @@ fn policy_name(limited: &Limited) -> String {
         |name: &&str| !name.is_empty() && name.bytes().all(|byte| (0x20..0x7f).contains(&byte));
     let name = match limited.name.as_deref().filter(printable) {
         Some(name) => name.to_owned(),
-        None => format!("{}/{}", limited.requests_per_unit, limited.unit),
+        None if limited.multiplier == 1 => {
+            format!("{}/{}", limited.requests_per_unit, limited.unit)
+        }
+        None => format!(
+            "{}/{}",
+            limited.requests_per_unit,
+            crate::algorithm::duration_text(limited.window_seconds())
+        ),
     };
     let mut quoted = String::with_capacity(name.len() + 2);
     quoted.push('"');
@@ -202,6 +210,7 @@ mod tests {
             name: name.map(Arc::from),
             requests_per_unit: limit,
             unit,
+            multiplier: 1,
             remaining,
             reset_after: reset,
             over: false,

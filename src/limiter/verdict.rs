@@ -20,6 +20,9 @@ pub struct Limited {
     pub name: Option<Arc<str>>,
     pub requests_per_unit: u32,
     pub unit: Unit,
+    /// The window is `multiplier` units (`unit_multiplier`; canonical, see
+    /// [`Rate::every`](crate::algorithm::Rate::every)).
+    pub multiplier: u32,
     /// Hits still admissible right now; 0 when over the limit (like the reference service,
     /// even if a smaller request would still fit).
     pub remaining: u32,
@@ -33,6 +36,13 @@ pub struct Limited {
     pub shadow: bool,
     /// When over: how long until the same request would pass (`None`: never can).
     pub retry_after: Option<Duration>,
+}
+
+impl Limited {
+    /// The window (or refill period) in seconds.
+    pub fn window_seconds(&self) -> u64 {
+        self.unit.seconds() * u64::from(self.multiplier)
+    }
 }
 
 /// What was decided for one descriptor.

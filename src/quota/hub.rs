@@ -379,7 +379,7 @@ impl Hub {
         let rule = bucket.rule;
         let count = usage.allowed.saturating_add(usage.denied);
         let unit_secs = match rule {
-            Rule::Limited { rate, .. } => rate.unit.seconds(),
+            Rule::Limited { rate, .. } => rate.window_seconds(),
             _ => 1,
         };
         let Some(reporter) = bucket.reporters.get_mut(&id) else {
@@ -558,7 +558,7 @@ impl Hub {
                         Rule::Limited { rate, shadow } => format!(
                             "{}/{} burst {}{}",
                             rate.requests_per_unit,
-                            rate.unit.as_str(),
+                            rate.window_name(),
                             rate.burst,
                             if shadow { " shadow" } else { "" }
                         ),
@@ -761,7 +761,7 @@ fn redivide(bucket: &mut Bucket, members: u64) -> Vec<(StreamId, Strategy, bool)
                         share,
                         u64::from(rate.requests_per_unit),
                         u64::from(rate.burst),
-                        rate.unit.seconds(),
+                        rate.window_seconds(),
                     ))
                 }
             }

@@ -48,10 +48,10 @@ pub fn resolve(domain: Option<&Domain>, bucket: &BucketKey, shadow_everywhere: b
         Applies::Limits(limits) => limits,
     };
     let tightest = limits.iter().filter_map(|limit| limit.rate).min_by(|a, b| {
-        // a.rpu / a.unit < b.rpu / b.unit, compared without division; a smaller burst
+        // a.rpu / a.window < b.rpu / b.window, compared without division; a smaller burst
         // breaks a tie.
-        let left = u128::from(a.requests_per_unit) * u128::from(b.unit.seconds());
-        let right = u128::from(b.requests_per_unit) * u128::from(a.unit.seconds());
+        let left = u128::from(a.requests_per_unit) * u128::from(b.window_seconds());
+        let right = u128::from(b.requests_per_unit) * u128::from(a.window_seconds());
         left.cmp(&right).then(a.burst.cmp(&b.burst))
     });
     match tightest {

@@ -4,7 +4,7 @@
 -- a key outlives the moment its state stops mattering: --store-ttl-margin), then the checks
 -- packed in one string of little-endian doubles: per check: cost, charge, counters, then per
 -- counter: algorithm (its code: 0 fixed_window, 1 sliding_window, 2 token_bucket, 3 gcra),
--- requests_per_unit, unit (seconds), burst, interval (ns per token, buckets only).
+-- requests_per_unit, unit (the window in seconds: unit x unit_multiplier), burst, interval (ns per token, buckets only).
 --
 -- The charge says what deciding the check does (src/algorithm.rs, `Charge`): 0, admitted
 -- hits are counted and a rejected check writes nothing; 1, a rejected check is counted

@@ -489,7 +489,7 @@ impl Caller {
                 let rate = &counter.rate;
                 push(u64::from(rate.algorithm.code()));
                 push(u64::from(rate.requests_per_unit));
-                push(rate.unit.seconds());
+                push(rate.window_seconds());
                 push(u64::from(rate.burst));
                 push(rate.emission_interval());
             }

@@ -30,6 +30,14 @@ fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
     path
 }
 
+/// `validate` of a file `name` holding `yaml`, which must fail: its stderr.
+fn validate_fails(name: &str, yaml: &str) -> String {
+    let path = temp_file(name, yaml);
+    let output = ratekeeper(&["validate", path.to_str().expect("utf-8 path")]);
+    assert!(!output.status.success(), "{name} is refused");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 #[test]
 fn validate_accepts_the_repository_example_limits() {
     let output = ratekeeper(&["validate", concat!(env!("CARGO_MANIFEST_DIR"), "/config")]);
@@ -93,15 +101,46 @@ fn validate_reports_every_error_with_file_and_place() {
     assert!(stderr.contains("fortnight"), "{stderr}");
 }
 
+/// `unit_multiplier`: `validate --list` shows each window as a duration, and a zero
+/// multiplier is refused naming the file and the place.
+#[test]
+fn validate_lists_windows_of_several_units_and_refuses_a_zero_multiplier() {
+    let path = temp_file(
+        "windows.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limits:\n      - {unit: minute, unit_multiplier: 5, requests_per_unit: 100}\n      - {unit: second, requests_per_unit: 5}\n",
+    );
+    let output = ratekeeper(&["validate", "--list", path.to_str().expect("utf-8 path")]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(
+        stdout.contains(
+            "edge.a: unit=MINUTE unit_multiplier=5 requests_per_unit=100, algorithm=fixed_window (100 per 5m)"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("edge.a: unit=SECOND requests_per_unit=5, algorithm=fixed_window,"),
+        "{stdout}"
+    );
+    let stderr = validate_fails(
+        "zero.yaml",
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, unit_multiplier: 0, requests_per_unit: 1}\n",
+    );
+    assert!(
+        stderr.contains(
+            "zero.yaml: domain edge > descriptors[0] (key a) > rate_limit.unit_multiplier: \
+             unit_multiplier must be at least 1"
+        ),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn validate_rejects_typos_in_field_names() {
-    let path = temp_file(
+    let stderr = validate_fails(
         "typo.yaml",
         "domain: edge\ndescriptors:\n  - key: a\n    ratelimit: {unit: second, requests_per_unit: 1}\n",
     );
-    let output = ratekeeper(&["validate", path.to_str().expect("utf-8 path")]);
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("ratelimit"),
         "names the unknown field: {stderr}"

@@ -381,6 +381,85 @@ fn ietf_rate_limit_fields_reach_the_client_through_envoy() {
     }
 }
 
+/// `unit_multiplier`: 5 per 10 seconds, a fixed window aligned to the epoch (windows start
+/// at :00, :10, :20 ..). Started just after a boundary, the 6th request of the window is
+/// denied, the IETF fields say the true window (`w=10`), and the next window admits again.
+/// Envoy 1.40 does not know `unit_multiplier`: its own `x-ratelimit-limit` says `w=1`.
+#[test]
+fn a_ten_second_window_admits_five_then_denies_until_the_next_window() {
+    const TEN_SECONDS: &str = "\
+domain: edge
+descriptors:
+  - key: api_key
+    rate_limit:
+      unit: second
+      unit_multiplier: 10
+      requests_per_unit: 5
+";
+    let mut stack = Stack::start(Some(TEN_SECONDS), &["--response-headers=ietf"]);
+    // Into the first 2 seconds of a window, so the 6 requests stay in it.
+    let into_window = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after the epoch");
+        Duration::from_nanos((now.as_nanos() % 10_000_000_000) as u64)
+    };
+    while into_window() > Duration::from_millis(500) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for hit in 1..=6i64 {
+        let context = format!("request {hit} of the window");
+        let response = stack.get(Some("k1"));
+        assert_status(&response, if hit <= 5 { 200 } else { 429 }, &context);
+        let field = |name: &str| {
+            let values = response.header_all(name);
+            assert_eq!(values.len(), 1, "{context}: {name} once: {response:#?}");
+            crate::support::structured_list(values[0])
+        };
+        let policy = vec![(
+            "5/10s".to_owned(),
+            vec![("q".to_owned(), 5), ("w".to_owned(), 10)],
+        )];
+        assert_eq!(field("ratelimit-policy"), policy, "{context}");
+        let state = field("ratelimit");
+        assert_eq!(
+            state[0].1[0],
+            ("r".to_owned(), (5 - hit).max(0)),
+            "{context}"
+        );
+        let (name, reset) = &state[0].1[1];
+        assert_eq!(name, "t", "{context}");
+        assert!(
+            (8..=10).contains(reset),
+            "{context}: the window ends within 10 s: {reset}"
+        );
+        // Envoy reads the unit alone from current_limit.
+        assert_eq!(
+            response.header("x-ratelimit-limit"),
+            Some("5, 5;w=1"),
+            "{context}"
+        );
+    }
+    assert!(
+        into_window() < Duration::from_secs(9),
+        "the requests took a window"
+    );
+    // The next window admits again.
+    while into_window() < Duration::from_secs(9) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    while into_window() > Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_status(
+        &stack.get(Some("k1")),
+        200,
+        "the first request of the next window",
+    );
+    assert_eq!(stack.upstream_requests(), 6);
+    stack.assert_no_rls_failures();
+}
+
 /// Custom header names (the reference's `LIMIT_*_HEADER` settings) reach the client
 /// through Envoy, in place of the `RateLimit-*` ones.
 #[test]

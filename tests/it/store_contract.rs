@@ -193,6 +193,22 @@ async fn answers_like_the_reference(
             bucket(Algorithm::SlidingWindow, 20, Unit::Minute, None),
             bucket(Algorithm::Gcra, 3, Unit::Second, Some(2)),
         ],
+        // `unit_multiplier`: windows and refill periods of several units.
+        vec![every(Rate::fixed(4, Unit::Second), 10)],
+        vec![every(
+            bucket(Algorithm::SlidingWindow, 5, Unit::Second, None),
+            90,
+        )],
+        vec![every(
+            bucket(Algorithm::TokenBucket, 6, Unit::Second, Some(2)),
+            10,
+        )],
+        vec![every(bucket(Algorithm::Gcra, 3, Unit::Minute, Some(2)), 5)],
+        // Two limits that differ only in their windows' lengths.
+        vec![
+            Rate::fixed(3, Unit::Second),
+            every(Rate::fixed(5, Unit::Second), 10),
+        ],
     ];
     let costs = [
         0,
@@ -248,6 +264,11 @@ async fn answers_like_the_reference(
         denied += expected.iter().filter(|decision| !decision.allowed).count();
     }
     assert!(denied > 150, "{name}: the limits are hit often ({denied})");
+}
+
+/// `rate` with a window of `multiplier` units (`unit_multiplier`).
+fn every(rate: Rate, multiplier: u32) -> Rate {
+    rate.every(multiplier).expect("a window within a year")
 }
 
 /// Parts 2 to 4 on `store` (a cluster: through `via`, another node than the owner at

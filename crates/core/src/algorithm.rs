@@ -355,12 +355,22 @@ pub fn lua_branches() -> String {
     branches
 }
 
+/// The longest window (or refill period) a limit may have: a year, the reference's
+/// longest unit. A counter lives as long as its window, so a longer one would keep state
+/// (in memory, on peers, in Redis) for years.
+pub const MAX_WINDOW_SECONDS: u64 = Unit::Year.seconds();
+
 /// A limit's counting rule: everything an algorithm needs besides state, time and cost.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rate {
     pub algorithm: Algorithm,
     pub requests_per_unit: u32,
+    /// With `multiplier`, the window (or refill period): `multiplier` units. Kept in
+    /// canonical form ([`Rate::every`]): the longest unit that divides the window, so
+    /// `day` x 7 is `week` and `second` x 60 is `minute`; a limit is its window's length.
     pub unit: Unit,
+    /// How many `unit`s the window is (`unit_multiplier`, 1 unless set).
+    pub multiplier: u32,
     /// Bucket size for `token_bucket` and `gcra`; equal to `requests_per_unit` for windows.
     pub burst: u32,
 }
@@ -378,7 +388,50 @@ impl Rate {
             algorithm,
             requests_per_unit,
             unit,
+            multiplier: 1,
             burst,
+        }
+    }
+
+    /// This rate with a window of `multiplier` times its unit (`unit_multiplier`), in
+    /// canonical form: the unit becomes the longest that divides the window (`day` x 14 is
+    /// `week` x 2). `None` for 0, or past [`MAX_WINDOW_SECONDS`].
+    pub fn every(self, multiplier: u32) -> Option<Rate> {
+        let seconds = self
+            .window_seconds()
+            .checked_mul(u64::from(multiplier))
+            .filter(|seconds| (1..=MAX_WINDOW_SECONDS).contains(seconds))?;
+        let unit = Unit::ALL
+            .into_iter()
+            .filter(|unit| seconds % unit.seconds() == 0)
+            .max_by_key(|unit| unit.seconds())?;
+        Some(Rate {
+            unit,
+            multiplier: u32::try_from(seconds / unit.seconds()).ok()?,
+            ..self
+        })
+    }
+
+    /// The window (or refill period) in seconds: `multiplier` units.
+    #[inline]
+    pub fn window_seconds(&self) -> u64 {
+        self.unit.seconds() * u64::from(self.multiplier)
+    }
+
+    /// The window (or refill period) in nanoseconds.
+    #[inline]
+    pub fn window_nanos(&self) -> u64 {
+        self.unit.nanos() * u64::from(self.multiplier)
+    }
+
+    /// How answers name the window: the unit (`second`, `week`) when there is no
+    /// multiplier, as always; else the window as a short duration (`10s`, `5m`, `2h`, `14d`:
+    /// [`duration_text`]).
+    pub fn window_name(&self) -> std::borrow::Cow<'static, str> {
+        if self.multiplier == 1 {
+            self.unit.as_str().into()
+        } else {
+            duration_text(self.window_seconds()).into()
         }
     }
 
@@ -414,8 +467,17 @@ impl Rate {
 
     /// Nanoseconds per token for the bucket algorithms (at least 1).
     pub fn emission_interval(&self) -> u64 {
-        (self.unit.nanos() / u64::from(self.requests_per_unit.max(1))).max(1)
+        (self.window_nanos() / u64::from(self.requests_per_unit.max(1))).max(1)
     }
+}
+
+/// `seconds` as a short duration: `1s`, `90s`, `5m`, `2h`, `7d`.
+pub fn duration_text(seconds: u64) -> String {
+    let (count, suffix) = [(86_400, "d"), (3_600, "h"), (60, "m")]
+        .into_iter()
+        .find(|&(size, _)| seconds >= size && seconds.is_multiple_of(size))
+        .map_or((seconds, "s"), |(size, suffix)| (seconds / size, suffix));
+    format!("{count}{suffix}")
 }
 
 /// Per-key state. Its meaning depends on the algorithm: each kernel's file says its own.
@@ -530,7 +592,7 @@ pub fn give_back(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decisio
         return Decision {
             allowed: true,
             remaining: 0,
-            reset_after: until_window_end(rate.unit, now),
+            reset_after: until_window_end(rate, now),
             retry_after: Some(0),
         };
     }
@@ -553,7 +615,7 @@ pub fn init(rate: &Rate, now: u64) -> State {
 /// nothing and has no `retry_after` (it never passes).
 pub fn decide(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
     if rate.requests_per_unit == 0 {
-        let reset_after = until_window_end(rate.unit, now);
+        let reset_after = until_window_end(rate, now);
         return Decision {
             allowed: false,
             remaining: 0,
@@ -623,7 +685,7 @@ pub fn lend(rate: &Rate, state: &mut State, now: u64, policy: LendPolicy) -> Opt
         return None;
     }
     let (window, valid_for) = match window_of(rate, state) {
-        Some(window) => (window, until_window_end(rate.unit, now)),
+        Some(window) => (window, until_window_end(rate, now)),
         None => (0, u64::MAX),
     };
     Some(Lent {
@@ -688,8 +750,8 @@ pub fn merge(rate: &Rate, ours: State, theirs: State, now: u64) -> State {
 }
 
 #[inline]
-fn until_window_end(unit: Unit, now: u64) -> u64 {
-    let len = unit.nanos();
+fn until_window_end(rate: &Rate, now: u64) -> u64 {
+    let len = rate.window_nanos();
     len - now % len
 }
 

@@ -2,7 +2,7 @@
 //!
 //! A key stands for one counter: the domain, the request descriptor's entries (with the
 //! request's own values, so each value under a default entry counts on its own) and the
-//! limit's slot (unit and algorithm). Keys are never stored as strings: a [`KeyId`] is
+//! limit's slot (its window and algorithm: [`slot`]). Keys are never stored as strings: a [`KeyId`] is
 //! - `route`: FNV-1a 64 over the domain and entries only. It picks the shard (and, in cluster
 //!   mode, the owning pod), so all limits of one descriptor land on the same shard and are
 //!   decided together, and a key keeps its owner across windows (the window is state, not
@@ -169,9 +169,9 @@ impl KeyBuilder {
     /// ([`Limit::rule`](crate::limits::Limit::rule)): the tag replaces the low 32 bits of
     /// the id, and bit 32 is set for a unit of a minute or longer ([`KeyId::long_lived`]).
     pub fn rule_key(&self, rate: &Rate, rule: u32) -> KeyId {
-        let slot = [rate.unit.to_proto() as u8, rate.algorithm.code()];
-        let id = fnv1a128(self.id, &slot);
-        let long_lived = if rate.unit.nanos() >= LONG_LIVED_FROM {
+        let (slot, len) = slot(rate);
+        let id = fnv1a128(self.id, &slot[..len]);
+        let long_lived = if rate.window_nanos() >= LONG_LIVED_FROM {
             LONG_LIVED
         } else {
             0
@@ -184,6 +184,22 @@ impl KeyBuilder {
             ],
         }
     }
+}
+
+/// A limit's slot, hashed into its keys' ids: its unit (Envoy's enum value) and algorithm
+/// code, then its multiplier (little-endian) when it is not 1, so keys of a limit without
+/// `unit_multiplier` are what they always were. The rate is canonical ([`Rate::every`]),
+/// so `day` x 7 and `week` have one slot. The bytes are the first `len` of the array.
+#[inline]
+pub fn slot(rate: &Rate) -> ([u8; 6], usize) {
+    let mut slot = [0; 6];
+    slot[0] = rate.unit.to_proto() as u8;
+    slot[1] = rate.algorithm.code();
+    if rate.multiplier == 1 {
+        return (slot, 2);
+    }
+    slot[2..].copy_from_slice(&rate.multiplier.to_le_bytes());
+    (slot, 6)
 }
 
 /// Hasher for maps keyed by [`KeyId`]: one `fmix64` of the word `KeyId::hash` writes.

@@ -264,7 +264,9 @@ impl Limits {
                     let Some(rate) = limit.rate else { continue };
                     let name = match (&limit.name, several) {
                         (Some(name), true) => format!("{} [{name}]", node.path),
-                        (None, true) => format!("{} [{} {}]", node.path, rate.unit, rate.algorithm),
+                        (None, true) => {
+                            format!("{} [{} {}]", node.path, rate.window_name(), rate.algorithm)
+                        }
                         (_, false) => node.path.to_string(),
                     };
                     rules.insert(
@@ -362,13 +364,23 @@ fn dump_limit(f: &mut fmt::Formatter<'_>, limit: &Limit) -> fmt::Result {
     match &limit.rate {
         None => f.write_str("unlimited")?,
         Some(rate) => {
+            write!(f, "unit={}", rate.unit.as_str().to_ascii_uppercase())?;
+            if rate.multiplier != 1 {
+                write!(f, " unit_multiplier={}", rate.multiplier)?;
+            }
             write!(
                 f,
-                "unit={} requests_per_unit={}, algorithm={}",
-                rate.unit.as_str().to_ascii_uppercase(),
-                rate.requests_per_unit,
-                rate.algorithm
+                " requests_per_unit={}, algorithm={}",
+                rate.requests_per_unit, rate.algorithm
             )?;
+            if rate.multiplier != 1 {
+                write!(
+                    f,
+                    " ({} per {})",
+                    rate.requests_per_unit,
+                    rate.window_name()
+                )?;
+            }
             if rate.algorithm.uses_burst() {
                 write!(f, ", burst={}", rate.burst)?;
             }

@@ -260,10 +260,13 @@ fn counters_place(descriptor: &Value) -> Vec<String> {
 /// whether it would reject.
 fn render_limit(out: &mut String, limit: &Value, hits: u64) {
     let name = limit["name"].as_str().unwrap_or("(unnamed)");
+    let window = match limit["unit_multiplier"].as_u64() {
+        Some(multiplier) => format!("{multiplier} {}s", text(&limit["unit"])),
+        None => text(&limit["unit"]),
+    };
     *out += &format!(
-        "  limit {name}: {} per {}, {}",
+        "  limit {name}: {} per {window}, {}",
         limit["requests_per_unit"],
-        text(&limit["unit"]),
         text(&limit["algorithm"])
     );
     if limit["algorithm"] == "token_bucket" || limit["algorithm"] == "gcra" {

@@ -489,3 +489,100 @@ async fn the_verdict_says_exactly_when_a_denied_request_would_pass() {
     tokio::time::advance(std::time::Duration::from_millis(1)).await;
     assert_eq!(codes(&ask(&limiter, &free).await), [Code::Ok]);
 }
+
+/// Envoy's `RateLimitResponse` with its pending `RateLimit.unit_multiplier` (field 4, a
+/// `UInt32Value`; envoyproxy/envoy#47307), to read what `--unit-multiplier-field` sends.
+mod pending {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UInt32Value {
+        #[prost(uint32, tag = "1")]
+        pub value: u32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RateLimit {
+        #[prost(string, tag = "3")]
+        pub name: String,
+        #[prost(uint32, tag = "1")]
+        pub requests_per_unit: u32,
+        #[prost(int32, tag = "2")]
+        pub unit: i32,
+        #[prost(message, optional, tag = "4")]
+        pub unit_multiplier: Option<UInt32Value>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DescriptorStatus {
+        #[prost(int32, tag = "1")]
+        pub code: i32,
+        #[prost(message, optional, tag = "2")]
+        pub current_limit: Option<RateLimit>,
+        #[prost(uint32, tag = "3")]
+        pub limit_remaining: u32,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RateLimitResponse {
+        #[prost(int32, tag = "1")]
+        pub overall_code: i32,
+        #[prost(message, repeated, tag = "2")]
+        pub statuses: Vec<DescriptorStatus>,
+    }
+}
+
+#[tokio::test]
+async fn the_unit_multiplier_field_is_sent_only_when_asked_and_only_where_it_is_not_one() {
+    const WINDOWS: &str = "
+domain: edge
+descriptors:
+  - key: ten_seconds
+    rate_limit: {unit: second, unit_multiplier: 10, requests_per_unit: 5, name: ten}
+  - key: minute
+    rate_limit: {unit: minute, requests_per_unit: 3}
+";
+    let request = request(vec![
+        descriptor(&[("ten_seconds", "a")]),
+        descriptor(&[("minute", "a")]),
+        descriptor(&[("nothing", "a")]),
+    ]);
+    for field in [false, true] {
+        let options = LimiterOptions {
+            unit_multiplier_field: field,
+            response_headers: true,
+            ..LimiterOptions::default()
+        };
+        let limiter = Limiter::at_test_start(WINDOWS, options);
+        let answer = decide(&limiter, &request).await.expect("decided");
+        let plain = answer.response.encode_to_vec();
+        let mut sent = Vec::new();
+        answer.encode(&mut sent);
+        // Envoy 1.40 reads exactly what it always did.
+        let envoy = RateLimitResponse::decode(sent.as_slice()).expect("Envoy reads it");
+        assert_eq!(
+            envoy,
+            RateLimitResponse::decode(plain.as_slice()).expect("decodes")
+        );
+        let limit = &envoy.statuses[0].current_limit;
+        assert_eq!(
+            limit
+                .as_ref()
+                .map(|limit| (limit.unit, limit.requests_per_unit)),
+            Some((Unit::Second.to_proto(), 5)),
+            "Envoy's field says the unit alone"
+        );
+        let pending = pending::RateLimitResponse::decode(sent.as_slice()).expect("decodes");
+        let multipliers: Vec<Option<u32>> = pending
+            .statuses
+            .iter()
+            .map(|status| {
+                let limit = status.current_limit.as_ref()?;
+                limit.unit_multiplier.as_ref().map(|value| value.value)
+            })
+            .collect();
+        if field {
+            assert_eq!(multipliers, [Some(10), None, None]);
+            let ten = pending.statuses[0].current_limit.as_ref().expect("a limit");
+            assert_eq!((ten.name.as_str(), ten.requests_per_unit), ("ten", 5));
+        } else {
+            assert_eq!(multipliers, [None, None, None]);
+            assert_eq!(sent, plain, "off: the bytes are prost's");
+        }
+    }
+}

@@ -289,6 +289,7 @@ fn limited(
         name: None,
         requests_per_unit: limit,
         unit: Unit::Hour,
+        multiplier: 1,
         remaining,
         reset_after,
         over,

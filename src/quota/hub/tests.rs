@@ -93,22 +93,57 @@ fn take(pushed: &Arc<Mutex<Vec<Action>>>) -> Vec<Action> {
     std::mem::take(&mut *pushed.lock().expect("lock"))
 }
 
+/// With a `unit_multiplier`, 100 per 10 seconds is a bucket refilled with 100 tokens every
+/// 10 s (not 100 per second).
 #[tokio::test(start_paused = true)]
 async fn one_stream_gets_the_whole_limit_as_a_token_bucket() {
+    for multiplier in [1, 10] {
+        let hub = Hub::new(options(), RlqsStats::default());
+        let (a, _) = open(&hub);
+        let rule = Rule::Limited {
+            rate: rate(100, 20).every(multiplier).expect("a window"),
+            shadow: false,
+        };
+        let actions = report(&hub, a, vec![usage("alice", 1, 0, 0)], rule);
+        assert_eq!(
+            actions,
+            vec![Action::Assign {
+                bucket: key("alice"),
+                strategy: Strategy::TokenBucket(TokenBucket {
+                    max_tokens: 20,
+                    tokens_per_fill: 100,
+                    fill_interval_secs: u64::from(multiplier),
+                }),
+            }]
+        );
+    }
+}
+
+/// Each stream's share of a limit of 100 per 10 seconds is refilled every 10 s too.
+#[tokio::test(start_paused = true)]
+async fn a_multiplied_window_is_the_fill_interval_of_every_share() {
     let hub = Hub::new(options(), RlqsStats::default());
+    let rule = Rule::Limited {
+        rate: rate(100, 20).every(10).expect("10 seconds"),
+        shadow: false,
+    };
     let (a, _) = open(&hub);
-    let actions = report(&hub, a, vec![usage("alice", 1, 0, 0)], limited(100, 20));
-    assert_eq!(
-        actions,
-        vec![Action::Assign {
-            bucket: key("alice"),
-            strategy: Strategy::TokenBucket(TokenBucket {
-                max_tokens: 20,
-                tokens_per_fill: 100,
-                fill_interval_secs: 1,
-            }),
-        }]
-    );
+    report(&hub, a, vec![usage("alice", 1, 0, 0)], rule);
+    // A second stream: each gets a part, still per 10 s.
+    let (b, _) = open(&hub);
+    let actions = report(&hub, b, vec![usage("alice", 1, 0, 0)], rule);
+    match actions.as_slice() {
+        [
+            Action::Assign {
+                strategy: Strategy::TokenBucket(bucket),
+                ..
+            },
+        ] => {
+            assert_eq!(bucket.fill_interval_secs, 10);
+            assert!(bucket.tokens_per_fill <= 100, "{bucket:?}");
+        }
+        other => panic!("expected one token bucket, got {other:?}"),
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -377,3 +377,71 @@ async fn a_check_whose_silent_owner_left_the_ring_meanwhile_goes_to_the_new_owne
         server.abort();
     }
 }
+
+/// A rolling upgrade to the release with `unit_multiplier`: this node decides checks sent
+/// as version 1 (by a node of the release before) and as version 2 (a check naming a
+/// 10-second window, counted over 10 seconds, not one), and refuses versions it does not
+/// know, as a version 1 node refuses version 2.
+#[tokio::test(start_paused = true)]
+async fn checks_of_both_protocol_versions_are_decided_and_a_multiplier_counts_its_window() {
+    use crate::check::Charge;
+    use crate::cluster::convert;
+    use crate::cluster::proto::v1 as wire;
+    use crate::cluster::proto::v1::peer_server::Peer;
+    let cluster = Cluster::join(
+        MemoryStore::new(engine_at(1_800_000_000, 1_000)),
+        ClusterOptions::new("127.0.0.1:1"),
+    );
+    let service = cluster.unwrapped_peer_service(None, None);
+    let ask = |version: u32, rate: Rate, value: &str| {
+        let check = Check {
+            counters: smallvec::smallvec![Counter {
+                key: KeyBuilder::new("d").entry("k", value).key(&rate),
+                rate,
+            }],
+            cost: 1,
+            wait: None,
+            charge: Charge::Admitted,
+        };
+        tonic::Request::new(wire::CheckBatch {
+            version,
+            sender: "127.0.0.1:2".to_owned(),
+            groups: vec![wire::Group {
+                checks: vec![convert::check_to_wire(&check)],
+            }],
+        })
+    };
+    let allowed = |reply: Result<tonic::Response<wire::CheckBatchReply>, tonic::Status>| {
+        reply.expect("decided").into_inner().groups[0].decisions[0].allowed
+    };
+    let per_second = Rate::fixed(1, Unit::Second);
+    let per_ten_seconds = per_second.every(10).expect("10 s");
+    assert_eq!(convert::version_for([&per_second]), 1);
+    assert_eq!(convert::version_for([&per_ten_seconds]), 2);
+    for (value, rate) in [("old", per_second), ("new", per_ten_seconds)] {
+        let version = convert::version_for([&rate]);
+        assert!(allowed(service.check(ask(version, rate, value)).await));
+        assert!(!allowed(service.check(ask(version, rate, value)).await));
+    }
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(
+        allowed(service.check(ask(1, per_second, "old")).await),
+        "a new second"
+    );
+    assert!(
+        !allowed(service.check(ask(2, per_ten_seconds, "new")).await),
+        "the same 10-second window"
+    );
+    for version in [0, 3] {
+        let refused = service
+            .check(ask(version, per_second, "other"))
+            .await
+            .expect_err("an unknown version");
+        assert_eq!(
+            refused.code(),
+            tonic::Code::FailedPrecondition,
+            "{refused:?}"
+        );
+        assert!(refused.message().contains("speaks 1 to 2"), "{refused:?}");
+    }
+}

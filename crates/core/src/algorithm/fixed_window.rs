@@ -32,14 +32,14 @@ impl Kernel for FixedWindow {
     #[inline]
     fn init(rate: &Rate, now: u64) -> State {
         State {
-            a: now / rate.unit.nanos(),
+            a: now / rate.window_nanos(),
             b: 0,
         }
     }
 
     #[inline]
     fn from_numbers(rate: &Rate, time: u64, [used, _, _]: [u64; 3]) -> State {
-        let window = time / rate.unit.nanos();
+        let window = time / rate.window_nanos();
         State {
             a: window,
             b: clamp_u32(used),
@@ -48,13 +48,13 @@ impl Kernel for FixedWindow {
 
     #[inline]
     fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
-        let window = now / rate.unit.nanos();
+        let window = now / rate.window_nanos();
         if state.a != window {
             *state = State { a: window, b: 0 };
         }
         let limit = u64::from(rate.requests_per_unit);
         let used = u64::from(state.b);
-        let reset_after = until_window_end(rate.unit, now);
+        let reset_after = until_window_end(rate, now);
         let Some(after) = used.checked_add(cost).filter(|after| *after <= limit) else {
             return Decision {
                 allowed: false,

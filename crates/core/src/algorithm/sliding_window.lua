@@ -4,7 +4,7 @@
 -- One branch of src/store/redis.lua's per-counter decision, pasted in by the Redis store
 -- (`algorithm == CODE`). It reads `raw` (the key's value, '' when missing), `es`, `en` (the
 -- decision time: seconds, nanoseconds), `cost`, `charge` (0 admitted, 1 always, 2 refund),
--- `rpu`, `unit` (seconds), `burst`, `interval` (ns per token) and MARGIN_MS; it sets
+-- `rpu`, `unit` (the window, seconds: unit x unit_multiplier), `burst`, `interval` (ns per token) and MARGIN_MS; it sets
 -- `admitted = false` when the check is denied, and `state` (the value to write) and `ttl`
 -- (milliseconds) when the counter changes. The helpers `plus`, `fmod`, `floor`, `min`,
 -- `pack`, `unpack` and `E9` (10^9) are the script's.

@@ -40,14 +40,14 @@ impl Kernel for SlidingWindow {
     #[inline]
     fn init(rate: &Rate, now: u64) -> State {
         State {
-            a: pack(now / rate.unit.nanos(), 0),
+            a: pack(now / rate.window_nanos(), 0),
             b: 0,
         }
     }
 
     #[inline]
     fn from_numbers(rate: &Rate, time: u64, [previous, current, _]: [u64; 3]) -> State {
-        let window = time / rate.unit.nanos();
+        let window = time / rate.window_nanos();
         State {
             a: pack(window, clamp_u32(previous)),
             b: clamp_u32(current),
@@ -56,7 +56,7 @@ impl Kernel for SlidingWindow {
 
     #[inline]
     fn step(rate: &Rate, state: &mut State, now: u64, cost: u64) -> Decision {
-        let len = rate.unit.nanos();
+        let len = rate.window_nanos();
         let window = now / len;
         let elapsed = now % len;
         let stored = state.a >> 32;
@@ -116,7 +116,7 @@ impl Kernel for SlidingWindow {
 
     #[inline]
     fn lifetime(rate: &Rate, reset_after: u64) -> u64 {
-        reset_after.saturating_add(rate.unit.nanos())
+        reset_after.saturating_add(rate.window_nanos())
     }
 
     #[inline]

@@ -107,6 +107,86 @@ fn windows_work_at_the_unix_epoch() {
 }
 
 #[test]
+fn a_multiplier_makes_a_window_of_that_many_units_in_canonical_form() {
+    let every = |unit, multiplier| Rate::fixed(5, unit).every(multiplier);
+    let window = |rate: Option<Rate>| rate.map(|rate| (rate.unit, rate.multiplier));
+    assert_eq!(window(every(Unit::Second, 1)), Some((Unit::Second, 1)));
+    assert_eq!(window(every(Unit::Second, 10)), Some((Unit::Second, 10)));
+    assert_eq!(window(every(Unit::Second, 90)), Some((Unit::Second, 90)));
+    assert_eq!(window(every(Unit::Second, 60)), Some((Unit::Minute, 1)));
+    assert_eq!(window(every(Unit::Second, 300)), Some((Unit::Minute, 5)));
+    assert_eq!(window(every(Unit::Minute, 120)), Some((Unit::Hour, 2)));
+    assert_eq!(window(every(Unit::Day, 7)), Some((Unit::Week, 1)));
+    assert_eq!(window(every(Unit::Day, 14)), Some((Unit::Week, 2)));
+    assert_eq!(window(every(Unit::Day, 30)), Some((Unit::Month, 1)));
+    assert_eq!(window(every(Unit::Day, 365)), Some((Unit::Year, 1)));
+    assert_eq!(window(every(Unit::Week, 2)), Some((Unit::Week, 2)));
+    // A year at most; 0 is no window.
+    assert_eq!(
+        window(every(Unit::Second, 31_536_000)),
+        Some((Unit::Year, 1))
+    );
+    assert_eq!(every(Unit::Second, 31_536_001), None);
+    assert_eq!(every(Unit::Day, 366), None);
+    assert_eq!(every(Unit::Year, 2), None);
+    assert_eq!(every(Unit::Year, u32::MAX), None);
+    assert_eq!(every(Unit::Second, 0), None);
+    // Applied twice, it multiplies.
+    let twice = every(Unit::Second, 10).and_then(|rate| rate.every(6));
+    assert_eq!(window(twice), Some((Unit::Minute, 1)));
+    let rate = every(Unit::Minute, 5).expect("5 minutes");
+    assert_eq!((rate.window_seconds(), rate.window_nanos()), (300, 300 * S));
+    assert_eq!(rate.window_name(), "5m");
+    assert_eq!(Rate::fixed(5, Unit::Week).window_name(), "week");
+    for (seconds, text) in [
+        (1, "1s"),
+        (90, "90s"),
+        (120, "2m"),
+        (5_400, "90m"),
+        (7_200, "2h"),
+        (1_209_600, "14d"),
+    ] {
+        assert_eq!(duration_text(seconds), text);
+    }
+}
+
+#[test]
+fn every_algorithm_counts_over_the_whole_multiplied_window() {
+    // 5 per 10 seconds: 5 pass at once, the sixth waits for the window (or the refill of
+    // one token: 2 s); a plain 5 per second would have passed more after a second.
+    for algorithm in Algorithm::ALL {
+        let limit = rate(algorithm, 5, Unit::Second, Some(5))
+            .every(10)
+            .expect("10 s");
+        let start = THURSDAY + 3 * S; // inside the window [:00, :10)
+        let mut state = init(&limit, start);
+        assert_eq!(
+            run(&limit, &mut state, start, 1, 6),
+            [true, true, true, true, true, false]
+        );
+        let denied = decide(&limit, &mut state.clone(), start + S, 1);
+        assert!(
+            !denied.allowed,
+            "{algorithm}: one second later is still the same window"
+        );
+        let retry = denied.retry_after.expect("a retry time");
+        let expected = match algorithm {
+            // The fixed window ends at :10, 6 s after the hits' second; the sliding window's
+            // previous count of 5 weighs 5 * (1 - x) until x = 1/5 of the next window.
+            Algorithm::FixedWindow => 6 * S,
+            Algorithm::SlidingWindow => 8 * S,
+            // One token every 2 s, counted from the burst at `start`.
+            Algorithm::TokenBucket | Algorithm::Gcra => S,
+        };
+        assert_eq!(retry, expected, "{algorithm}");
+        assert!(decide(&limit, &mut state.clone(), start + S + retry, 1).allowed);
+        if algorithm == Algorithm::FixedWindow {
+            assert_eq!(denied.reset_after, 6 * S, "until the window ends at :10");
+        }
+    }
+}
+
+#[test]
 fn zero_requests_per_unit_blocks_everything() {
     for algorithm in Algorithm::ALL {
         let limit = rate(algorithm, 0, Unit::Second, None);

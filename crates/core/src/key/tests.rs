@@ -87,6 +87,62 @@ fn keys_of_minute_and_longer_units_are_marked_long_lived_and_keep_their_rule() {
     );
 }
 
+/// Keys are stored (Redis key names, counters handed between nodes of two releases): a
+/// limit without `unit_multiplier` keeps the id it has always had.
+#[test]
+fn the_key_of_a_limit_without_a_multiplier_is_what_it_always_was() {
+    let key = key_of("edge", &[("api_key", "abc")], &Rate::fixed(5, Unit::Minute));
+    assert_eq!(
+        (key.route, key.id),
+        (
+            16_213_451_075_493_399_090,
+            [8_369_064_600_279_328_132, 1_125_060_391_060_111_360]
+        )
+    );
+}
+
+#[test]
+fn a_limit_is_its_window_so_equal_windows_share_a_key_and_others_do_not() {
+    let entries = [("api_key", "abc")];
+    let key = |rate: Rate| key_of("edge", &entries, &rate);
+    let every = |unit, multiplier| Rate::fixed(5, unit).every(multiplier).expect("a window");
+    // Without a multiplier (or with 1) a key is what it always was: the slot is the unit
+    // and the algorithm, nothing more.
+    assert_eq!(
+        key(Rate::fixed(5, Unit::Second)),
+        key(every(Unit::Second, 1))
+    );
+    // Equal windows, whatever the unit they are written in.
+    assert_eq!(key(every(Unit::Day, 7)), key(Rate::fixed(5, Unit::Week)));
+    assert_eq!(key(every(Unit::Day, 30)), key(Rate::fixed(5, Unit::Month)));
+    assert_eq!(
+        key(every(Unit::Second, 60)),
+        key(Rate::fixed(5, Unit::Minute))
+    );
+    assert_eq!(key(every(Unit::Second, 7_200)), key(every(Unit::Hour, 2)));
+    // Different windows (or algorithms) are different counters.
+    let windows = [
+        key(Rate::fixed(5, Unit::Second)),
+        key(every(Unit::Second, 10)),
+        key(every(Unit::Second, 30)),
+        key(Rate::fixed(5, Unit::Minute)),
+        key(every(Unit::Minute, 5)),
+        key(every(Unit::Hour, 2)),
+        key(Rate::new(Algorithm::TokenBucket, 5, Unit::Second, None)
+            .every(10)
+            .expect("10 s")),
+    ];
+    for (index, one) in windows.iter().enumerate() {
+        for other in &windows[index + 1..] {
+            assert_ne!(one.id, other.id);
+            assert_eq!(one.route, other.route, "a descriptor has one owner");
+        }
+    }
+    // A 10-second window's state is looked at every second; a 2-minute one's is long-lived.
+    assert!(!key(every(Unit::Second, 10)).long_lived());
+    assert!(key(every(Unit::Second, 120)).long_lived());
+}
+
 /// Counts keys per shard and checks every shard is within 4.5 standard deviations of the
 /// mean of a fair random assignment (a skewed hash misses this by far; the inputs are fixed,
 /// so the test is deterministic).

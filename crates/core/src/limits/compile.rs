@@ -13,7 +13,7 @@ use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::algorithm::{Algorithm, Rate, Unit};
+use crate::algorithm::{Algorithm, MAX_WINDOW_SECONDS, Rate, Unit};
 use crate::check::Capabilities;
 use crate::key::{FNV64_OFFSET, fnv1a64};
 
@@ -304,7 +304,8 @@ impl Compiler<'_> {
         }
         let several = list.len() > 1;
         let mut limits = Vec::with_capacity(list.len());
-        let mut counters: HashMap<(Unit, Algorithm), usize> = HashMap::new();
+        // A limit is its window's length (the rate is canonical: `day` x 7 is `week`).
+        let mut counters: HashMap<(Unit, u32, Algorithm), usize> = HashMap::new();
         for (index, raw) in list.into_iter().enumerate() {
             let item = join(place, &format!("rate_limits[{index}]"));
             let unlimited_among_others = several && raw.unlimited == Some(true);
@@ -320,19 +321,25 @@ impl Compiler<'_> {
                 continue;
             };
             if let Some(rate) = limit.rate
-                && let Some(&first) = counters.get(&(rate.unit, rate.algorithm))
+                && let Some(&first) = counters.get(&(rate.unit, rate.multiplier, rate.algorithm))
             {
+                let what = if rate.multiplier == 1 {
+                    "unit"
+                } else {
+                    "window"
+                };
                 self.error(
                     item,
                     format!(
-                        "same unit and algorithm as rate_limits[{first}] ({}, {}): they would share one counter",
-                        rate.unit, rate.algorithm
+                        "same {what} and algorithm as rate_limits[{first}] ({}, {}): they would share one counter",
+                        rate.window_name(),
+                        rate.algorithm
                     ),
                 );
                 continue;
             }
             if let Some(rate) = limit.rate {
-                counters.insert((rate.unit, rate.algorithm), index);
+                counters.insert((rate.unit, rate.multiplier, rate.algorithm), index);
             }
             limits.push(limit);
         }
@@ -383,6 +390,7 @@ impl Compiler<'_> {
     fn check_unlimited(&mut self, raw: &RawLimit, place: &str) {
         let extensions = [
             ("unit", raw.unit.is_some()),
+            ("unit_multiplier", raw.unit_multiplier.is_some()),
             ("algorithm", raw.algorithm.is_some()),
             ("burst", raw.burst.is_some()),
             ("max_wait", raw.max_wait.is_some()),
@@ -525,26 +533,7 @@ impl Compiler<'_> {
 
     /// The counting rule of a limit that is not unlimited.
     fn rate(&mut self, raw: &RawLimit, place: &str) -> Option<Rate> {
-        let units = one_of(Unit::ALL.iter().map(|unit| unit.as_str()));
-        let unit = match raw.unit.as_deref() {
-            None => {
-                self.error(
-                    format!("{place}.unit"),
-                    format!("missing unit (expected {units}, or unlimited: true)"),
-                );
-                None
-            }
-            Some(text) => {
-                let unit = Unit::parse(text);
-                if unit.is_none() {
-                    self.error(
-                        format!("{place}.unit"),
-                        format!("unknown unit {text:?} (expected {units})"),
-                    );
-                }
-                unit
-            }
-        };
+        let unit = self.unit(raw, place);
         let algorithm = match raw.algorithm.as_deref() {
             None => Some(Algorithm::default()),
             Some(text) => {
@@ -572,12 +561,61 @@ impl Compiler<'_> {
                 self.error(format!("{place}.burst"), "burst must be at least 1");
             }
         }
-        Some(Rate::new(
+        let rate = Rate::new(
             algorithm?,
             raw.requests_per_unit.unwrap_or(0),
             unit?,
             raw.burst,
-        ))
+        );
+        self.multiplied(rate, raw.unit_multiplier, place)
+    }
+
+    /// The limit's `unit`: named, and one of [`Unit::ALL`].
+    fn unit(&mut self, raw: &RawLimit, place: &str) -> Option<Unit> {
+        let units = one_of(Unit::ALL.iter().map(|unit| unit.as_str()));
+        match raw.unit.as_deref() {
+            None => {
+                self.error(
+                    format!("{place}.unit"),
+                    format!("missing unit (expected {units}, or unlimited: true)"),
+                );
+                None
+            }
+            Some(text) => {
+                let unit = Unit::parse(text);
+                if unit.is_none() {
+                    self.error(
+                        format!("{place}.unit"),
+                        format!("unknown unit {text:?} (expected {units})"),
+                    );
+                }
+                unit
+            }
+        }
+    }
+
+    /// `rate` over `unit_multiplier` units (`None`: one): at least 1, and a window of a
+    /// year at most ([`MAX_WINDOW_SECONDS`]: a counter lives as long as its window).
+    fn multiplied(&mut self, rate: Rate, multiplier: Option<u32>, place: &str) -> Option<Rate> {
+        let Some(multiplier) = multiplier else {
+            return Some(rate);
+        };
+        let field = format!("{place}.unit_multiplier");
+        if multiplier == 0 {
+            self.error(field, "unit_multiplier must be at least 1");
+            return None;
+        }
+        let multiplied = rate.every(multiplier);
+        if multiplied.is_none() {
+            self.error(
+                field,
+                format!(
+                    "{multiplier} x {} is longer than a year ({MAX_WINDOW_SECONDS} seconds), the longest window a limit may have",
+                    rate.unit
+                ),
+            );
+        }
+        multiplied
     }
 }
 
@@ -593,10 +631,8 @@ fn depth(value: &serde_json::Value) -> usize {
 /// The tag of the rule at `path` with `rate` ([`Limit::rule`]): FNV-1a over the path and the
 /// counter's slot, folded to 32 bits, never 0 (the tag of keys of no configured rule).
 fn rule_tag(path: &str, rate: Option<&Rate>) -> u32 {
-    let slot = rate.map_or([0, 0], |rate| {
-        [rate.unit.to_proto() as u8, rate.algorithm.code()]
-    });
-    let hash = fnv1a64(fnv1a64(FNV64_OFFSET, path.as_bytes()), &slot);
+    let (slot, len) = rate.map_or(([0; 6], 2), crate::key::slot);
+    let hash = fnv1a64(fnv1a64(FNV64_OFFSET, path.as_bytes()), &slot[..len]);
     match (hash ^ (hash >> 32)) as u32 {
         0 => 1,
         tag => tag,

@@ -68,6 +68,9 @@ pub(crate) struct RawDescriptor {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawLimit {
     pub unit: Option<String>,
+    /// `unit_multiplier`: the window is this many units (ours; the reference's PR #552).
+    #[serde(default, deserialize_with = "whole_number")]
+    pub unit_multiplier: Option<u32>,
     #[serde(default, deserialize_with = "whole_number")]
     pub requests_per_unit: Option<u32>,
     pub name: Option<String>,

@@ -44,8 +44,8 @@ fn cost(limit: u32) -> impl Strategy<Value = u64> {
     ]
 }
 
-fn ops(limit: u32, unit: Unit) -> impl Strategy<Value = Vec<Op>> {
-    let len = unit.nanos();
+/// Steps sized to the window, `len` nanoseconds.
+fn ops(limit: u32, len: u64) -> impl Strategy<Value = Vec<Op>> {
     let op = prop_oneof![
         4 => cost(limit).prop_map(Op::Hit),
         2 => cost(limit).prop_map(Op::Counted),
@@ -63,8 +63,15 @@ fn rates() -> impl Strategy<Value = Rate> {
     let per_unit = prop_oneof![8 => 1..12u32, 1 => Just(u32::MAX)];
     let burst = prop_oneof![Just(None), (1..12u32).prop_map(Some)];
     let unit = prop::sample::select(vec![Unit::Second, Unit::Minute]);
-    (algorithm, per_unit, unit, burst)
-        .prop_map(|(algorithm, per_unit, unit, burst)| Rate::new(algorithm, per_unit, unit, burst))
+    // `unit_multiplier`: windows of 1, 7, 10, 30 or 90 units (90 s is no whole minute; 7 m
+    // and 30 m are).
+    let multiplier = prop::sample::select(vec![1, 1, 7, 10, 30, 90]);
+    (algorithm, per_unit, unit, burst, multiplier).prop_map(
+        |(algorithm, per_unit, unit, burst, multiplier)| {
+            let rate = Rate::new(algorithm, per_unit, unit, burst);
+            rate.every(multiplier).expect("a window within a year")
+        },
+    )
 }
 
 /// The reference model's state, in nanoseconds and hits, as `u128`.
@@ -96,8 +103,8 @@ impl Model {
     /// What `cost` more hits would count against the limit at `now`, and the room there is
     /// (both scaled alike); refills the bucket first.
     fn weigh(&mut self, rate: &Rate, now: u64, cost: u64) -> (u128, u128) {
-        let len = u128::from(rate.unit.nanos());
-        let window = now / rate.unit.nanos();
+        let len = u128::from(rate.window_nanos());
+        let window = now / rate.window_nanos();
         let limit = u128::from(rate.requests_per_unit);
         let interval = u128::from(rate.emission_interval());
         let cost = u128::from(cost);
@@ -111,7 +118,7 @@ impl Model {
                     Some(before) => counts.get(&before).copied().unwrap_or(0),
                     None => 0,
                 };
-                let left = len - u128::from(now % rate.unit.nanos());
+                let left = len - u128::from(now % rate.window_nanos());
                 ((previous * left) + (current + cost) * len, limit * len)
             }
             Model::Bucket { level, at } => {
@@ -135,7 +142,7 @@ impl Model {
         if wanted > room {
             return false;
         }
-        let window = now / rate.unit.nanos();
+        let window = now / rate.window_nanos();
         let interval = u128::from(rate.emission_interval());
         match self {
             Model::Windows(counts) => *counts.entry(window).or_default() += u128::from(cost),
@@ -167,7 +174,7 @@ impl Model {
             return 0;
         }
         self.weigh(rate, now, 0);
-        let window = now / rate.unit.nanos();
+        let window = now / rate.window_nanos();
         let cost = u128::from(cost);
         let interval = u128::from(rate.emission_interval());
         match self {
@@ -197,7 +204,7 @@ impl Model {
         let interval = u128::from(rate.emission_interval());
         match self {
             Model::Windows(_) if rate.algorithm == Algorithm::FixedWindow => room - used,
-            Model::Windows(_) => room.saturating_sub(used) / u128::from(rate.unit.nanos()),
+            Model::Windows(_) => room.saturating_sub(used) / u128::from(rate.window_nanos()),
             Model::Bucket { .. } => room / interval,
             Model::Gcra { .. } => room.saturating_sub(used) / interval,
         }
@@ -210,7 +217,7 @@ impl Model {
         let units = u128::from(units);
         let back = match self {
             Model::Windows(counts) => {
-                if now / rate.unit.nanos() != window {
+                if now / rate.window_nanos() != window {
                     return 0;
                 }
                 let count = counts.entry(window).or_default();
@@ -254,7 +261,7 @@ proptest! {
 
     #[test]
     fn every_algorithm_agrees_with_its_model_and_never_passes_its_limit(
-        (rate, ops) in rates().prop_flat_map(|rate| (Just(rate), ops(rate.requests_per_unit, rate.unit))),
+        (rate, ops) in rates().prop_flat_map(|rate| (Just(rate), ops(rate.requests_per_unit, rate.window_nanos()))),
         start in 0..1_000u64,
     ) {
         let start = THURSDAY + start * S / 7;
@@ -263,7 +270,7 @@ proptest! {
         let mut model = Model::new(&rate, now);
         let mut loans: Vec<Option<Lent>> = Vec::new();
         let mut taken = Taken::default();
-        let window_at = |now: u64| now / rate.unit.nanos();
+        let window_at = |now: u64| now / rate.window_nanos();
         let interval = u128::from(rate.emission_interval());
         for op in ops {
             match op {

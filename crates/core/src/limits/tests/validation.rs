@@ -535,3 +535,118 @@ fn a_yaml_error_quoting_a_line_break_stays_on_one_line() {
     assert!(lines[0].starts_with("t.yaml:4:"), "{}", lines[0]);
     assert!(lines[0].contains("unknown field `u\\nx`"), "{}", lines[0]);
 }
+
+#[test]
+fn unit_multiplier_makes_windows_of_several_units() {
+    let limits = limits(
+        "domain: edge
+descriptors:
+  - key: a
+    rate_limits:
+      - {unit: second, requests_per_unit: 5}
+      - {unit: second, unit_multiplier: 30, requests_per_unit: 60}
+      - {unit: minute, unit_multiplier: 5, requests_per_unit: 100, algorithm: token_bucket}
+  - key: b
+    rate_limit: {unit: day, unit_multiplier: 7, requests_per_unit: 1000}
+  - key: c
+    rate_limit: {unit: second, unit_multiplier: 1, requests_per_unit: 3}
+",
+    );
+    let rates = |key: &str| {
+        let node = limits.domain("edge").and_then(|d| d.lookup([(key, "v")]));
+        let limits = node.map(|n| n.limits.to_vec()).unwrap_or_default();
+        limits
+            .iter()
+            .filter_map(|limit| limit.rate)
+            .map(|rate| {
+                (
+                    rate.window_seconds(),
+                    rate.requests_per_unit,
+                    rate.algorithm,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        rates("a"),
+        [
+            (1, 5, Algorithm::FixedWindow),
+            (30, 60, Algorithm::FixedWindow),
+            (300, 100, Algorithm::TokenBucket),
+        ]
+    );
+    // `day` x 7 is a week, and a multiplier of 1 changes nothing.
+    let node = limits.domain("edge").and_then(|d| d.lookup([("b", "v")]));
+    assert_eq!(
+        node.map(|n| n.limits[0].rate),
+        Some(Some(Rate::fixed(1000, Unit::Week)))
+    );
+    let node = limits.domain("edge").and_then(|d| d.lookup([("c", "v")]));
+    assert_eq!(
+        node.map(|n| n.limits[0].rate),
+        Some(Some(Rate::fixed(3, Unit::Second)))
+    );
+    // `/rlconfig` and `validate --list` show the multiplier and the window.
+    let dump = limits.to_string();
+    assert!(
+        dump.contains(
+            "edge.a: unit=MINUTE unit_multiplier=5 requests_per_unit=100, \
+             algorithm=token_bucket (100 per 5m), burst=100"
+        ),
+        "{dump}"
+    );
+    assert!(
+        dump.contains("edge.b: unit=WEEK requests_per_unit=1000, algorithm=fixed_window,"),
+        "{dump}"
+    );
+}
+
+#[test]
+fn unit_multiplier_problems() {
+    check(
+        "  - key: a\n    rate_limit: {unit: second, unit_multiplier: 0, requests_per_unit: 1}\n",
+        &[
+            "descriptors[0] (key a) > rate_limit.unit_multiplier: unit_multiplier must be at least 1",
+        ],
+    );
+    check(
+        "  - key: a\n    rate_limit: {unit: day, unit_multiplier: 366, requests_per_unit: 1}\n",
+        &[
+            "descriptors[0] (key a) > rate_limit.unit_multiplier: 366 x day is longer than a year \
+           (31536000 seconds), the longest window a limit may have",
+        ],
+    );
+    check(
+        "  - key: a\n    rate_limit: {unit: year, unit_multiplier: 4294967295, requests_per_unit: 1}\n",
+        &[
+            "descriptors[0] (key a) > rate_limit.unit_multiplier: 4294967295 x year is longer than \
+           a year (31536000 seconds), the longest window a limit may have",
+        ],
+    );
+    check(
+        "  - key: a\n    rate_limit: {unit_multiplier: 2, unlimited: true}\n",
+        &["descriptors[0] (key a) > rate_limit.unit_multiplier: \
+           unit_multiplier must not be set when unlimited is true"],
+    );
+    check_parse(
+        "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, unit_multiplier: -1}\n",
+        "t.yaml:4:32: invalid value: integer `-1`, expected a whole number",
+    );
+    // A limit is its window's length: equal windows written apart share one counter.
+    check(
+        "  - key: a
+    rate_limits:
+      - {unit: second, unit_multiplier: 10, requests_per_unit: 1}
+      - {unit: second, requests_per_unit: 1}
+      - {unit: second, unit_multiplier: 10, requests_per_unit: 5}
+      - {unit: week, requests_per_unit: 1}
+      - {unit: day, unit_multiplier: 7, requests_per_unit: 2}
+",
+        &[
+            "descriptors[0] (key a) > rate_limits[2]: same window and algorithm as rate_limits[0] \
+             (10s, fixed_window): they would share one counter",
+            "descriptors[0] (key a) > rate_limits[4]: same unit and algorithm as rate_limits[3] \
+             (week, fixed_window): they would share one counter",
+        ],
+    );
+}
