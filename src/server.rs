@@ -9,8 +9,10 @@
 //! addresses before [`Server::run`] serves. `run` returns once `shutdown` resolved and the
 //! in-flight requests were answered, or the grace period ran out.
 //!
-//! Shutdown order: mark not ready (`/healthcheck` 503, gRPC health `NOT_SERVING`), stop
-//! accepting, drain in-flight calls (bounded by `shutdown_grace`), return.
+//! Shutdown order: mark not ready (`/healthcheck` 503, gRPC health `NOT_SERVING`), keep
+//! serving every call for `shutdown_delay` (still the owner of its keys in a cluster), leave
+//! the ring, stop accepting (GOAWAY), drain in-flight calls (bounded by `shutdown_grace`),
+//! hand the counters over, return.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -153,6 +155,10 @@ pub struct ServerOptions {
     pub reload: ReloadOptions,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// How long shutdown keeps serving everything, not ready, before it closes the
+    /// listeners (the time for load balancers to stop sending here; zero by default in
+    /// the library, `--shutdown-delay` 5 s on the command line).
+    pub shutdown_delay: Duration,
     /// Report unhealthy until limits with at least one domain are loaded.
     pub healthy_only_with_config: bool,
     /// Where counters live: this process, the cluster, or Redis.
@@ -187,6 +193,7 @@ impl ServerOptions {
             watch: None,
             reload: ReloadOptions::default(),
             shutdown_grace: Duration::from_secs(15),
+            shutdown_delay: Duration::ZERO,
             healthy_only_with_config: false,
             store: StoreOptions::Memory,
             xds: None,
@@ -242,6 +249,7 @@ pub struct Server {
     reload_stats: Arc<ReloadStats>,
     admin: AdminOptions,
     shutdown_grace: Duration,
+    shutdown_delay: Duration,
     /// Kept alive while serving (dropping it stops them): the watches and the xDS
     /// subscription.
     watches: Watches,
@@ -441,6 +449,7 @@ impl Server {
             reload_stats,
             admin: options.admin,
             shutdown_grace: options.shutdown_grace,
+            shutdown_delay: options.shutdown_delay,
             watches,
             xds_stats,
             rlqs: options.rlqs,
@@ -559,7 +568,7 @@ impl Server {
             reporter,
             cluster.clone(),
             stop_tx,
-            self.shutdown_grace,
+            (self.shutdown_delay, self.shutdown_grace),
             drained_rx,
         );
         let serve = async {
@@ -726,22 +735,26 @@ async fn serve_peers(
 }
 
 /// Shutdown's first half, once `shutdown` resolves: not ready (`/healthcheck` 503, gRPC
-/// health NOT_SERVING), leave the ring so peers stop sending keys before this node drains
-/// and hands its own over, then `stop` the gRPC listener. Answers whether the `grace`
-/// period ran out before `drained` (calls still in flight).
+/// health NOT_SERVING) while still serving every call, and still the owner of its keys on
+/// the ring, for `delay` (load balancers and Envoy's health checks move away meanwhile);
+/// then leave the ring so peers stop sending keys before this node drains and hands its
+/// own over, and `stop` the listeners (GOAWAY: calls already received are answered). Answers
+/// whether the `grace` period ran out before `drained` (calls still in flight).
 async fn stop_on(
     shutdown: impl Future<Output = ()>,
     health: Arc<Health>,
     reporter: tonic_health::server::HealthReporter,
     leaving: Option<Cluster>,
     stop: watch::Sender<bool>,
-    grace: Duration,
+    (delay, grace): (Duration, Duration),
     drained: tokio::sync::oneshot::Receiver<()>,
 ) -> bool {
     shutdown.await;
-    tracing::info!(grace = ?grace, "shutting down: not ready, draining in-flight requests");
+    tracing::info!(delay = ?delay, grace = ?grace, "shutting down: not ready, serving on for the delay");
     health.stop_serving();
     set_health(&reporter, false).await;
+    tokio::time::sleep(delay).await;
+    tracing::info!("shutdown delay over: leaving, draining in-flight requests");
     if let Some(leaving) = leaving {
         let _ = tokio::time::timeout(grace, leaving.runtime().leave()).await;
     }

@@ -82,6 +82,11 @@ pub struct ListenArgs {
     /// How long shutdown waits for in-flight requests.
     #[arg(long, env = "RATEKEEPER_SHUTDOWN_GRACE", value_parser = duration, default_value = "15s")]
     pub shutdown_grace: Duration,
+    /// On SIGTERM, how long to keep serving every call while reporting not ready (and, in a
+    /// cluster, keeping its keys), before closing the listeners: the time Kubernetes takes
+    /// to remove the pod's endpoint everywhere. Replaces a preStop sleep (do not use both).
+    #[arg(long, env = "RATEKEEPER_SHUTDOWN_DELAY", value_parser = duration, default_value = "5s")]
+    pub shutdown_delay: Duration,
 }
 
 // Where the limits come from and how they load.
@@ -591,6 +596,7 @@ impl ServeArgs {
                 ..ReloadOptions::default()
             },
             shutdown_grace: self.listen.shutdown_grace,
+            shutdown_delay: self.listen.shutdown_delay,
             healthy_only_with_config: self.limits.healthy_only_with_config,
             admin: AdminOptions {
                 counters: self.admin.admin_counters,

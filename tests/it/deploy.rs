@@ -23,7 +23,7 @@ const MANIFESTS: &str = "deploy/kubernetes";
 /// The oldest Kubernetes the manifests support: the kubelet's own `preStop: sleep` action
 /// (needed because the ratekeeper image has no shell) is on by default from 1.30.
 const OLDEST_KUBERNETES: &str = "1.30.0";
-/// Time the counter handoff gets on top of the preStop pause and the drain.
+/// Time the counter handoff gets on top of the shutdown delay and the drain.
 const HANDOFF_SECONDS: u64 = 10;
 
 // ---------------------------------------------------------------------------------------
@@ -717,22 +717,24 @@ fn termination_grace_covers_pause_drain_and_handoff() {
         "terminationGracePeriodSeconds",
     );
     let drain = seconds(&manifests.ratekeeper_flag("shutdown-grace"));
-    let pause = as_u64(
-        &manifests.container("ratekeeper")["lifecycle"]["preStop"]["sleep"]["seconds"],
-        "preStop sleep",
-    );
+    let delay = seconds(&manifests.ratekeeper_flag("shutdown-delay"));
     let envoy_pause = as_u64(
         &manifests.container("envoy")["lifecycle"]["preStop"]["sleep"]["seconds"],
         "preStop sleep",
     );
     assert_eq!(
-        pause, envoy_pause,
-        "ratekeeper must not stop before Envoy stops asking"
+        delay, envoy_pause,
+        "ratekeeper must not stop serving before Envoy stops asking"
     );
     assert!(
-        grace >= pause + drain + HANDOFF_SECONDS,
-        "terminationGracePeriodSeconds {grace} < preStop {pause}s + --shutdown-grace {drain}s \
-         + {HANDOFF_SECONDS}s for the handoff"
+        manifests.container("ratekeeper")["lifecycle"]["preStop"].is_null(),
+        "--shutdown-delay replaces a preStop sleep: both would add up, and a preStop sleep \
+         stays ready"
+    );
+    assert!(
+        grace >= delay + drain + HANDOFF_SECONDS,
+        "terminationGracePeriodSeconds {grace} < --shutdown-delay {delay}s + --shutdown-grace \
+         {drain}s + {HANDOFF_SECONDS}s for the handoff"
     );
 }
 

@@ -87,7 +87,7 @@ fn envoy_config(ratekeeper: &Reach, upstream: SocketAddr) -> String {
         // and no headers. The tests check what ratekeeper decides, not how busy the
         // machine is, so they allow 5 s; `assert_no_rls_failures` still proves that every
         // call was answered.
-        ("timeout: 0.02s".to_owned(), "timeout: 5s".to_owned()),
+        ("timeout: 0.04s".to_owned(), "timeout: 5s".to_owned()),
     ];
     example_envoy_config("examples/envoy.yaml", upstream, more)
 }

@@ -458,6 +458,54 @@ async fn sigterm_answers_requests_in_flight_then_exits_cleanly() {
     assert!(exit.success(), "exit status {exit:?}: {}", server.stderr());
 }
 
+/// `--shutdown-delay`: on SIGTERM, not ready at once (`/healthcheck` 503, gRPC health
+/// NOT_SERVING) but still answering every call, on connections old and new, until the
+/// delay is over; then it drains and exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_keeps_serving_while_not_ready_for_the_shutdown_delay() {
+    let (_dir, mut server) = serve_limits("delay", &limits("edge", 1000), &["--shutdown-delay=3s"]);
+    let http = server.http_addr();
+    let grpc = server.grpc_addr();
+    let mut before = client(grpc).await;
+    assert_eq!(
+        ask(&mut before, "edge", "d1").await.overall_code,
+        Code::Ok as i32
+    );
+    let signalled = std::time::Instant::now();
+    server.process().signal("-TERM");
+    let not_ready = eventually(WAIT, || {
+        http_get(http, "/healthcheck", &[]).is_ok_and(|response| response.status == 503)
+    });
+    assert!(not_ready, "healthcheck turns 503 at once");
+    assert_eq!(
+        grpc_health(grpc, "envoy.service.ratelimit.v3.RateLimitService").await,
+        2,
+        "gRPC health NOT_SERVING"
+    );
+    // Still answered, on the connection it had and on a new one, while the delay lasts.
+    let mut after = client(grpc).await;
+    for (client, remaining) in [(&mut before, 998), (&mut after, 997)] {
+        let answer = ask(client, "edge", "d1").await;
+        assert_eq!(answer.overall_code, Code::Ok as i32);
+        assert_eq!(answer.statuses[0].limit_remaining, remaining, "counted");
+    }
+    assert!(
+        signalled.elapsed() < Duration::from_secs(3),
+        "the calls above were made within the delay"
+    );
+    assert!(
+        server.process().exited().is_none(),
+        "serving until the delay is over"
+    );
+    let exited = crate::support::eventually_some(WAIT, || server.process().exited());
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(3),
+        "not before the delay ended"
+    );
+    let exit = exited.expect("exits after the delay");
+    assert!(exit.success(), "exit status {exit:?}: {}", server.stderr());
+}
+
 /// The gRPC health status of `service`, as a `ServingStatus` number.
 async fn grpc_health(addr: SocketAddr, service: &str) -> i32 {
     use tonic_health::pb::HealthCheckRequest;

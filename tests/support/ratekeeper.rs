@@ -295,8 +295,8 @@ pub fn ratekeeper_command() -> Command {
 }
 
 /// Removes the caller's `RATEKEEPER_*` variables and the reference service's (`PORT`,
-/// `LOG_LEVEL`, ..., which ratekeeper reads too) from `command` and asks for plain-text logs
-/// (`NO_COLOR`); see [`ratekeeper_command`].
+/// `LOG_LEVEL`, ..., which ratekeeper reads too) from `command`, asks for plain-text logs
+/// (`NO_COLOR`) and no shutdown delay; see [`ratekeeper_command`].
 fn clean_environment(command: &mut Command) {
     command.env("NO_COLOR", "1");
     for (name, _) in std::env::vars_os() {
@@ -304,6 +304,9 @@ fn clean_environment(command: &mut Command) {
             command.env_remove(name);
         }
     }
+    // A test's SIGTERM stops at once, unless it passes `--shutdown-delay` (a flag wins
+    // over its variable) to test the delay.
+    command.env("RATEKEEPER_SHUTDOWN_DELAY", "0s");
     let reference = ::ratekeeper::cli::reference_env::VARIABLES;
     for name in reference
         .iter()
