@@ -45,6 +45,7 @@ mod redis_store;
 mod reference_env;
 mod reset;
 mod response_headers;
+mod rollout;
 mod store_contract;
 mod tls;
 mod uds;
