@@ -1,8 +1,8 @@
 //! Sidecar injection (`ratekeeper inject`, `ratekeeper webhook`, deploy/kubernetes/injector),
 //! through the real binary: golden input and output files for every workload kind, the
 //! native sidecar's place among init containers, the plain container (flag and annotation)
-//! (`tests/data/inject/*.in.yaml` -> `*.out.yaml`), injecting twice, the `--uninject`
-//! round trip, bad input; the Kubernetes schema (kubernetes-validate, strict) on everything
+//! and other kinds copied unchanged (`tests/data/inject/*.in.yaml` -> `*.out.yaml`),
+//! injecting twice, the `--uninject` round trip, bad input and `--strict`; the Kubernetes schema (kubernetes-validate, strict) on everything
 //! `inject` writes and on the injector's manifests; and the Envoy configuration that
 //! reaches the injected sidecar, checked by a real Envoy. The webhook's tests are in
 //! `inject_webhook.rs`.
@@ -27,7 +27,7 @@ pub(crate) const INJECTOR: &str = "deploy/kubernetes/injector";
 pub(crate) const INJECTOR_NAME: &str = "ratekeeper-injector.ratekeeper-system.svc";
 
 /// Golden cases: input file stem and the flags `inject` runs with.
-const CASES: [(&str, &[&str]); 5] = [
+const CASES: [(&str, &[&str]); 6] = [
     ("kinds", &[]),
     ("list", &[]),
     ("istio", &["--cluster"]),
@@ -35,6 +35,8 @@ const CASES: [(&str, &[&str]); 5] = [
     ("init", &[]),
     // Plain by flag, native by annotation.
     ("plain", &["--native-sidecar=false"]),
+    // Kinds without a pod template, copied unchanged.
+    ("other", &[]),
 ];
 
 /// The names of the containers in `list` (`containers`, `initContainers`) of a pod.
@@ -329,7 +331,7 @@ fn injecting_twice_changes_nothing_and_uninject_gives_back_the_input() {
         );
     }
     // The inputs without comments or flow style come back byte for byte.
-    for case in ["kinds", "list", "init", "plain"] {
+    for case in ["kinds", "list", "init", "plain", "other"] {
         let (ok, back, _) = inject(&["--uninject", &input_path(case)]);
         assert!(ok);
         assert_eq!(
@@ -355,6 +357,7 @@ fn inject_reads_stdin_and_writes_nothing_on_bad_input() {
 
     let dir = TempDir::new("inject-bad");
     let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: app, image: app}]\n";
+    // Other kinds are an error only with --strict.
     let cases: [(&str, String, &str); 8] = [
         ("not YAML", format!("{deployment}---\nkind: [\n"), "document 2 (from line 9): invalid YAML"),
         ("not an object", format!("{deployment}---\njust text\n"), "document 2: not a Kubernetes object"),
@@ -367,7 +370,7 @@ fn inject_reads_stdin_and_writes_nothing_on_bad_input() {
     ];
     for (what, text, expected) in cases {
         let path = write_config(dir.path(), "bad.yaml", &text);
-        let (ok, stdout, stderr) = inject(&[path.to_str().expect("utf-8")]);
+        let (ok, stdout, stderr) = inject(&["--strict", path.to_str().expect("utf-8")]);
         assert!(!ok, "{what}: accepted");
         assert!(stdout.is_empty(), "{what}: wrote half: {stdout}");
         assert!(
@@ -375,15 +378,49 @@ fn inject_reads_stdin_and_writes_nothing_on_bad_input() {
             "{what}: {stderr}\nexpected: {expected}"
         );
     }
-    // Other kinds are copied with --pass-through.
-    let text = format!(
-        "{deployment}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: limits}}\ndata: {{a: b}}\n"
-    );
-    let path = write_config(dir.path(), "mixed.yaml", &text);
-    let (ok, stdout, stderr) = inject(&["--pass-through", path.to_str().expect("utf-8")]);
+}
+
+#[test]
+fn other_kinds_are_copied_unchanged_unless_strict() {
+    // The golden case `other` (a ConfigMap, a Service, a CRD around a Deployment) shows
+    // them copied; stderr says so for each, as it says what became of each workload.
+    let input = input_path("other");
+    let (ok, stdout, stderr) = inject(&[&input]);
     assert!(ok, "{stderr}");
-    let documents = yaml_documents("mixed", &stdout);
-    assert_eq!(documents[1], yaml_documents("input", &text)[1]);
+    let documents = yaml_documents("other", &stdout);
+    let original = yaml_documents("other", &read_repo_file(&format!("{DATA}/other.in.yaml")));
+    for index in [0, 2, 3] {
+        assert_eq!(documents[index], original[index]);
+    }
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "document 1 (ConfigMap settings): skipped (no pod template), unchanged",
+            "document 2 (Deployment web): injected",
+            "document 3 (Service web): skipped (no pod template), unchanged",
+            "document 4 (CustomResourceDefinition widgets.example.com): skipped (no pod template), unchanged",
+        ]
+    );
+    // --pass-through, the old way to ask for it, is still accepted: the same output.
+    let (ok, passed, stderr) = inject(&["--pass-through", &input]);
+    assert!(ok, "{stderr}");
+    assert_eq!(passed, stdout);
+    // --strict refuses them, and writes nothing.
+    let (ok, stdout, stderr) = inject(&["--strict", &input]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("document 1 (ConfigMap settings): kind ConfigMap has no pod template"),
+        "{stderr}"
+    );
+    // Input that is not Kubernetes YAML stays an error either way.
+    let dir = TempDir::new("inject-other");
+    let path = write_config(dir.path(), "text.yaml", "just some text\n");
+    let (ok, _, stderr) = inject(&[path.to_str().expect("utf-8")]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("document 1: not a Kubernetes object"),
+        "{stderr}"
+    );
 }
 
 #[test]

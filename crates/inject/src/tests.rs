@@ -202,7 +202,7 @@ proptest! {
 
     #[test]
     fn no_input_makes_inject_or_the_webhook_panic(bytes in prop::collection::vec(any::<u8>(), 0..256), text in "[-a-z:{}\\[\\] \n,'\"]{0,200}") {
-        let options = Options { mode: Mode::Inject, pass_through: true, settings: SettingsArgs::default() };
+        let options = Options { mode: Mode::Inject, strict: false, settings: SettingsArgs::default() };
         let _ = rewrite(&text, &options);
         let _ = rewrite(&String::from_utf8_lossy(&bytes), &options);
         for scope in [Scope::Annotated, Scope::Namespace] {
