@@ -742,7 +742,7 @@ pub fn inject_yaml(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let mut options = Options {
         mode: Mode::Inject,
-        pass_through: true,
+        strict: false,
         settings: crate::inject::SettingsArgs::default(),
     };
     let injected = match rewrite(&text, &options) {

@@ -20,10 +20,11 @@ use crate::support::{
 use serde_json::Value;
 
 const MANIFESTS: &str = "deploy/kubernetes";
-/// The oldest Kubernetes the manifests support: the kubelet's own `preStop: sleep` action
-/// (needed because the ratekeeper image has no shell) is on by default from 1.30.
+/// The oldest Kubernetes the manifests support: native sidecars (ratekeeper's) are on by
+/// default from 1.29, the kubelet's own `preStop: sleep` action (Envoy's pause, and the
+/// injector's plain sidecar, whose image has no shell) from 1.30.
 const OLDEST_KUBERNETES: &str = "1.30.0";
-/// Time the counter handoff gets on top of the shutdown delay and the drain.
+/// Time the counter handoff gets on top of Envoy's preStop pause and ratekeeper's drain.
 const HANDOFF_SECONDS: u64 = 10;
 
 // ---------------------------------------------------------------------------------------
@@ -76,9 +77,17 @@ impl Manifests {
         &self.deployment()["spec"]["template"]["spec"]
     }
 
+    /// Every container of the pod: its init containers (the native sidecar), then the others.
+    fn containers(&self) -> Vec<&Value> {
+        let spec = self.pod_spec();
+        let init = spec["initContainers"].as_array().into_iter().flatten();
+        init.chain(as_array(&spec["containers"], "containers"))
+            .collect()
+    }
+
     fn container(&self, name: &str) -> &Value {
-        as_array(&self.pod_spec()["containers"], "containers")
-            .iter()
+        self.containers()
+            .into_iter()
             .find(|container| container["name"] == name)
             .unwrap_or_else(|| panic!("the Deployment has no container {name:?}"))
     }
@@ -592,8 +601,18 @@ fn probes_and_metrics_reach_declared_ports() {
             }
         }
     }
-    // Liveness must not kill a pod that is draining (503) before the grace period ends.
+    // The native sidecar counts as started once it serves (and only then Envoy starts).
     let ratekeeper = manifests.container("ratekeeper");
+    let startup = &ratekeeper["startupProbe"]["httpGet"];
+    assert_eq!(
+        (
+            as_str(&startup["path"], "path"),
+            resolve_port(ratekeeper, &startup["port"])
+        ),
+        ("/healthcheck", http_port),
+        "startupProbe"
+    );
+    // Liveness must not kill a pod that is draining (503) before the grace period ends.
     let liveness = &ratekeeper["livenessProbe"];
     let tolerated = as_u64(&liveness["periodSeconds"], "periodSeconds")
         * as_u64(&liveness["failureThreshold"], "failureThreshold");
@@ -712,28 +731,30 @@ fn envoy_asks_ratekeeper_for_a_domain_the_limits_define() {
 #[test]
 fn termination_grace_covers_pause_drain_and_handoff() {
     let manifests = Manifests::load();
+    // ratekeeper is a native sidecar: started before Envoy, stopped after it (so it never
+    // stops while Envoy asks), hence no pause of its own.
+    let init = as_array(&manifests.pod_spec()["initContainers"], "initContainers");
+    let ratekeeper = manifests.container("ratekeeper");
+    assert!(init.contains(ratekeeper), "ratekeeper is in initContainers");
+    assert_eq!(ratekeeper["restartPolicy"], "Always", "a native sidecar");
+    assert!(ratekeeper["lifecycle"].is_null(), "no preStop pause");
     let grace = as_u64(
         &manifests.pod_spec()["terminationGracePeriodSeconds"],
         "terminationGracePeriodSeconds",
     );
     let drain = seconds(&manifests.ratekeeper_flag("shutdown-grace"));
     let delay = seconds(&manifests.ratekeeper_flag("shutdown-delay"));
-    let envoy_pause = as_u64(
+    let pause = as_u64(
         &manifests.container("envoy")["lifecycle"]["preStop"]["sleep"]["seconds"],
         "preStop sleep",
     );
-    assert_eq!(
-        delay, envoy_pause,
-        "ratekeeper must not stop serving before Envoy stops asking"
-    );
+    // A native sidecar gets SIGTERM once Envoy has exited: no one left to wait for.
+    assert_eq!(delay, 0, "--shutdown-delay of a native sidecar");
+    // One after the other: Envoy's pause, then ratekeeper's delay, drain and handoff.
     assert!(
-        manifests.container("ratekeeper")["lifecycle"]["preStop"].is_null(),
-        "--shutdown-delay replaces a preStop sleep: both would add up, and a preStop sleep \
-         stays ready"
-    );
-    assert!(
-        grace >= delay + drain + HANDOFF_SECONDS,
-        "terminationGracePeriodSeconds {grace} < --shutdown-delay {delay}s + --shutdown-grace \
+        grace >= pause + delay + drain + HANDOFF_SECONDS,
+        "terminationGracePeriodSeconds {grace} < Envoy's preStop {pause}s + --shutdown-delay \
+         {delay}s + --shutdown-grace \
          {drain}s + {HANDOFF_SECONDS}s for the handoff"
     );
 }
@@ -745,7 +766,7 @@ fn containers_run_locked_down_with_resources() {
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
     assert_eq!(pod["securityContext"]["runAsUser"], 65532);
     assert_eq!(pod["automountServiceAccountToken"], false);
-    for container in as_array(&pod["containers"], "containers") {
+    for container in manifests.containers() {
         let name = &container["name"];
         let security = &container["securityContext"];
         assert_eq!(security["readOnlyRootFilesystem"], true, "{name}");

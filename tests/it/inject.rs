@@ -1,7 +1,8 @@
 //! Sidecar injection (`ratekeeper inject`, `ratekeeper webhook`, deploy/kubernetes/injector),
-//! through the real binary: golden input and output files for every workload kind
-//! (`tests/data/inject/*.in.yaml` -> `*.out.yaml`), injecting twice, the `--uninject` round
-//! trip, bad input; the Kubernetes schema (kubernetes-validate, strict) on everything
+//! through the real binary: golden input and output files for every workload kind, the
+//! native sidecar's place among init containers, the plain container (flag and annotation)
+//! and other kinds copied unchanged (`tests/data/inject/*.in.yaml` -> `*.out.yaml`),
+//! injecting twice, the `--uninject` round trip, bad input and `--strict`; the Kubernetes schema (kubernetes-validate, strict) on everything
 //! `inject` writes and on the injector's manifests; and the Envoy configuration that
 //! reaches the injected sidecar, checked by a real Envoy. The webhook's tests are in
 //! `inject_webhook.rs`.
@@ -26,7 +27,27 @@ pub(crate) const INJECTOR: &str = "deploy/kubernetes/injector";
 pub(crate) const INJECTOR_NAME: &str = "ratekeeper-injector.ratekeeper-system.svc";
 
 /// Golden cases: input file stem and the flags `inject` runs with.
-const CASES: [(&str, &[&str]); 3] = [("kinds", &[]), ("list", &[]), ("istio", &["--cluster"])];
+const CASES: [(&str, &[&str]); 6] = [
+    ("kinds", &[]),
+    ("list", &[]),
+    ("istio", &["--cluster"]),
+    // Native: after init containers, before Istio's native sidecar; plain by annotation.
+    ("init", &[]),
+    // Plain by flag, native by annotation.
+    ("plain", &["--native-sidecar=false"]),
+    // Kinds without a pod template, copied unchanged.
+    ("other", &[]),
+];
+
+/// The names of the containers in `list` (`containers`, `initContainers`) of a pod.
+fn names(pod: &Value, list: &str) -> Vec<String> {
+    pod["spec"][list]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|container| container["name"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
 
 pub(crate) fn inject(args: &[&str]) -> (bool, String, String) {
     let (status, stdout, stderr) = run_ratekeeper(&[&["inject"], args].concat());
@@ -89,7 +110,7 @@ fn inject_writes_the_golden_output_for_every_workload_kind() {
             "{golden} (RATEKEEPER_UPDATE_GOLDEN=1 rewrites it)"
         );
     }
-    // Every kind got the sidecar, but the one that opted out.
+    // Every kind got the native sidecar, but the one that opted out.
     let documents = yaml_documents("kinds", &injected("kinds", &[]));
     let kinds: Vec<(&str, &str, bool)> = documents
         .iter()
@@ -99,12 +120,8 @@ fn inject_writes_the_golden_output_for_every_workload_kind() {
                 Some("CronJob") => &document["spec"]["jobTemplate"]["spec"]["template"],
                 _ => &document["spec"]["template"],
             };
-            let containers = template["spec"]["containers"].as_array();
-            let has = containers.is_some_and(|containers| {
-                containers
-                    .iter()
-                    .any(|container| container["name"] == "ratekeeper")
-            });
+            let has = names(template, "initContainers") == ["ratekeeper"]
+                && !names(template, "containers").contains(&"ratekeeper".to_owned());
             (
                 document["kind"].as_str().unwrap_or("?"),
                 document["metadata"]["name"].as_str().unwrap_or("?"),
@@ -129,27 +146,90 @@ fn inject_writes_the_golden_output_for_every_workload_kind() {
 }
 
 #[test]
+fn the_native_sidecar_starts_first_and_the_plain_one_is_kept_on_request() {
+    // Native: after the init containers that run to completion, before Istio's native
+    // sidecar (its Envoy asks ratekeeper, so ratekeeper starts before it, stops after it).
+    let init = yaml_documents("init", &injected("init", &[]));
+    let template = |document: &Value| document["spec"]["template"].clone();
+    let migrating = template(&init[0]);
+    assert_eq!(
+        names(&migrating, "initContainers"),
+        ["migrate", "ratekeeper"]
+    );
+    assert_eq!(names(&migrating, "containers"), ["app"]);
+    let sidecar = &migrating["spec"]["initContainers"][1];
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(
+        sidecar["startupProbe"],
+        json!({"httpGet": {"path": "/healthcheck", "port": "rk-http"}, "periodSeconds": 1, "failureThreshold": 30})
+    );
+    assert!(sidecar.get("lifecycle").is_none(), "no preStop pause");
+    assert_eq!(
+        names(&template(&init[1]), "initContainers"),
+        ["istio-init", "ratekeeper", "istio-proxy", "warm-cache"]
+    );
+    // Plain, by annotation (under the native default) or by flag; an annotation turns the
+    // native sidecar back on under the flag.
+    let plain = yaml_documents("plain", &injected("plain", &["--native-sidecar=false"]));
+    for pod in [template(&init[2]), template(&plain[0])] {
+        assert_eq!(
+            names(&pod, "containers").last().map(String::as_str),
+            Some("ratekeeper")
+        );
+        assert!(!names(&pod, "initContainers").contains(&"ratekeeper".to_owned()));
+        let sidecar = pod["spec"]["containers"]
+            .as_array()
+            .and_then(|c| c.last())
+            .expect("sidecar");
+        assert_eq!(sidecar["lifecycle"]["preStop"]["sleep"]["seconds"], 5);
+        assert!(sidecar.get("restartPolicy").is_none() && sidecar.get("startupProbe").is_none());
+    }
+    assert_eq!(
+        names(&plain[0]["spec"]["template"], "initContainers"),
+        ["migrate"]
+    );
+    assert_eq!(names(&plain[1], "initContainers"), ["ratekeeper"]);
+    // The environment variable sets the flag, like the other settings.
+    let (status, stdout, stderr) = crate::support::run_to_end(
+        "ratekeeper inject",
+        Command::new(env!("CARGO_BIN_EXE_ratekeeper"))
+            .args(["inject", &input_path("plain")])
+            .env("RATEKEEPER_INJECT_NATIVE_SIDECAR", "false"),
+        START_TIMEOUT,
+    );
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout.trim_end(),
+        injected("plain", &["--native-sidecar=false"])
+    );
+}
+
+#[test]
 fn the_injected_sidecar_is_the_hand_written_one() {
-    // deploy/kubernetes/deployment.yaml's ratekeeper container, made by hand: injection in
-    // cluster mode gives the same command line, ports, probes, env, resources and lifecycle.
+    // deploy/kubernetes/deployment.yaml's ratekeeper container, made by hand, a native
+    // sidecar too: injection in cluster mode gives the same command line, ports, probes,
+    // env, resources and restart policy, and no lifecycle either.
     let deployment = yaml_document(
         "deployment.yaml",
         &read_repo_file("deploy/kubernetes/deployment.yaml"),
     );
-    let by_hand = deployment["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .and_then(|containers| containers.iter().find(|c| c["name"] == "ratekeeper"))
-        .expect("the hand-written sidecar")
-        .clone();
+    let by_hand = container(
+        &deployment["spec"]["template"],
+        "initContainers",
+        "ratekeeper",
+    );
     let documents = yaml_documents("istio", &injected("istio", &["--cluster"]));
-    let injected = documents[0]["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .and_then(|containers| containers.iter().find(|c| c["name"] == "ratekeeper"))
-        .expect("the injected sidecar");
+    let injected = &container(
+        &documents[0]["spec"]["template"],
+        "initContainers",
+        "ratekeeper",
+    );
     for field in [
         "args",
         "env",
         "ports",
+        "restartPolicy",
+        "startupProbe",
         "readinessProbe",
         "livenessProbe",
         "lifecycle",
@@ -188,6 +268,43 @@ fn the_injected_sidecar_is_the_hand_written_one() {
     );
 }
 
+/// The container `name` in `list` (`containers`, `initContainers`) of `pod`.
+fn container(pod: &Value, list: &str, name: &str) -> Value {
+    pod["spec"][list]
+        .as_array()
+        .and_then(|containers| containers.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+        .clone()
+}
+
+#[test]
+fn the_plain_sidecar_is_the_native_one_with_envoys_pause() {
+    // The same container but for its place, its restart policy and startup probe, and a
+    // preStop pause as long as Envoy's in deploy/kubernetes/deployment.yaml (it must not
+    // stop while Envoy still asks).
+    let flags = ["--cluster", "--native-sidecar=false"];
+    let plain = yaml_documents("istio", &injected("istio", &flags));
+    let mut plain = container(&plain[0]["spec"]["template"], "containers", "ratekeeper");
+    let native = yaml_documents("istio", &injected("istio", &["--cluster"]));
+    let mut native = container(
+        &native[0]["spec"]["template"],
+        "initContainers",
+        "ratekeeper",
+    );
+    let deployment = yaml_document(
+        "deployment.yaml",
+        &read_repo_file("deploy/kubernetes/deployment.yaml"),
+    );
+    let envoy = container(&deployment["spec"]["template"], "containers", "envoy");
+    assert_eq!(plain["lifecycle"], envoy["lifecycle"]);
+    let plain = plain.as_object_mut().expect("a map");
+    plain.remove("lifecycle");
+    let native = native.as_object_mut().expect("a map");
+    assert_eq!(native.remove("restartPolicy"), Some(json!("Always")));
+    assert!(native.remove("startupProbe").is_some());
+    assert_eq!(plain, native);
+}
+
 #[test]
 fn injecting_twice_changes_nothing_and_uninject_gives_back_the_input() {
     let dir = TempDir::new("inject-twice");
@@ -214,7 +331,7 @@ fn injecting_twice_changes_nothing_and_uninject_gives_back_the_input() {
         );
     }
     // The inputs without comments or flow style come back byte for byte.
-    for case in ["kinds", "list"] {
+    for case in ["kinds", "list", "init", "plain", "other"] {
         let (ok, back, _) = inject(&["--uninject", &input_path(case)]);
         assert!(ok);
         assert_eq!(
@@ -240,6 +357,7 @@ fn inject_reads_stdin_and_writes_nothing_on_bad_input() {
 
     let dir = TempDir::new("inject-bad");
     let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\nspec:\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      containers: [{name: app, image: app}]\n";
+    // Other kinds are an error only with --strict.
     let cases: [(&str, String, &str); 8] = [
         ("not YAML", format!("{deployment}---\nkind: [\n"), "document 2 (from line 9): invalid YAML"),
         ("not an object", format!("{deployment}---\njust text\n"), "document 2: not a Kubernetes object"),
@@ -252,7 +370,7 @@ fn inject_reads_stdin_and_writes_nothing_on_bad_input() {
     ];
     for (what, text, expected) in cases {
         let path = write_config(dir.path(), "bad.yaml", &text);
-        let (ok, stdout, stderr) = inject(&[path.to_str().expect("utf-8")]);
+        let (ok, stdout, stderr) = inject(&["--strict", path.to_str().expect("utf-8")]);
         assert!(!ok, "{what}: accepted");
         assert!(stdout.is_empty(), "{what}: wrote half: {stdout}");
         assert!(
@@ -260,15 +378,49 @@ fn inject_reads_stdin_and_writes_nothing_on_bad_input() {
             "{what}: {stderr}\nexpected: {expected}"
         );
     }
-    // Other kinds are copied with --pass-through.
-    let text = format!(
-        "{deployment}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: limits}}\ndata: {{a: b}}\n"
-    );
-    let path = write_config(dir.path(), "mixed.yaml", &text);
-    let (ok, stdout, stderr) = inject(&["--pass-through", path.to_str().expect("utf-8")]);
+}
+
+#[test]
+fn other_kinds_are_copied_unchanged_unless_strict() {
+    // The golden case `other` (a ConfigMap, a Service, a CRD around a Deployment) shows
+    // them copied; stderr says so for each, as it says what became of each workload.
+    let input = input_path("other");
+    let (ok, stdout, stderr) = inject(&[&input]);
     assert!(ok, "{stderr}");
-    let documents = yaml_documents("mixed", &stdout);
-    assert_eq!(documents[1], yaml_documents("input", &text)[1]);
+    let documents = yaml_documents("other", &stdout);
+    let original = yaml_documents("other", &read_repo_file(&format!("{DATA}/other.in.yaml")));
+    for index in [0, 2, 3] {
+        assert_eq!(documents[index], original[index]);
+    }
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "document 1 (ConfigMap settings): skipped (no pod template), unchanged",
+            "document 2 (Deployment web): injected",
+            "document 3 (Service web): skipped (no pod template), unchanged",
+            "document 4 (CustomResourceDefinition widgets.example.com): skipped (no pod template), unchanged",
+        ]
+    );
+    // --pass-through, the old way to ask for it, is still accepted: the same output.
+    let (ok, passed, stderr) = inject(&["--pass-through", &input]);
+    assert!(ok, "{stderr}");
+    assert_eq!(passed, stdout);
+    // --strict refuses them, and writes nothing.
+    let (ok, stdout, stderr) = inject(&["--strict", &input]);
+    assert!(!ok && stdout.is_empty(), "{stdout}");
+    assert!(
+        stderr.contains("document 1 (ConfigMap settings): kind ConfigMap has no pod template"),
+        "{stderr}"
+    );
+    // Input that is not Kubernetes YAML stays an error either way.
+    let dir = TempDir::new("inject-other");
+    let path = write_config(dir.path(), "text.yaml", "just some text\n");
+    let (ok, _, stderr) = inject(&[path.to_str().expect("utf-8")]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("document 1: not a Kubernetes object"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -454,7 +606,7 @@ fn injector_manifests_pass_the_schema_and_agree_with_each_other() {
 fn envoy_reaches_the_injected_sidecar_through_the_shipped_configs() {
     // The injected sidecar listens for Envoy on --grpc-addr.
     let documents = yaml_documents("kinds", &injected("kinds", &[]));
-    let args = documents[0]["spec"]["template"]["spec"]["containers"][1]["args"]
+    let args = documents[0]["spec"]["template"]["spec"]["initContainers"][0]["args"]
         .as_array()
         .expect("args")
         .clone();

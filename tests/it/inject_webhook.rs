@@ -3,7 +3,9 @@
 //! with a test CA's certificate and with the one deploy/kubernetes/injector/webhook-certs.sh
 //! makes; its JSONPatch applied (as the API server does) and compared with `ratekeeper
 //! inject`'s output for the same pod, the patched pods checked by kubernetes-validate; the
-//! certificate reloaded when renewed; the metrics counting each answer.
+//! native sidecar added to initContainers (created, or inserted before Istio's), the plain
+//! one to containers; the certificate reloaded when renewed; the metrics counting each
+//! answer.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -367,6 +369,96 @@ fn the_webhook_injects_over_https_what_inject_writes_and_allows_every_other_pod(
     webhook.process.signal("-TERM");
     let status = eventually_some(START_TIMEOUT, || webhook.process.exited());
     assert!(status.is_some_and(|status| status.success()), "{status:?}");
+}
+
+#[test]
+fn the_webhook_adds_the_native_sidecar_to_init_containers_or_the_plain_one_to_containers() {
+    let dir = TempDir::new("webhook-native");
+    let ca = TestCa::new("webhook-native-ca");
+    let (cert, key) = ca.server(&[INJECTOR_NAME]).write(dir.path(), "tls");
+    let webhook = start_webhook(&cert, &key);
+    let ca_pem = ca.cert_pem();
+    // The patch the webhook answers for `pod`, applied; and the ops that touch containers.
+    let inject_pod = |name: &str, pod: &Value| -> (Value, Vec<Value>) {
+        let body = review(name, pod);
+        let answer = https(webhook.https, &ca_pem, INJECTOR_NAME, "/inject", &body, "")
+            .unwrap_or_else(|error| panic!("POST /inject: {error}"));
+        let ops = decode_patch(&response(&answer)).expect("a patch");
+        let mut patched = pod.clone();
+        apply_patch(&mut patched, &ops);
+        let file = write_config(dir.path(), &format!("{name}.json"), &pod.to_string());
+        let (ok, stdout, stderr) = inject(&[file.to_str().expect("utf-8")]);
+        assert!(ok, "{stderr}");
+        assert_eq!(
+            patched,
+            yaml_documents(name, &stdout)[0],
+            "{name}: not what inject writes"
+        );
+        let ops = ops.as_array().expect("ops").iter();
+        let touched = ops.filter(|op| {
+            op["path"]
+                .as_str()
+                .is_some_and(|path| path.contains("ontainers"))
+        });
+        (patched, touched.cloned().collect())
+    };
+    let enabled = json!({"ratekeeper.io/inject": "enabled"});
+    // No initContainers: the patch creates the list, with the native sidecar in it.
+    let (patched, ops) = inject_pod("created", &pod(enabled.clone()));
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert_eq!(ops[0]["op"], "add");
+    assert_eq!(ops[0]["path"], "/spec/initContainers");
+    assert_eq!(ops[0]["value"][0]["name"], "ratekeeper");
+    assert_eq!(ops[0]["value"][0]["restartPolicy"], "Always");
+    assert_eq!(
+        ops[0]["value"][0]["startupProbe"]["httpGet"]["path"],
+        "/healthcheck"
+    );
+    assert_eq!(
+        patched["spec"]["containers"].as_array().map(Vec::len),
+        Some(1)
+    );
+    // Init containers and Istio's native sidecar: inserted after the first, before the other.
+    let mut meshed = pod(enabled.clone());
+    meshed["spec"]["initContainers"] = json!([
+        {"name": "istio-init", "image": "istio/proxyv2:1.27.0"},
+        {"name": "istio-proxy", "image": "istio/proxyv2:1.27.0", "restartPolicy": "Always"},
+    ]);
+    let (patched, ops) = inject_pod("meshed", &meshed);
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert_eq!(
+        (&ops[0]["op"], &ops[0]["path"]),
+        (&json!("add"), &json!("/spec/initContainers/1"))
+    );
+    let names: Vec<&Value> = patched["spec"]["initContainers"]
+        .as_array()
+        .expect("initContainers")
+        .iter()
+        .map(|container| &container["name"])
+        .collect();
+    assert_eq!(
+        names,
+        [
+            &json!("istio-init"),
+            &json!("ratekeeper"),
+            &json!("istio-proxy")
+        ]
+    );
+    // Plain, by annotation: appended to containers, with its preStop pause.
+    let (patched, ops) = inject_pod(
+        "plain",
+        &pod(json!({"ratekeeper.io/inject": "enabled", "ratekeeper.io/native-sidecar": "false"})),
+    );
+    assert_eq!(ops.len(), 1, "{ops:?}");
+    assert_eq!(
+        (&ops[0]["op"], &ops[0]["path"]),
+        (&json!("add"), &json!("/spec/containers/-"))
+    );
+    assert_eq!(
+        ops[0]["value"]["lifecycle"]["preStop"]["sleep"]["seconds"],
+        5
+    );
+    assert!(patched["spec"].get("initContainers").is_none());
 }
 
 #[test]

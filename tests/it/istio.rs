@@ -321,10 +321,11 @@ fn patches_agree_with_the_sidecar_deployment_and_its_limits() {
         .find(|document| document["kind"] == "Deployment")
         .expect("a Deployment");
     let pod_labels = &deployment["spec"]["template"]["metadata"]["labels"];
-    let ratekeeper = deployment["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .expect("containers")
+    // A native sidecar (initContainers); or a plain one.
+    let spec = &deployment["spec"]["template"]["spec"];
+    let ratekeeper = ["initContainers", "containers"]
         .iter()
+        .flat_map(|list| spec[list].as_array().into_iter().flatten())
         .find(|container| container["name"] == "ratekeeper")
         .expect("the ratekeeper container");
     let grpc_addr = ratekeeper["args"]

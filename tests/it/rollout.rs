@@ -95,6 +95,11 @@ fn envoy_config(upstream: SocketAddr, slots: &[Slot]) -> String {
                           retry_policy:
                             retry_on: connect-failure,refused-stream
                             num_retries: 1
+                            retry_host_predicate:
+                              - name: envoy.retry_host_predicates.previous_hosts
+                                typed_config:
+                                  \"@type\": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
+                            host_selection_retry_max_attempts: 3
 "
             .to_owned(),
         ),
@@ -103,6 +108,11 @@ fn envoy_config(upstream: SocketAddr, slots: &[Slot]) -> String {
             "    - name: ratekeeper
       type: STATIC
       connect_timeout: 1s
+      # Every call may retry once at the same time (Envoy's default allows 3 retries in
+      # flight per cluster: a load meeting a dead endpoint overflows it).
+      circuit_breakers:
+        thresholds:
+          - { max_retries: 1000000 }
       health_checks:
         - timeout: 0.5s
           interval: 0.5s

@@ -44,8 +44,12 @@ pub struct InjectArgs {
     /// Remove the sidecar that `inject` added (and the peers Services it wrote).
     #[arg(long)]
     pub uninject: bool,
-    /// Copy objects without a pod template (Services, ConfigMaps, ...) unchanged instead of
-    /// refusing them.
+    /// Refuse objects without a pod template (Services, ConfigMaps, custom resources, ...)
+    /// instead of copying them unchanged.
+    #[arg(long, conflicts_with = "pass_through")]
+    pub strict: bool,
+    /// Copy objects without a pod template unchanged: the default now, accepted so that
+    /// older scripts keep working.
     #[arg(long)]
     pub pass_through: bool,
     #[command(flatten)]
@@ -66,7 +70,7 @@ impl InjectArgs {
             } else {
                 workload::Mode::Inject
             },
-            pass_through: self.pass_through,
+            strict: self.strict,
             settings: self.settings.clone(),
         };
         let rewritten = match workload::rewrite(&text, &options) {

@@ -4,7 +4,7 @@
 //! Invariants: applying [`diff`]`(before, after)` to `before` gives `after` (as JSON: map
 //! keys compare unordered). Keys are escaped as JSON pointers (`~` -> `~0`, `/` -> `~1`);
 //! a map or list that did not exist is added whole; items appended to a list are added at
-//! `-`; anything else that changed is replaced.
+//! `-`, items inserted into it at their index; anything else that changed is replaced.
 
 use serde::Serialize;
 
@@ -53,26 +53,44 @@ fn walk(path: String, before: &Node, after: &Node, ops: &mut Vec<Op>) {
                 }
             }
         }
-        (Node::Seq(old), Node::Seq(new))
-            if new.len() >= old.len() && new.iter().zip(old).all(|(a, b)| a == b) =>
-        {
-            for value in &new[old.len()..] {
-                ops.push(Op::Add {
-                    path: format!("{path}/-"),
-                    value: value.clone(),
-                });
+        (Node::Seq(old), Node::Seq(new)) => match inserted(old, new) {
+            Some(at) => {
+                let added = &new[at..at + new.len() - old.len()];
+                for (offset, value) in added.iter().enumerate() {
+                    // Appended: at `-`; inserted: at its index, in order.
+                    let index = if at == old.len() {
+                        "-".to_owned()
+                    } else {
+                        (at + offset).to_string()
+                    };
+                    ops.push(Op::Add {
+                        path: format!("{path}/{index}"),
+                        value: value.clone(),
+                    });
+                }
             }
-        }
-        (Node::Seq(old), Node::Seq(new)) if new.len() == old.len() => {
-            for (index, (a, b)) in old.iter().zip(new).enumerate() {
-                walk(format!("{path}/{index}"), a, b, ops);
+            None if new.len() == old.len() => {
+                for (index, (a, b)) in old.iter().zip(new).enumerate() {
+                    walk(format!("{path}/{index}"), a, b, ops);
+                }
             }
-        }
+            None => ops.push(Op::Replace {
+                path,
+                value: after.clone(),
+            }),
+        },
         _ => ops.push(Op::Replace {
             path,
             value: after.clone(),
         }),
     }
+}
+
+/// Where `new` is `old` with items inserted in one place: that index (`old.len()`: appended).
+fn inserted(old: &[Node], new: &[Node]) -> Option<usize> {
+    let added = new.len().checked_sub(old.len())?;
+    let at = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+    (old[at..] == new[at + added..]).then_some(at)
 }
 
 #[cfg(test)]
@@ -112,6 +130,29 @@ mod tests {
                 path: "/a/x~1y".to_owned(),
                 value: Node::str("1,2")
             }]
+        );
+    }
+
+    #[test]
+    fn items_inserted_into_a_list_are_added_at_their_index() {
+        let ops = |before: &str, after: &str| {
+            serde_json::to_value(diff(&node(before), &node(after))).expect("json")
+        };
+        assert_eq!(
+            ops(r#"{"l":["a","c"]}"#, r#"{"l":["a","b","x","c"]}"#),
+            serde_json::json!([
+                {"op": "add", "path": "/l/1", "value": "b"},
+                {"op": "add", "path": "/l/2", "value": "x"},
+            ])
+        );
+        assert_eq!(
+            ops(r#"{"l":["c"]}"#, r#"{"l":["b","c"]}"#),
+            serde_json::json!([{"op": "add", "path": "/l/0", "value": "b"}])
+        );
+        // Not one insertion: the list is replaced.
+        assert_eq!(
+            ops(r#"{"l":["a","c"]}"#, r#"{"l":["b","a","d"]}"#),
+            serde_json::json!([{"op": "replace", "path": "/l", "value": ["b", "a", "d"]}])
         );
     }
 }

@@ -225,6 +225,15 @@ mod tests {
             .expect("base64");
         let ops: Value = serde_json::from_slice(&patch).expect("json patch");
         assert!(ops.as_array().is_some_and(|ops| !ops.is_empty()), "{ops}");
+        // The native sidecar: the pod had no initContainers, the patch creates them.
+        let init = ops
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|op| op["path"] == "/spec/initContainers")
+            .expect("initContainers added");
+        assert_eq!(init["op"], "add");
+        assert_eq!(init["value"][0]["restartPolicy"], "Always");
         for body in [&b"{}"[..], br#"{"request": {"uid": 7}}"#, br#"[1, 2]"#] {
             let answer = decide(body, Scope::Namespace);
             assert_eq!(answer.decision, Decision::Malformed);

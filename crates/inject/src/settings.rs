@@ -5,7 +5,7 @@
 //! Invariant: every value is checked here, before anything is changed; an unknown
 //! `ratekeeper.io/` annotation is an error (a typo would otherwise be ignored silently).
 
-use clap::{Args, ValueEnum};
+use clap::{ArgAction, Args, ValueEnum};
 
 use super::node::{Map, Node};
 
@@ -26,10 +26,11 @@ pub const ADMIN_TOKEN_SECRET: &str = "ratekeeper.io/admin-token-secret";
 pub const RESOURCES: &str = "ratekeeper.io/resources";
 pub const HTTP_PORT: &str = "ratekeeper.io/http-port";
 pub const ISTIO: &str = "ratekeeper.io/istio";
+pub const NATIVE_SIDECAR: &str = "ratekeeper.io/native-sidecar";
 
 /// Every annotation ratekeeper reads, with the flag that sets its default (docs/injection.md
 /// "Injecting the sidecar", prints this table).
-pub const ANNOTATIONS: [(&str, &str); 12] = [
+pub const ANNOTATIONS: [(&str, &str); 13] = [
     (INJECT, "-"),
     (STATUS, "-"),
     (IMAGE, "--image"),
@@ -42,6 +43,7 @@ pub const ANNOTATIONS: [(&str, &str); 12] = [
     (RESOURCES, "--resources"),
     (HTTP_PORT, "--http-port"),
     (ISTIO, "--istio"),
+    (NATIVE_SIDECAR, "--native-sidecar"),
 ];
 
 /// The image injected unless `--image` or the annotation say otherwise: the one the
@@ -127,6 +129,19 @@ pub struct SettingsArgs {
     /// [annotation ratekeeper.io/istio].
     #[arg(long, env = "RATEKEEPER_INJECT_ISTIO", value_enum, default_value_t = Istio::Auto)]
     pub istio: Istio,
+    /// A Kubernetes native sidecar (in initContainers, `restartPolicy: Always`): started
+    /// before the app's containers and Envoy, stopped after them; `false`: a plain container
+    /// in containers [annotation ratekeeper.io/native-sidecar: "true" or "false"].
+    #[arg(
+        long,
+        env = "RATEKEEPER_INJECT_NATIVE_SIDECAR",
+        default_value_t = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = ArgAction::Set
+    )]
+    pub native_sidecar: bool,
 }
 
 impl Default for SettingsArgs {
@@ -142,6 +157,7 @@ impl Default for SettingsArgs {
             resources: DEFAULT_RESOURCES.to_owned(),
             http_port: 8080,
             istio: Istio::Auto,
+            native_sidecar: true,
         }
     }
 }
@@ -159,6 +175,7 @@ pub struct Settings {
     pub resources: Node,
     pub http_port: u16,
     pub istio: Istio,
+    pub native_sidecar: bool,
 }
 
 impl SettingsArgs {
@@ -204,6 +221,7 @@ impl SettingsArgs {
             resources: Node::Null,
             http_port: self.http_port,
             istio: self.istio,
+            native_sidecar: self.native_sidecar,
         }
     }
 }
@@ -288,6 +306,7 @@ impl Settings {
             IMAGE => self.image = text.to_owned(),
             LIMITS_CONFIGMAP => self.limits_configmap = text.to_owned(),
             CLUSTER => self.cluster = boolean(name, text)?,
+            NATIVE_SIDECAR => self.native_sidecar = boolean(name, text)?,
             PEERS_SERVICE => self.peers_service = text.to_owned(),
             PEER_TLS_SECRET => self.peer_tls_secret = text.to_owned(),
             PEER_TLS_NAME => self.peer_tls_name = text.to_owned(),

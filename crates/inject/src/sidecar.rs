@@ -1,13 +1,17 @@
 //! The sidecar itself, on one pod (a workload's pod template, or a Pod): the container,
 //! volumes and annotations injection adds, as deploy/kubernetes/deployment.yaml writes them
-//! by hand, and their removal.
+//! by hand, and their removal. The container is a native sidecar (in `initContainers`, with
+//! `restartPolicy: Always` and a startup probe) unless the settings ask for a plain one (in
+//! `containers`, with a `preStop` pause).
 //!
 //! Invariants:
 //! - A pod is changed only after every check passed (decide all, then change all).
 //! - Additions go at the end of the lists and maps they join (a missing `metadata` goes
-//!   first in the template), and the `ratekeeper.io/status` annotation records every one,
-//!   with the earlier value of each annotation it changed: [`uninject`] removes exactly
-//!   those, so the pod is as it was, field order included.
+//!   first in the template), but for the native sidecar, which goes before Istio's own
+//!   native sidecar when the pod has one (`native_index`). The `ratekeeper.io/status`
+//!   annotation records every addition, with the earlier value of each annotation it
+//!   changed: [`uninject`] removes exactly those, so the pod is as it was, field order
+//!   included.
 //! - A pod that has the status annotation, or a container named `ratekeeper` (the
 //!   hand-written sidecar), is left alone: injecting twice changes nothing.
 
@@ -30,6 +34,8 @@ const IMAGE_USER: i64 = 65532;
 /// Istio's annotations for ports its sidecar must not capture.
 pub const ISTIO_EXCLUDE_INBOUND: &str = "traffic.sidecar.istio.io/excludeInboundPorts";
 pub const ISTIO_EXCLUDE_OUTBOUND: &str = "traffic.sidecar.istio.io/excludeOutboundPorts";
+/// Istio's sidecar container (a native sidecar too when Istio injects it as one).
+const ISTIO_PROXY: &str = "istio-proxy";
 
 /// What became of one pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,14 +47,24 @@ pub enum Outcome {
     OptedOut,
 }
 
-/// The `ratekeeper.io/status` annotation: what injection added.
+/// The `ratekeeper.io/status` annotation: what injection added. The status of earlier
+/// versions (a plain container only: no `initContainers`) reads the same.
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 struct Status {
+    /// Added to `spec.containers` (the plain sidecar).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     containers: Vec<String>,
+    /// Added to `spec.initContainers` (the native sidecar).
+    #[serde(
+        default,
+        rename = "initContainers",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    init_containers: Vec<String>,
     volumes: Vec<String>,
-    /// Fields that did not exist (`metadata`, `annotations`, `volumes`), or were null
-    /// (`annotations=null`), before.
+    /// Fields that did not exist (`metadata`, `annotations`, `initContainers`, `volumes`),
+    /// or were null (`annotations=null`), before.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     created: Vec<String>,
     /// Annotations changed: their earlier value (`None`: there was none).
@@ -66,13 +82,18 @@ pub fn is_injected(pod: &Node) -> bool {
     if annotations(pod).is_some_and(|annotations| annotations.contains_key(STATUS)) {
         return true;
     }
+    has_container(pod, CONTAINER)
+}
+
+/// Whether a container or init container of the pod is named `name`.
+fn has_container(pod: &Node, name: &str) -> bool {
     ["containers", "initContainers"].iter().any(|list| {
         pod.at(&["spec", list])
             .and_then(Node::as_seq)
             .is_some_and(|containers| {
                 containers
                     .iter()
-                    .any(|container| container.str_at(&["name"]) == Some(CONTAINER))
+                    .any(|container| container.str_at(&["name"]) == Some(name))
             })
     })
 }
@@ -104,10 +125,7 @@ pub fn inject(pod: &mut Node, flags: &SettingsArgs) -> Result<(Outcome, Settings
     let Some(map) = pod.as_map_mut() else {
         return Err(format!("expected a map, found {}", pod.kind()));
     };
-    let mut status = Status {
-        containers: vec![CONTAINER.to_owned()],
-        ..Status::default()
-    };
+    let mut status = Status::default();
     // The spec: checked above to be a map with a list of containers.
     if let Some(Node::Map(spec)) = map.get_mut("spec") {
         add_to_spec(spec, &settings, &mut status);
@@ -124,24 +142,59 @@ pub fn inject(pod: &mut Node, flags: &SettingsArgs) -> Result<(Outcome, Settings
 
 /// Adds the container and its volumes to the pod's `spec`, noting them in `status`.
 fn add_to_spec(spec: &mut Map, settings: &Settings, status: &mut Status) {
-    if let Some(Node::Seq(containers)) = spec.get_mut("containers") {
-        containers.push(container(settings));
+    let container = vec![container(settings)];
+    if settings.native_sidecar {
+        let index = spec
+            .get("initContainers")
+            .and_then(Node::as_seq)
+            .and_then(|init| native_index(init));
+        add_to_list(spec, "initContainers", container, index, status);
+        status.init_containers.push(CONTAINER.to_owned());
+    } else {
+        add_to_list(spec, "containers", container, None, status);
+        status.containers.push(CONTAINER.to_owned());
     }
     let volumes = volumes(settings);
     status.volumes = volumes
         .iter()
         .filter_map(|volume| volume.str_at(&["name"]).map(str::to_owned))
         .collect();
-    match spec.get_mut("volumes") {
-        Some(Node::Seq(existing)) => existing.extend(volumes),
+    add_to_list(spec, "volumes", volumes, None, status);
+}
+
+/// Where the native sidecar goes in `initContainers`: before Istio's native sidecar, as
+/// its Envoy asks ratekeeper (native sidecars start in order and stop in reverse order, so
+/// ratekeeper serves before it starts and until it has stopped); `None`: last, after the
+/// init containers that run to completion.
+fn native_index(init_containers: &[Node]) -> Option<usize> {
+    init_containers.iter().position(|container| {
+        container.str_at(&["name"]) == Some(ISTIO_PROXY)
+            && container.str_at(&["restartPolicy"]) == Some("Always")
+    })
+}
+
+/// Inserts `items` into the list `key` of `spec` at `index` (`None`: at the end), creating
+/// the list where it is missing or null (checked: nothing else), as `status` notes.
+fn add_to_list(
+    spec: &mut Map,
+    key: &str,
+    items: Vec<Node>,
+    index: Option<usize>,
+    status: &mut Status,
+) {
+    match spec.get_mut(key) {
+        Some(Node::Seq(existing)) => {
+            let at = index.unwrap_or(existing.len()).min(existing.len());
+            existing.splice(at..at, items);
+        }
         Some(slot) => {
-            // null: `volumes:` with nothing under it.
-            *slot = Node::Seq(volumes);
-            status.created.push("volumes=null".to_owned());
+            // null: `volumes:` (or `initContainers:`) with nothing under it.
+            *slot = Node::Seq(items);
+            status.created.push(format!("{key}=null"));
         }
         None => {
-            spec.insert("volumes", Node::Seq(volumes));
-            status.created.push("volumes".to_owned());
+            spec.insert(key, Node::Seq(items));
+            status.created.push(key.to_owned());
         }
     }
 }
@@ -216,22 +269,14 @@ pub fn uninject(pod: &mut Node) -> Result<bool, String> {
         return Ok(false);
     };
     if let Some(Node::Map(spec)) = map.get_mut("spec") {
-        if let Some(Node::Seq(containers)) = spec.get_mut("containers") {
-            containers.retain(|container| {
-                !container
-                    .str_at(&["name"])
-                    .is_some_and(|name| status.containers.iter().any(|added| added == name))
-            });
-        }
-        if let Some(Node::Seq(volumes)) = spec.get_mut("volumes") {
-            volumes.retain(|volume| {
-                !volume
-                    .str_at(&["name"])
-                    .is_some_and(|name| status.volumes.iter().any(|added| added == name))
-            });
-            let empty = volumes.is_empty();
-            restore_created(spec, "volumes", &status.created, empty);
-        }
+        remove_named(spec, "containers", &status.containers, &status.created);
+        remove_named(
+            spec,
+            "initContainers",
+            &status.init_containers,
+            &status.created,
+        );
+        remove_named(spec, "volumes", &status.volumes, &status.created);
     }
     if let Some(Node::Map(metadata)) = map.get_mut("metadata") {
         if let Some(Node::Map(annotations)) = metadata.get_mut("annotations") {
@@ -255,6 +300,21 @@ pub fn uninject(pod: &mut Node) -> Result<bool, String> {
     Ok(true)
 }
 
+/// Removes the items named one of `names` from the list `key` of `map`, then the list itself
+/// if injection created it (`created`) and it is empty again.
+fn remove_named(map: &mut Map, key: &str, names: &[String], created: &[String]) {
+    let Some(Node::Seq(items)) = map.get_mut(key) else {
+        return;
+    };
+    items.retain(|item| {
+        !item
+            .str_at(&["name"])
+            .is_some_and(|name| names.iter().any(|added| added == name))
+    });
+    let empty = items.is_empty();
+    restore_created(map, key, created, empty);
+}
+
 /// Takes `key` of `map` back to what it was before injection created it (absent or null),
 /// when it is empty again.
 fn restore_created(map: &mut Map, key: &str, created: &[String], empty: bool) {
@@ -273,15 +333,7 @@ fn wants_istio(pod: &Node) -> bool {
     let marked = ["annotations", "labels"]
         .iter()
         .any(|field| pod.str_at(&["metadata", field, "sidecar.istio.io/inject"]) == Some("true"));
-    let has_proxy = pod
-        .at(&["spec", "containers"])
-        .and_then(Node::as_seq)
-        .is_some_and(|containers| {
-            containers
-                .iter()
-                .any(|container| container.str_at(&["name"]) == Some("istio-proxy"))
-        });
-    marked || has_proxy
+    marked || has_container(pod, ISTIO_PROXY)
 }
 
 /// Everything that would make the injected pod invalid or broken: refused before any change.
@@ -294,6 +346,7 @@ fn check(pod: &Node, settings: &Settings) -> Result<(), String> {
         );
     }
     check_volumes(spec)?;
+    optional_list(spec, "initContainers")?;
     check_ports(spec, settings)
 }
 
@@ -345,18 +398,22 @@ fn check_metadata(pod: &Node) -> Result<(), String> {
     Ok(())
 }
 
+/// The items of list `key` of `spec`: none when it is absent or null, an error when it is
+/// not a list.
+fn optional_list<'a>(spec: &'a Node, key: &str) -> Result<&'a [Node], String> {
+    match spec.get(key) {
+        None | Some(Node::Null) => Ok(&[]),
+        Some(Node::Seq(items)) => Ok(items),
+        Some(other) => Err(format!(
+            "spec.{key}: expected a list, found {}",
+            other.kind()
+        )),
+    }
+}
+
 /// `spec.volumes` (if any) is a list, with no volume named like one of the sidecar's.
 fn check_volumes(spec: &Node) -> Result<(), String> {
-    let volumes = match spec.get("volumes") {
-        None | Some(Node::Null) => &[][..],
-        Some(Node::Seq(volumes)) => volumes.as_slice(),
-        Some(other) => {
-            return Err(format!(
-                "spec.volumes: expected a list, found {}",
-                other.kind()
-            ));
-        }
-    };
+    let volumes = optional_list(spec, "volumes")?;
     let ours = [LIMITS_VOLUME, PEER_TLS_VOLUME, ADMIN_TOKEN_VOLUME];
     for volume in volumes {
         if let Some(name) = volume.str_at(&["name"])
@@ -470,6 +527,9 @@ pub fn args(settings: &Settings) -> Vec<String> {
         ]);
     }
     args.extend([
+        // No delay on SIGTERM: a native sidecar gets it once Envoy has exited, and the
+        // plain container keeps its preStop pause (one or the other, never both).
+        "--shutdown-delay=0s".to_owned(),
         "--shutdown-grace=15s".to_owned(),
         "--max-keys=1000000".to_owned(),
         "--log-format=json".to_owned(),
@@ -477,43 +537,44 @@ pub fn args(settings: &Settings) -> Vec<String> {
     args
 }
 
-/// The sidecar container.
+/// The sidecar container: native (`restartPolicy: Always`, for `initContainers`, with a
+/// startup probe) or plain (for `containers`, with a `preStop` pause).
 pub fn container(settings: &Settings) -> Node {
+    let native = settings.native_sidecar;
     let mut container = Map::new();
     container.insert("name", Node::str(CONTAINER));
     container.insert("image", Node::str(&settings.image));
     container.insert("imagePullPolicy", Node::str("IfNotPresent"));
+    if native {
+        // An init container that keeps running: a native sidecar.
+        container.insert("restartPolicy", Node::str("Always"));
+    }
     container.insert("args", string_list(&args(settings)));
     let mut ports = vec![port("rk-http", settings.http_port)];
     if settings.cluster {
-        container.insert(
-            "env",
-            Node::Seq(vec![Node::map([
-                ("name", Node::str("POD_IP")),
-                (
-                    "valueFrom",
-                    Node::map([(
-                        "fieldRef",
-                        Node::map([("fieldPath", Node::str("status.podIP"))]),
-                    )]),
-                ),
-            ])]),
-        );
+        container.insert("env", pod_ip_env());
         ports.push(port("rk-peer", PEER_PORT));
     }
     if settings.admin_token_secret.is_some() {
         ports.push(port("rk-admin", ADMIN_PORT));
     }
     container.insert("ports", Node::Seq(ports));
+    if native {
+        // The next containers (Envoy's, the app's) start once this one serves.
+        container.insert("startupProbe", probe(1, Some(30)));
+    }
     container.insert("readinessProbe", probe(5, None));
     container.insert("livenessProbe", probe(10, Some(6)));
-    container.insert(
-        "lifecycle",
-        Node::map([(
-            "preStop",
-            Node::map([("sleep", Node::map([("seconds", Node::Int(5))]))]),
-        )]),
-    );
+    if !native {
+        // Stay up as long as Envoy does (same pause); a native sidecar stops after it.
+        container.insert(
+            "lifecycle",
+            Node::map([(
+                "preStop",
+                Node::map([("sleep", Node::map([("seconds", Node::Int(5))]))]),
+            )]),
+        );
+    }
     container.insert("resources", settings.resources.clone());
     let mut mounts = vec![mount(LIMITS_VOLUME, LIMITS_DIR)];
     if settings.cluster {
@@ -523,21 +584,37 @@ pub fn container(settings: &Settings) -> Node {
         mounts.push(mount(ADMIN_TOKEN_VOLUME, ADMIN_TOKEN_DIR));
     }
     container.insert("volumeMounts", Node::Seq(mounts));
-    container.insert(
-        "securityContext",
-        Node::map([
-            ("allowPrivilegeEscalation", Node::Bool(false)),
-            ("readOnlyRootFilesystem", Node::Bool(true)),
-            ("runAsNonRoot", Node::Bool(true)),
-            ("runAsUser", Node::Int(IMAGE_USER)),
-            ("runAsGroup", Node::Int(IMAGE_USER)),
-            (
-                "capabilities",
-                Node::map([("drop", Node::Seq(vec![Node::str("ALL")]))]),
-            ),
-        ]),
-    );
+    container.insert("securityContext", security_context());
     Node::Map(container)
+}
+
+/// `POD_IP` from the downward API (cluster mode's `--advertise`).
+fn pod_ip_env() -> Node {
+    Node::Seq(vec![Node::map([
+        ("name", Node::str("POD_IP")),
+        (
+            "valueFrom",
+            Node::map([(
+                "fieldRef",
+                Node::map([("fieldPath", Node::str("status.podIP"))]),
+            )]),
+        ),
+    ])])
+}
+
+/// Locked down: the image's user, a read-only root, no privileges.
+fn security_context() -> Node {
+    Node::map([
+        ("allowPrivilegeEscalation", Node::Bool(false)),
+        ("readOnlyRootFilesystem", Node::Bool(true)),
+        ("runAsNonRoot", Node::Bool(true)),
+        ("runAsUser", Node::Int(IMAGE_USER)),
+        ("runAsGroup", Node::Int(IMAGE_USER)),
+        (
+            "capabilities",
+            Node::map([("drop", Node::Seq(vec![Node::str("ALL")]))]),
+        ),
+    ])
 }
 
 /// The pod volumes the sidecar mounts.
@@ -581,6 +658,9 @@ mod tests {
             "metadata:\n  labels: {a: b}\nspec:\n  containers: [{name: app}]\n  volumes: []\n",
             "metadata:\n  annotations:\n    x: z\n    traffic.sidecar.istio.io/excludeInboundPorts: '9000'\n    ratekeeper.io/cluster: 'true'\n    ratekeeper.io/istio: 'true'\nspec:\n  containers: [{name: app}]\n  volumes:\n",
             "metadata:\n  annotations:\nspec: {containers: [{name: app}]}\n",
+            "spec:\n  initContainers:\n  containers: [{name: app}]\n",
+            "spec:\n  initContainers: [{name: migrate}, {name: istio-proxy, restartPolicy: Always}]\n  containers: [{name: app}]\n",
+            "metadata:\n  annotations: {ratekeeper.io/native-sidecar: 'false'}\nspec:\n  initContainers: []\n  containers: [{name: app}]\n",
         ];
         for text in cases {
             let original = pod(text);
@@ -598,6 +678,99 @@ mod tests {
         }
     }
 
+    /// The names of the pod's `list` (containers or initContainers).
+    fn names(pod: &Node, list: &str) -> Vec<String> {
+        pod.at(&["spec", list])
+            .and_then(Node::as_seq)
+            .into_iter()
+            .flatten()
+            .filter_map(|container| container.str_at(&["name"]).map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn the_native_sidecar_starts_after_init_containers_and_before_istios_sidecar() {
+        let injected = |text: &str, flags: &SettingsArgs| {
+            let mut pod = pod(text);
+            inject(&mut pod, flags).expect("injected");
+            pod
+        };
+        let native = SettingsArgs::default();
+        let pod = injected(
+            "spec: {initContainers: [{name: migrate}], containers: [{name: app}]}",
+            &native,
+        );
+        assert_eq!(names(&pod, "initContainers"), ["migrate", "ratekeeper"]);
+        assert_eq!(names(&pod, "containers"), ["app"]);
+        let sidecar = &pod
+            .at(&["spec", "initContainers"])
+            .and_then(Node::as_seq)
+            .expect("init")[1];
+        assert_eq!(sidecar.str_at(&["restartPolicy"]), Some("Always"));
+        assert_eq!(
+            sidecar.str_at(&["startupProbe", "httpGet", "path"]),
+            Some("/healthcheck")
+        );
+        assert!(sidecar.get("lifecycle").is_none(), "no preStop pause");
+        // Istio's native sidecar (Envoy) asks ratekeeper: ratekeeper starts before it and
+        // stops after it. Istio's plain sidecar is not a native one to order against.
+        let istio = "spec:\n  initContainers: [{name: istio-init}, {name: istio-proxy, restartPolicy: Always}, {name: migrate}]\n  containers: [{name: app}]\n";
+        assert_eq!(
+            names(&injected(istio, &native), "initContainers"),
+            ["istio-init", "ratekeeper", "istio-proxy", "migrate"]
+        );
+        let plain_istio = "spec: {initContainers: [{name: istio-init}], containers: [{name: app}, {name: istio-proxy}]}";
+        assert_eq!(
+            names(&injected(plain_istio, &native), "initContainers"),
+            ["istio-init", "ratekeeper"]
+        );
+        // Plain: by flag, or by annotation; and the annotation turns it back on.
+        let plain = SettingsArgs {
+            native_sidecar: false,
+            ..SettingsArgs::default()
+        };
+        let pod = injected("spec: {containers: [{name: app}]}", &plain);
+        assert_eq!(names(&pod, "containers"), ["app", "ratekeeper"]);
+        assert!(pod.at(&["spec", "initContainers"]).is_none());
+        let sidecar = &pod
+            .at(&["spec", "containers"])
+            .and_then(Node::as_seq)
+            .expect("containers")[1];
+        assert!(sidecar.get("restartPolicy").is_none() && sidecar.get("startupProbe").is_none());
+        assert!(sidecar.at(&["lifecycle", "preStop", "sleep"]).is_some());
+        let annotated = |value: &str| {
+            format!(
+                "metadata: {{annotations: {{ratekeeper.io/native-sidecar: '{value}'}}}}\nspec: {{containers: [{{name: app}}]}}"
+            )
+        };
+        let pod = injected(&annotated("false"), &native);
+        assert_eq!(names(&pod, "containers"), ["app", "ratekeeper"]);
+        let pod = injected(&annotated("true"), &plain);
+        assert_eq!(names(&pod, "initContainers"), ["ratekeeper"]);
+    }
+
+    #[test]
+    fn a_status_written_by_an_earlier_version_still_uninjects() {
+        // Earlier versions added the plain container only, and wrote this status: the plain
+        // container's status is still the same, and it still takes the sidecar away.
+        let original =
+            pod("metadata:\n  annotations: {a: b}\nspec:\n  containers:\n  - name: app\n");
+        let mut injected = original.clone();
+        let plain = SettingsArgs {
+            native_sidecar: false,
+            ..SettingsArgs::default()
+        };
+        inject(&mut injected, &plain).expect("injected");
+        assert_eq!(
+            super::annotations(&injected).and_then(|map| map.get(super::STATUS)),
+            Some(&Node::str(
+                r#"{"containers":["ratekeeper"],"volumes":["ratekeeper-limits"],"created":["volumes"]}"#
+            ))
+        );
+        assert!(uninject(&mut injected).expect("uninjected"));
+        assert_eq!(injected, original);
+    }
+
     #[test]
     fn a_pod_that_cannot_take_the_sidecar_is_refused_unchanged() {
         for (text, expected) in [
@@ -611,6 +784,10 @@ mod tests {
             (
                 "spec: {containers: [], volumes: [{name: ratekeeper-limits}]}",
                 "already named",
+            ),
+            (
+                "spec: {containers: [], initContainers: {}}",
+                "spec.initContainers: expected a list",
             ),
         ] {
             let original = pod(text);

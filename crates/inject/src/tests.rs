@@ -48,6 +48,10 @@ fn pod() -> impl Strategy<Value = Node> {
             "traffic.sidecar.istio.io/excludeOutboundPorts".to_owned(),
             Node::str("8091")
         )),
+        Just((
+            "ratekeeper.io/native-sidecar".to_owned(),
+            Node::str("false")
+        )),
         ("[a-z]{1,5}/[a-z]{1,5}", "[a-z0-9]{0,5}").prop_map(|(k, v)| (k, Node::String(v))),
     ];
     let annotations = prop_oneof![
@@ -67,6 +71,19 @@ fn pod() -> impl Strategy<Value = Node> {
         }
         Node::Map(container)
     });
+    // Init containers: run to completion, or native sidecars (Istio's among them).
+    let init_container = prop_oneof![
+        container.clone(),
+        Just(Node::map([
+            ("name", Node::str("istio-proxy")),
+            ("restartPolicy", Node::str("Always")),
+        ])),
+    ];
+    let init_containers = prop_oneof![
+        Just(None),
+        Just(Some(Node::Null)),
+        prop::collection::vec(init_container, 0..3).prop_map(|items| Some(Node::Seq(items))),
+    ];
     let volumes = prop_oneof![
         Just(None),
         Just(Some(Node::Null)),
@@ -82,31 +99,36 @@ fn pod() -> impl Strategy<Value = Node> {
     (
         any::<bool>(),
         annotations,
-        prop::collection::vec(container, 0..3),
+        (prop::collection::vec(container, 0..3), init_containers),
         volumes,
         prop::collection::vec(("[a-z]{1,6}", value()), 0..3),
     )
-        .prop_map(|(with_metadata, annotations, containers, volumes, extra)| {
-            let mut pod = Map::new();
-            for (key, value) in extra {
-                pod.insert(&key, value);
-            }
-            if with_metadata || annotations.is_some() {
-                let mut metadata = Map::new();
-                metadata.insert("name", Node::str("p"));
-                if let Some(annotations) = annotations {
-                    metadata.insert("annotations", annotations);
+        .prop_map(
+            |(with_metadata, annotations, (containers, init), volumes, extra)| {
+                let mut pod = Map::new();
+                for (key, value) in extra {
+                    pod.insert(&key, value);
                 }
-                pod.insert("metadata", Node::Map(metadata));
-            }
-            let mut spec = Map::new();
-            spec.insert("containers", Node::Seq(containers));
-            if let Some(volumes) = volumes {
-                spec.insert("volumes", volumes);
-            }
-            pod.insert("spec", Node::Map(spec));
-            Node::Map(pod)
-        })
+                if with_metadata || annotations.is_some() {
+                    let mut metadata = Map::new();
+                    metadata.insert("name", Node::str("p"));
+                    if let Some(annotations) = annotations {
+                        metadata.insert("annotations", annotations);
+                    }
+                    pod.insert("metadata", Node::Map(metadata));
+                }
+                let mut spec = Map::new();
+                if let Some(init) = init {
+                    spec.insert("initContainers", init);
+                }
+                spec.insert("containers", Node::Seq(containers));
+                if let Some(volumes) = volumes {
+                    spec.insert("volumes", volumes);
+                }
+                pod.insert("spec", Node::Map(spec));
+                Node::Map(pod)
+            },
+        )
 }
 
 /// RFC 6902, as the API server applies the webhook's patch.
@@ -136,6 +158,9 @@ fn apply(document: &mut Node, ops: &[Op]) {
                 map.remove(&last).expect("removed");
             }
             (Node::Seq(items), Some(value)) if last == "-" => items.push(value),
+            (Node::Seq(items), Some(value)) if matches!(op, Op::Add { .. }) => {
+                items.insert(last.parse().expect("an index"), value);
+            }
             (Node::Seq(items), Some(value)) => items[last.parse::<usize>().expect("index")] = value,
             (Node::Seq(items), None) => {
                 items.remove(last.parse().expect("an index"));
@@ -177,7 +202,7 @@ proptest! {
 
     #[test]
     fn no_input_makes_inject_or_the_webhook_panic(bytes in prop::collection::vec(any::<u8>(), 0..256), text in "[-a-z:{}\\[\\] \n,'\"]{0,200}") {
-        let options = Options { mode: Mode::Inject, pass_through: true, settings: SettingsArgs::default() };
+        let options = Options { mode: Mode::Inject, strict: false, settings: SettingsArgs::default() };
         let _ = rewrite(&text, &options);
         let _ = rewrite(&String::from_utf8_lossy(&bytes), &options);
         for scope in [Scope::Annotated, Scope::Namespace] {

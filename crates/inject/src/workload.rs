@@ -1,6 +1,7 @@
 //! `ratekeeper inject`'s input and output: a stream of Kubernetes YAML documents, each
 //! workload's pod template found by its kind, the sidecar added to (or removed from) it, and
-//! the peers' headless Service written after each workload in cluster mode.
+//! the peers' headless Service written after each workload in cluster mode. Other kinds
+//! (Services, ConfigMaps, custom resources) are copied unchanged, or refused when strict.
 //!
 //! Invariants:
 //! - All or nothing: the whole output is built in memory; any error (naming the document by
@@ -33,8 +34,8 @@ pub enum Mode {
 #[derive(Clone, Debug)]
 pub struct Options {
     pub mode: Mode,
-    /// Copy kinds without a pod template unchanged (else they are an error).
-    pub pass_through: bool,
+    /// Refuse kinds without a pod template (else they are copied unchanged).
+    pub strict: bool,
     pub settings: SettingsArgs,
 }
 
@@ -201,9 +202,9 @@ impl Run<'_> {
             None
         } else if let Some(path) = template_path(&kind) {
             self.workload(&place, &mut node, path)?
-        } else if self.options.pass_through {
+        } else if !self.options.strict {
             self.report
-                .push(format!("{place}: no pod template, copied"));
+                .push(format!("{place}: skipped (no pod template), unchanged"));
             None
         } else {
             return Err(problem(
@@ -211,7 +212,7 @@ impl Run<'_> {
                 format!(
                     "kind {kind} has no pod template (expected Deployment, StatefulSet, \
                  DaemonSet, ReplicaSet, ReplicationController, Job, CronJob, Pod or List; \
-                 --pass-through copies other kinds unchanged)"
+                 without --strict other kinds are copied unchanged)"
                 ),
             ));
         };
@@ -466,7 +467,7 @@ mod tests {
     fn options(mode: Mode) -> Options {
         Options {
             mode,
-            pass_through: false,
+            strict: true,
             settings: SettingsArgs::default(),
         }
     }

@@ -387,19 +387,27 @@ impl Lcg {
 fn retry_after_is_exactly_when_the_request_would_pass() {
     let mut random = Lcg(7);
     for algorithm in Algorithm::ALL {
-        for unit in [Unit::Second, Unit::Minute] {
+        // A multiplier of 7 (`unit_multiplier`): 7-second and 7-minute windows.
+        for (unit, multiplier) in [
+            (Unit::Second, 1),
+            (Unit::Minute, 1),
+            (Unit::Second, 7),
+            (Unit::Minute, 7),
+        ] {
             for round in 0..300 {
                 let limit = rate(
                     algorithm,
                     1 + random.next(20) as u32,
                     unit,
                     Some(1 + random.next(20) as u32),
-                );
-                let mut now = THURSDAY + random.next(unit.nanos());
+                )
+                .every(multiplier)
+                .expect("a window");
+                let mut now = THURSDAY + random.next(limit.window_nanos());
                 let mut state = init(&limit, now);
                 // Drive the state somewhere interesting.
                 for _ in 0..random.next(40) {
-                    now += random.next(unit.nanos() / 8);
+                    now += random.next(limit.window_nanos() / 8);
                     decide(&limit, &mut state, now, 1 + random.next(3));
                 }
                 let cost = 1 + random.next(4);
