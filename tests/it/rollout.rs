@@ -414,3 +414,29 @@ fn scaling_out_and_in_under_load_through_envoy_fails_no_call_and_keeps_the_limit
     // Four membership changes, each moving the key's counter at most once.
     assert_load("scaling out and in", outcome, 4);
 }
+
+/// One ratekeeper as the only endpoint of one Envoy (a sidecar, or a plain container that
+/// gets SIGTERM while Envoy still runs): on SIGTERM it reports not ready, and Envoy, with
+/// no other endpoint, keeps asking it (its panic mode); every call is still answered while
+/// the shutdown delay lasts.
+#[test]
+fn a_lone_ratekeeper_keeps_answering_envoy_through_its_shutdown_delay() {
+    let mut stack = Stack::start("lone", 1, 1);
+    let load = Load::start(stack.listener, 4);
+    std::thread::sleep(Duration::from_secs(1));
+    let signalled = std::time::Instant::now();
+    if let Some(node) = stack.nodes[0].as_mut() {
+        node.process().signal("-TERM");
+    }
+    // Well inside the 2 s delay.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (admitted, sent, unexpected) = load.stop();
+    assert!(
+        signalled.elapsed() < Duration::from_secs(2),
+        "the load stopped within the delay"
+    );
+    stack.assert_no_failed_call("a lone ratekeeper stopping");
+    assert!(unexpected.is_empty(), "unexpected answers: {unexpected:?}");
+    assert!(sent > 100, "a steady load: {sent} requests");
+    assert!(admitted <= LIMIT, "{admitted} admitted, limit {LIMIT}");
+}
