@@ -377,6 +377,53 @@ async fn limits_from_the_xds_server_are_enforced_acked_and_updated() {
     ratekeeper.until_limit(None).await;
 }
 
+/// Every unit of the reference's proto arrives over xDS and is enforced with its unit:
+/// Envoy Gateway's weekly (7), monthly (5) and yearly (6) policies included, each ACKed.
+#[tokio::test]
+async fn every_unit_is_accepted_over_xds_weeks_months_and_years_included() {
+    let xds = XdsServer::start().await;
+    let mut ratekeeper = start_ratekeeper(&xds).await;
+    let units = [
+        RateLimitUnit::Second,
+        RateLimitUnit::Minute,
+        RateLimitUnit::Hour,
+        RateLimitUnit::Day,
+        RateLimitUnit::Week,
+        RateLimitUnit::Month,
+        RateLimitUnit::Year,
+    ];
+    for (index, unit) in units.into_iter().enumerate() {
+        let version = format!("{}", index + 1);
+        let limit = 10 + index as u32;
+        xds.publish(&version, &[config("users", limit, unit)]);
+        let answer = xds.answer_to(&version).await;
+        assert!(answer.error_detail.is_none(), "{unit:?} NACKed: {answer:?}");
+        ratekeeper.until_limit(Some(limit)).await;
+        let request = RateLimitRequest {
+            domain: "xds".to_owned(),
+            descriptors: vec![RequestDescriptor {
+                entries: vec![Entry {
+                    key: "user".to_owned(),
+                    value: format!("unit-{index}"),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        let response = ratekeeper
+            .client
+            .should_rate_limit(request)
+            .await
+            .expect("answers")
+            .into_inner();
+        let current = response.statuses[0]
+            .current_limit
+            .as_ref()
+            .expect("a limit");
+        assert_eq!(current.unit, i32::from(unit), "{unit:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_bad_resource_is_nacked_and_the_old_limits_stay() {
     let xds = XdsServer::start().await;

@@ -86,8 +86,14 @@ fn descriptor(descriptor: &RateLimitDescriptor) -> Value {
     if let Some(policy) = &descriptor.rate_limit {
         map.insert("rate_limit".to_owned(), rate_limit(policy));
     }
-    if descriptor.shadow_mode {
-        map.insert("shadow_mode".to_owned(), json!(true));
+    for (field, set) in [
+        ("shadow_mode", descriptor.shadow_mode),
+        ("detailed_metric", descriptor.detailed_metric),
+        ("quota_mode", descriptor.quota_mode),
+    ] {
+        if set {
+            map.insert(field.to_owned(), json!(true));
+        }
     }
     if !descriptor.descriptors.is_empty() {
         let children = descriptor

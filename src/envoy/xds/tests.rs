@@ -111,6 +111,44 @@ descriptors:
     assert!(got.contains("edge.api_key_vip.user: unit=MINUTE requests_per_unit=5"));
 }
 
+/// Every unit of the reference's proto, Envoy Gateway's weekly, monthly and yearly
+/// policies included (WEEK is 7, after MONTH 5 and YEAR 6), compiles to the unit of the
+/// same name, and `detailed_metric` and `quota_mode` to the file's keys.
+#[test]
+fn every_unit_and_descriptor_flag_of_the_reference_proto_compiles() {
+    let units = [
+        (RateLimitUnit::Second, 1, "second"),
+        (RateLimitUnit::Minute, 2, "minute"),
+        (RateLimitUnit::Hour, 3, "hour"),
+        (RateLimitUnit::Day, 4, "day"),
+        (RateLimitUnit::Month, 5, "month"),
+        (RateLimitUnit::Year, 6, "year"),
+        (RateLimitUnit::Week, 7, "week"),
+    ];
+    let mut descriptors = Vec::new();
+    let mut yaml = String::from("domain: edge\ndescriptors:\n");
+    for (unit, number, name) in units {
+        assert_eq!(i32::from(unit), number, "{name}'s number on the wire");
+        descriptors.push(entry("k", name, policy(unit, 10)));
+        yaml += &format!(
+            "  - key: k\n    value: {name}\n    rate_limit: {{unit: {name}, requests_per_unit: 10}}\n"
+        );
+    }
+    let flagged = RateLimitDescriptor {
+        detailed_metric: true,
+        quota_mode: true,
+        ..entry("q", "", policy(RateLimitUnit::Hour, 3))
+    };
+    descriptors.push(flagged);
+    yaml += "  - key: q\n    detailed_metric: true\n    quota_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 3}\n";
+    let got = compile(&[config("policy", "edge", descriptors)]).expect("compiles");
+    assert_eq!(got, compile_yaml(&yaml));
+    for name in ["SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "YEAR"] {
+        assert!(got.contains(&format!("unit={name} ")), "{name}: {got}");
+    }
+    assert!(got.contains("quota_mode=true"), "{got}");
+}
+
 #[test]
 fn errors_name_the_resource_the_place_and_the_problem() {
     let bad = config(
