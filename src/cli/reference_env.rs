@@ -43,6 +43,8 @@ pub const VARIABLES: &[&str] = &[
     "GRPC_SERVER_TLS_KEY",
     "GRPC_CLIENT_TLS_CACERT",
     "GRPC_CLIENT_TLS_SAN",
+    // Envoy Gateway's name for the client CA (the reference does not read it).
+    "GRPC_SERVER_TLS_CA_CERT",
     "LOG_LEVEL",
     "LOG_FORMAT",
     "CONFIG_TYPE",

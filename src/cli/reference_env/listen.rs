@@ -122,11 +122,12 @@ impl Reader<'_> {
     }
 
     pub(super) fn grpc_tls(&mut self) {
-        const FILES: [&str; 4] = [
+        const FILES: [&str; 5] = [
             "GRPC_SERVER_TLS_CERT",
             "GRPC_SERVER_TLS_KEY",
             "GRPC_CLIENT_TLS_CACERT",
             "GRPC_CLIENT_TLS_SAN",
+            "GRPC_SERVER_TLS_CA_CERT",
         ];
         if !self.is_true("GRPC_SERVER_USE_TLS") {
             self.unused(&FILES, "GRPC_SERVER_USE_TLS is not true, TLS stays off");
@@ -160,8 +161,7 @@ impl Reader<'_> {
             Some(key.to_owned()),
             &[FILES[1]],
         );
-        self.copy(FILES[2], "grpc_tls_client_ca", "--grpc-tls-client-ca");
-        if self.get(FILES[2]).is_some() {
+        if self.grpc_client_ca(FILES[2], FILES[4]) {
             self.copy(FILES[3], "grpc_tls_client_san", "--grpc-tls-client-san");
         } else {
             self.unused(
@@ -169,6 +169,36 @@ impl Reader<'_> {
                 "without GRPC_CLIENT_TLS_CACERT no client certificate is asked for",
             );
         }
+    }
+
+    /// The CA client certificates must chain to (mutual TLS): the reference's `ours`
+    /// (`GRPC_CLIENT_TLS_CACERT`), or Envoy Gateway's `gateway` (`GRPC_SERVER_TLS_CA_CERT`,
+    /// set with the client certificate its Envoy presents); the same file when both are set,
+    /// else refused (which CA guards the listener must not be a guess). Answers whether one
+    /// is set.
+    fn grpc_client_ca(&mut self, ours: &'static str, gateway: &'static str) -> bool {
+        let (ca, from) = match (self.get(ours), self.get(gateway)) {
+            (Some(a), Some(b)) if a != b => {
+                self.refuse(
+                    gateway,
+                    format!(
+                        "names another client CA than {ours}: set one of them, or the same file"
+                    ),
+                );
+                return false;
+            }
+            (Some(ca), Some(_)) => (ca.to_owned(), vec![ours, gateway]),
+            (Some(ca), None) => (ca.to_owned(), vec![ours]),
+            (None, Some(ca)) => (ca.to_owned(), vec![gateway]),
+            (None, None) => return false,
+        };
+        self.set(
+            "grpc_tls_client_ca",
+            "--grpc-tls-client-ca",
+            Some(ca),
+            &from,
+        );
+        true
     }
 }
 

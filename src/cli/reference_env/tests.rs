@@ -164,6 +164,50 @@ fn grpc_tls_is_on_only_with_use_tls_and_its_files() {
     );
 }
 
+/// Envoy Gateway names the client CA `GRPC_SERVER_TLS_CA_CERT` (its Envoy presents a client
+/// certificate): it asks for one as the reference's `GRPC_CLIENT_TLS_CACERT` does; both
+/// naming different files is refused, never a guess.
+#[test]
+fn envoy_gateways_client_ca_variable_asks_for_client_certificates() {
+    let tls = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+    ];
+    let with = |more: &[(&'static str, &'static str)]| [&tls[..], more].concat();
+    check(
+        &with(&[("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt")]),
+        &[
+            "--grpc-tls-cert=/certs/tls.crt",
+            "--grpc-tls-key=/certs/tls.key",
+            "--grpc-tls-client-ca=/certs/ca.crt",
+        ],
+    );
+    check(
+        &with(&[
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+            ("GRPC_CLIENT_TLS_CACERT", "/certs/ca.crt"),
+        ]),
+        &[
+            "--grpc-tls-cert=/certs/tls.crt",
+            "--grpc-tls-key=/certs/tls.key",
+            "--grpc-tls-client-ca=/certs/ca.crt",
+        ],
+    );
+    assert_eq!(
+        refused(&with(&[
+            ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+            ("GRPC_CLIENT_TLS_CACERT", "/other/ca.crt"),
+        ])),
+        ["GRPC_SERVER_TLS_CA_CERT"]
+    );
+    assert_eq!(
+        ignored(&[("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt")]),
+        ["GRPC_SERVER_TLS_CA_CERT"],
+        "without GRPC_SERVER_USE_TLS, TLS stays off"
+    );
+}
+
 #[test]
 fn logs_take_the_references_levels_and_formats() {
     check(&[("LOG_LEVEL", "WARNING")], &["--log=warn"]);
