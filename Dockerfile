@@ -31,12 +31,18 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin ratekeeper \
     && install -D -m 0755 target/release/ratekeeper /out/ratekeeper \
-    && strip --strip-debug /out/ratekeeper
+    && strip --strip-debug /out/ratekeeper \
+    && mkdir -p /out/bin \
+    && ln -s /usr/local/bin/ratekeeper /out/bin/ratelimit
 
 # --- runtime --------------------------------------------------------------------------------
 # glibc, libgcc_s and CA certificates, no shell, no package manager; `nonroot` is uid 65532.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/ratekeeper /usr/local/bin/ratekeeper
+# The reference's entry point, which Envoy Gateway's Deployment runs as its command:
+# `ratekeeper serve` reading the reference's environment with its listener defaults
+# (docs/migrating.md). A directory copy keeps the link a link.
+COPY --from=build /out/bin/ /bin/
 # The example limits, so the image serves something as is, at --config's default
 # (config/, relative to the working directory); mount a ConfigMap (or any directory) over
 # /etc/ratekeeper/config to replace them, or pass --config. No RATEKEEPER_* variable is set,

@@ -65,6 +65,7 @@ impl Cli {
     /// reference variables ratekeeper cannot honour.
     pub fn parse_with_reference_env() -> Result<(Cli, Option<reference_env::Mapping>), String> {
         let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        let entry_point = as_reference_entry_point(&mut args);
         let matches = Cli::command().get_matches_from(&args);
         let Some(("serve", serve)) = matches.subcommand() else {
             return Ok((
@@ -84,6 +85,9 @@ impl Cli {
                     .map_err(|_| format!("{name}: not valid UTF-8"))?;
                 env.insert(name.to_owned(), value);
             }
+        }
+        if entry_point {
+            reference_env::entry_point_defaults(&mut env);
         }
         let mapping = reference_env::map(&env, &given);
         if !mapping.errors.is_empty() {
@@ -121,6 +125,23 @@ impl Cli {
                 service_name: self.otlp_service_name.clone(),
             })
     }
+}
+
+/// Whether the process runs as the reference's entry point (`/bin/ratelimit`): then it is
+/// `serve` (inserted unless a subcommand is named), with the reference's listener defaults.
+fn as_reference_entry_point(args: &mut Vec<std::ffi::OsString>) -> bool {
+    let program = args.first().map(std::path::Path::new);
+    let entry_point = program
+        .and_then(std::path::Path::file_name)
+        .is_some_and(|name| name == reference_env::REFERENCE_ENTRY_POINT);
+    let named = args
+        .get(1)
+        .and_then(|arg| arg.to_str())
+        .is_some_and(|arg| !arg.starts_with('-'));
+    if entry_point && !named {
+        args.insert(1, "serve".into());
+    }
+    entry_point
 }
 
 #[derive(Clone, Copy, ValueEnum)]

@@ -281,6 +281,27 @@ impl Mapping {
 /// The reference's variables in `env` as ratekeeper flags, warnings and errors. `given`
 /// holds the clap ids of ratekeeper's own arguments given on the command line or by their
 /// `RATEKEEPER_*` variable (those win); `env` may hold anything else, which is not read.
+/// The name the reference's image runs its binary by (`/bin/ratelimit`; Envoy Gateway's
+/// Deployment runs exactly that): ratekeeper answers to it as `ratekeeper serve` with the
+/// reference's defaults ([`entry_point_defaults`]).
+pub const REFERENCE_ENTRY_POINT: &str = "ratelimit";
+
+/// Run as the reference's entry point, its defaults for the listeners: what the reference
+/// listens on when `HOST`/`PORT` and `GRPC_HOST`/`GRPC_PORT` are unset (every interface, 8080
+/// and 8081), as if `PORT=8080` and `GRPC_PORT=8081` were set; nothing else (no Redis by
+/// default, the admin listener stays on loopback). A listener whose host or port is set is
+/// left to them.
+pub fn entry_point_defaults(env: &mut BTreeMap<String, String>) {
+    let unset = |env: &BTreeMap<String, String>, name: &str| {
+        env.get(name).is_none_or(|value| value.is_empty())
+    };
+    for (host, port, default) in [("HOST", "PORT", "8080"), ("GRPC_HOST", "GRPC_PORT", "8081")] {
+        if unset(env, host) && unset(env, port) {
+            env.insert(port.to_owned(), default.to_owned());
+        }
+    }
+}
+
 pub fn map(env: &BTreeMap<String, String>, given: &BTreeSet<&str>) -> Mapping {
     let mut reader = Reader {
         env,

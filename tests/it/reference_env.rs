@@ -63,6 +63,55 @@ fn start(env: &[(String, String)]) -> (Ratekeeper, [u16; 3]) {
     (node, ports)
 }
 
+/// Whether a TCP socket listens on every IPv4 interface at `port` (`/proc/net/tcp`).
+fn listens_on_every_interface(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("reads /proc/net/tcp");
+    let wanted = format!("00000000:{port:04X}");
+    table.lines().skip(1).any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&wanted.as_str()) && fields.get(3) == Some(&"0A")
+    })
+}
+
+/// The image answers to the reference's entry point, `/bin/ratelimit`, which Envoy Gateway's
+/// Deployment runs with no argument: it serves, reads the reference's environment, and
+/// applies the reference's listener defaults, every interface (the ports are set here, to
+/// free ones; the hosts are not).
+#[test]
+fn the_reference_entry_point_serves_on_every_interface_with_no_argument() {
+    let dir = TempDir::new("entry-point");
+    let config = dir.path().join("rl").join("config");
+    std::fs::create_dir_all(&config).expect("the runtime directory");
+    write_config(&config, "limits.yaml", LIMITS);
+    let link = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ratekeeper"), &link).expect("a link");
+    let (http, grpc) = (free_port(), free_port());
+    let mut command = crate::support::ratekeeper_command_as(&link);
+    command.envs([
+        ("RUNTIME_ROOT", dir.path().to_string_lossy().into_owned()),
+        ("RUNTIME_SUBDIRECTORY", "rl".to_owned()),
+        ("PORT", http.to_string()),
+        ("GRPC_PORT", grpc.to_string()),
+    ]);
+    let node = Ratekeeper::start_command(&mut command, IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    for port in [http, grpc] {
+        assert!(
+            listens_on_every_interface(port),
+            "0.0.0.0:{port}: {}",
+            node.stderr()
+        );
+    }
+    // The admin listener stays on loopback.
+    let admin = node.admin_addr();
+    assert!(admin.ip().is_loopback(), "{admin}");
+    let limits = http_get(node.http_addr(), "/rlconfig", &[]).expect("answers");
+    assert!(
+        limits.body.contains("edge.api_key: unit=HOUR"),
+        "{}",
+        limits.body
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_kubernetes_example_environment_alone_serves_its_ports_files_and_redis() {
     let root = TempDir::new("reference-env");

@@ -289,7 +289,13 @@ fn parse_serving_line(line: &str) -> Option<Serving> {
 /// a developer's shell settings cannot change what a test runs) and with plain-text logs
 /// (`NO_COLOR`), which read well in a failure message.
 pub fn ratekeeper_command() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_ratekeeper"));
+    ratekeeper_command_as(Path::new(env!("CARGO_BIN_EXE_ratekeeper")))
+}
+
+/// [`ratekeeper_command`] run through `program` (a link to the binary under another name,
+/// such as the reference's `ratelimit`).
+pub fn ratekeeper_command_as(program: &Path) -> Command {
+    let mut command = Command::new(program);
     clean_environment(&mut command);
     command
 }

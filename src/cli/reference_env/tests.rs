@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use super::{Mapping, VARIABLES, go_duration, map};
+use super::{Mapping, VARIABLES, entry_point_defaults, go_duration, map};
 use crate::cli::{Cli, Command};
 
 /// The mapping of `env` with ratekeeper's own arguments `given` (clap ids).
@@ -694,4 +694,31 @@ fn go_durations_parse_as_go_does() {
     ] {
         assert_eq!(go_duration(text), expected, "{text:?}");
     }
+}
+
+/// As the reference's entry point (`/bin/ratelimit`), its listener defaults apply: every
+/// interface, 8080 and 8081, unless the host or port of a listener is set; nothing else
+/// (no Redis, the admin listener on loopback).
+#[test]
+fn the_reference_entry_point_listens_where_the_reference_does() {
+    let defaults = |env: &[(&str, &str)]| {
+        let mut env: BTreeMap<String, String> = env
+            .iter()
+            .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+            .collect();
+        entry_point_defaults(&mut env);
+        let mapping = map(&env, &BTreeSet::new());
+        assert!(mapping.errors.is_empty(), "{:?}", mapping.errors);
+        mapping.args().collect::<Vec<String>>()
+    };
+    assert_eq!(
+        defaults(&[]),
+        ["--http-addr=0.0.0.0:8080", "--grpc-addr=0.0.0.0:8081"]
+    );
+    assert_eq!(
+        defaults(&[("GRPC_PORT", "9000"), ("HOST", "127.0.0.1")]),
+        ["--http-addr=127.0.0.1:8080", "--grpc-addr=0.0.0.0:9000"]
+    );
+    // `ratekeeper serve` keeps its own loopback defaults: unset variables change nothing.
+    assert!(mapping(&[], &[]).args().next().is_none());
 }
