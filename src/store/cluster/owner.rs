@@ -137,34 +137,44 @@ impl Counters for Node {
     }
 }
 
+/// One group's checks, validated, and the checks whose sender asked for a lease:
+/// (decision index, counter).
+fn read_group(group: wire::Group) -> Result<(Checks, Vec<(usize, Counter)>), Status> {
+    count_within(
+        "checks",
+        group.checks.len(),
+        0,
+        convert::MAX_CHECKS_PER_GROUP,
+    )?;
+    let mut checks = Checks::with_capacity(group.checks.len());
+    let mut wanted: Vec<(usize, Counter)> = Vec::new();
+    let mut offset = 0;
+    for check in group.checks {
+        let (check, lease) = convert::check_from_wire(check).map_err(Status::invalid_argument)?;
+        if lease {
+            wanted.push((offset, check.counters[0]));
+        }
+        offset += check.counters.len();
+        checks.push(check);
+    }
+    Ok((checks, wanted))
+}
+
 impl Node {
     /// Starts every group's engine call (decided here and now; only checks that wait for
-    /// capacity are left pending), in order; the answers are collected afterwards.
+    /// capacity are left pending), in order; the answers are collected afterwards. Every
+    /// group is read and validated before any is started, so a batch refused as malformed
+    /// has consumed nothing.
     fn begin(&self, groups: Vec<wire::Group>) -> Result<Vec<Call>, Status> {
+        let read = groups
+            .into_iter()
+            .map(read_group)
+            .collect::<Result<Vec<_>, Status>>()?;
         let engine = self.engine();
-        let mut calls = Vec::with_capacity(groups.len());
-        for group in groups {
-            count_within(
-                "checks",
-                group.checks.len(),
-                0,
-                convert::MAX_CHECKS_PER_GROUP,
-            )?;
-            let mut checks = Checks::with_capacity(group.checks.len());
-            let mut wanted: Vec<(usize, Counter)> = Vec::new();
-            let mut offset = 0;
-            for check in group.checks {
-                let (check, lease) =
-                    convert::check_from_wire(check).map_err(Status::invalid_argument)?;
-                if lease {
-                    wanted.push((offset, check.counters[0]));
-                }
-                offset += check.counters.len();
-                checks.push(check);
-            }
-            calls.push((engine.begin(&checks), checks, wanted));
-        }
-        Ok(calls)
+        Ok(read
+            .into_iter()
+            .map(|(checks, wanted)| (engine.begin(&checks), checks, wanted))
+            .collect())
     }
 
     /// Lends the sender hits of `counter` (it asked for a lease and was admitted) as

@@ -445,3 +445,55 @@ async fn checks_of_both_protocol_versions_are_decided_and_a_multiplier_counts_it
         assert!(refused.message().contains("speaks 1 to 2"), "{refused:?}");
     }
 }
+
+/// A peer's batch refused as malformed (its second group names counters of two routes)
+/// consumed nothing, its valid first group included: a request that fails has no effect.
+#[tokio::test(start_paused = true)]
+async fn a_malformed_batch_consumes_nothing_of_its_valid_groups() {
+    use crate::check::Charge;
+    use crate::cluster::convert;
+    use crate::cluster::proto::v1 as wire;
+    use crate::cluster::proto::v1::peer_server::Peer;
+    let cluster = Cluster::join(
+        MemoryStore::new(engine_at(1_800_000_000, 1_000)),
+        ClusterOptions::new("127.0.0.1:1"),
+    );
+    let service = cluster.unwrapped_peer_service(None, None);
+    let rate = Rate::fixed(1, Unit::Hour);
+    let counter = |value: &str| Counter {
+        key: KeyBuilder::new("d").entry("k", value).key(&rate),
+        rate,
+    };
+    let group = |counters: Vec<Counter>| wire::Group {
+        checks: vec![convert::check_to_wire(&Check {
+            counters: counters.into_iter().collect(),
+            cost: 1,
+            wait: None,
+            charge: Charge::Admitted,
+        })],
+    };
+    let batch = |groups: Vec<wire::Group>| {
+        tonic::Request::new(wire::CheckBatch {
+            version: convert::OLDEST,
+            sender: "127.0.0.1:2".to_owned(),
+            groups,
+        })
+    };
+    let refused = service
+        .check(batch(vec![
+            group(vec![counter("a")]),
+            group(vec![counter("a"), counter("b")]),
+        ]))
+        .await
+        .expect_err("two routes in one check");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    let reply = service
+        .check(batch(vec![group(vec![counter("a")])]))
+        .await
+        .expect("decided")
+        .into_inner();
+    assert!(
+        reply.groups[0].decisions[0].allowed,
+        "the refused batch took nothing from a's limit of 1"
+    );
+}
