@@ -167,14 +167,7 @@ fn policy_name(limited: &Limited) -> String {
         |name: &&str| !name.is_empty() && name.bytes().all(|byte| (0x20..0x7f).contains(&byte));
     let name = match limited.name.as_deref().filter(printable) {
         Some(name) => name.to_owned(),
-        None if limited.multiplier == 1 => {
-            format!("{}/{}", limited.requests_per_unit, limited.unit)
-        }
-        None => format!(
-            "{}/{}",
-            limited.requests_per_unit,
-            crate::algorithm::duration_text(limited.window_seconds())
-        ),
+        None => format!("{}/{}", limited.requests_per_unit, limited.window_name()),
     };
     let mut quoted = String::with_capacity(name.len() + 2);
     quoted.push('"');

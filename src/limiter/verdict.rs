@@ -41,7 +41,12 @@ pub struct Limited {
 impl Limited {
     /// The window (or refill period) in seconds.
     pub fn window_seconds(&self) -> u64 {
-        self.unit.seconds() * u64::from(self.multiplier)
+        self.unit.window_seconds(self.multiplier)
+    }
+
+    /// How answers name the window ([`Unit::window_name`]).
+    pub fn window_name(&self) -> std::borrow::Cow<'static, str> {
+        self.unit.window_name(self.multiplier)
     }
 }
 

@@ -65,6 +65,23 @@ impl Unit {
         self.seconds() * NANOS_PER_SEC
     }
 
+    /// A window of `multiplier` of this unit, in seconds.
+    #[inline]
+    pub const fn window_seconds(self, multiplier: u32) -> u64 {
+        self.seconds() * multiplier as u64
+    }
+
+    /// How answers name a window of `multiplier` of this unit: the unit (`second`, `week`)
+    /// without a multiplier, as always; else the window as a short duration (`10s`, `5m`,
+    /// `2h`, `14d`: [`duration_text`]).
+    pub fn window_name(self, multiplier: u32) -> std::borrow::Cow<'static, str> {
+        if multiplier == 1 {
+            self.as_str().into()
+        } else {
+            duration_text(self.window_seconds(multiplier)).into()
+        }
+    }
+
     /// Parses a unit name in any case (`second`, `SECOND`, `Second`).
     pub fn parse(name: &str) -> Option<Unit> {
         Unit::ALL
@@ -415,24 +432,18 @@ impl Rate {
     /// The window (or refill period) in seconds: `multiplier` units.
     #[inline]
     pub fn window_seconds(&self) -> u64 {
-        self.unit.seconds() * u64::from(self.multiplier)
+        self.unit.window_seconds(self.multiplier)
     }
 
     /// The window (or refill period) in nanoseconds.
     #[inline]
     pub fn window_nanos(&self) -> u64 {
-        self.unit.nanos() * u64::from(self.multiplier)
+        self.window_seconds() * NANOS_PER_SEC
     }
 
-    /// How answers name the window: the unit (`second`, `week`) when there is no
-    /// multiplier, as always; else the window as a short duration (`10s`, `5m`, `2h`, `14d`:
-    /// [`duration_text`]).
+    /// How answers name the window ([`Unit::window_name`]).
     pub fn window_name(&self) -> std::borrow::Cow<'static, str> {
-        if self.multiplier == 1 {
-            self.unit.as_str().into()
-        } else {
-            duration_text(self.window_seconds()).into()
-        }
+        self.unit.window_name(self.multiplier)
     }
 
     /// A fixed window limit, the reference service's only kind.
