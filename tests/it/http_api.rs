@@ -316,7 +316,7 @@ fn the_root_lists_the_endpoints_and_logs_to_a_pipe_carry_no_colour_codes() {
         assert!(index.body.contains(path), "{path} in {}", index.body);
     }
     // The test reads stderr through a pipe: plain text, as a log collector wants it.
-    let logs = server.stderr();
+    let logs = server.stderr_with("serving");
     assert!(logs.contains("serving"), "{logs}");
     assert!(!logs.contains('\u{1b}'), "no ANSI escape codes: {logs:?}");
 }

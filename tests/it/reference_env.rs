@@ -142,7 +142,7 @@ async fn the_kubernetes_example_environment_alone_serves_its_ports_files_and_red
         "{}",
         first.admin_addr()
     );
-    let applied = first.stderr();
+    let applied = first.stderr_with("applied the reference service's environment");
     assert!(
         applied.contains("applied the reference service's environment: HOST, PORT, GRPC_HOST")
             && applied.contains("RUNTIME_ROOT, RUNTIME_SUBDIRECTORY")
@@ -226,7 +226,7 @@ fn a_harmless_variable_starts_with_a_warning_and_our_flags_win() {
         ],
     );
     assert_ne!(node.http_addr().port(), 1);
-    let stderr = node.stderr();
+    let stderr = node.stderr_with("STATSD_HOST: ignored");
     assert!(
         stderr.contains("USE_STATSD: ignored, nothing is pushed")
             && stderr.contains("STATSD_HOST: ignored"),
@@ -261,7 +261,7 @@ async fn stop_cache_key_increment_when_overlimit_false_counts_rejected_hits() {
     ] {
         let node = Ratekeeper::start_with_env(dir.path(), &[], env);
         if counted {
-            let stderr = node.stderr();
+            let stderr = node.stderr_with("applied the reference service's environment");
             assert!(
                 stderr.contains("applied the reference service's environment: STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"),
                 "{stderr}"

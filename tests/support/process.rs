@@ -98,6 +98,13 @@ impl Process {
         String::from_utf8_lossy(&[front, back].concat()).into_owned()
     }
 
+    /// Its stderr once it holds `needle`, waiting at most five seconds: stderr is read by its
+    /// own thread, so a line written before a stdout line may still be on its way.
+    pub fn stderr_with(&self, needle: &str) -> String {
+        eventually(Duration::from_secs(5), || self.stderr().contains(needle));
+        self.stderr()
+    }
+
     /// The exit status if the child has exited.
     pub fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()

@@ -228,6 +228,11 @@ impl Ratekeeper {
     pub fn stderr(&self) -> String {
         self.process.stderr()
     }
+
+    /// See [`Process::stderr_with`].
+    pub fn stderr_with(&self, needle: &str) -> String {
+        self.process.stderr_with(needle)
+    }
 }
 
 /// `ratekeeper serve` over a fresh [`TempDir`] (labelled `label`) that holds `limits` as
