@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::support::{
     Envoy, Ratekeeper, START_TIMEOUT, TempDir, Upstream, cluster_members, eventually,
@@ -34,9 +34,20 @@ descriptors:
     value: open-*
     rate_limit: {unlimited: true}
 ";
-/// How long a stopping node keeps serving while not ready: longer than Envoy's health
-/// check interval below, so Envoy has moved away before the node closes.
-const SHUTDOWN_DELAY: &str = "--shutdown-delay=2s";
+/// How a stack is set up: Envoy's health checks on the rate limit cluster or none, and the
+/// nodes' shutdown delay.
+#[derive(Clone, Copy)]
+struct Setup {
+    health_checks: bool,
+    shutdown_delay: &'static str,
+}
+
+/// The shipped settings: health checks, and a delay longer than their interval, so Envoy
+/// has moved away before a stopping node closes.
+const SHIPPED: Setup = Setup {
+    health_checks: true,
+    shutdown_delay: "--shutdown-delay=2s",
+};
 
 /// One node's fixed addresses, kept across its restarts.
 struct Slot {
@@ -44,7 +55,7 @@ struct Slot {
     peer: u16,
 }
 
-fn start_node(config: &std::path::Path, slot: &Slot, peers: &[&Slot]) -> Ratekeeper {
+fn start_node(config: &std::path::Path, slot: &Slot, peers: &[&Slot], delay: &str) -> Ratekeeper {
     let peers: Vec<String> = peers
         .iter()
         .map(|peer| format!("127.0.0.1:{}", peer.peer))
@@ -63,14 +74,14 @@ fn start_node(config: &std::path::Path, slot: &Slot, peers: &[&Slot]) -> Ratekee
         &peers.join(","),
         "--peer-timeout",
         "2s",
-        SHUTDOWN_DELAY,
+        delay,
     ]);
     Ratekeeper::start_command(&mut command, IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
-/// Envoy in front of `upstream`, asking the three nodes' gRPC ports, with the health checks
-/// and the retry policy of `examples/envoy.yaml`.
-fn envoy_config(upstream: SocketAddr, slots: &[Slot]) -> String {
+/// Envoy in front of `upstream`, asking the nodes' gRPC ports, with the retry policy of
+/// `examples/envoy.yaml` and its health checks if `health_checks`.
+fn envoy_config(upstream: SocketAddr, slots: &[Slot], health_checks: bool) -> String {
     let route = r#"                          route:
                             cluster: app
                             rate_limits:
@@ -100,8 +111,13 @@ fn envoy_config(upstream: SocketAddr, slots: &[Slot]) -> String {
                                 typed_config:
                                   \"@type\": type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate
                             host_selection_retry_max_attempts: 3
+                            retry_back_off: { base_interval: 0.005s, max_interval: 0.25s }
 "
             .to_owned(),
+        ),
+        (
+            "                      timeout: 5s\n".to_owned(),
+            "                      timeout: 0.25s\n".to_owned(),
         ),
         (
             "    - name: ratekeeper\n      type: STATIC\n      connect_timeout: 1s\n".to_owned(),
@@ -113,15 +129,9 @@ fn envoy_config(upstream: SocketAddr, slots: &[Slot]) -> String {
       circuit_breakers:
         thresholds:
           - { max_retries: 1000000 }
-      health_checks:
-        - timeout: 0.5s
-          interval: 0.5s
-          no_traffic_interval: 0.5s
-          unhealthy_threshold: 1
-          healthy_threshold: 1
-          grpc_health_check: { service_name: envoy.service.ratelimit.v3.RateLimitService }
 "
-            .to_owned(),
+            .to_owned()
+                + if health_checks { HEALTH_CHECKS } else { "" },
         ),
     ];
     let mut config = one;
@@ -136,12 +146,24 @@ fn envoy_config(upstream: SocketAddr, slots: &[Slot]) -> String {
     config
 }
 
+/// The rate limit cluster's health checks, as shipped but faster.
+const HEALTH_CHECKS: &str = "      health_checks:
+        - timeout: 0.5s
+          interval: 0.5s
+          no_traffic_interval: 0.5s
+          unhealthy_threshold: 1
+          healthy_threshold: 1
+          grpc_health_check: { service_name: envoy.service.ratelimit.v3.RateLimitService }
+";
+
 /// Requests through Envoy until stopped: the limited key and an unlimited one, alternately,
 /// from `threads` threads, as fast as they are answered.
 struct Load {
     stop: Arc<AtomicBool>,
     limited_admitted: Arc<AtomicU64>,
     sent: Arc<AtomicU64>,
+    /// The slowest answer, in microseconds.
+    slowest: Arc<AtomicU64>,
     unexpected: Arc<std::sync::Mutex<Vec<String>>>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -152,15 +174,17 @@ impl Load {
             stop: Arc::new(AtomicBool::new(false)),
             limited_admitted: Arc::new(AtomicU64::new(0)),
             sent: Arc::new(AtomicU64::new(0)),
+            slowest: Arc::new(AtomicU64::new(0)),
             unexpected: Arc::default(),
             threads: Vec::new(),
         };
         let threads = (0..threads)
             .map(|thread| {
-                let (stop, admitted, sent, unexpected) = (
+                let (stop, admitted, sent, slowest, unexpected) = (
                     Arc::clone(&load.stop),
                     Arc::clone(&load.limited_admitted),
                     Arc::clone(&load.sent),
+                    Arc::clone(&load.slowest),
                     Arc::clone(&load.unexpected),
                 );
                 std::thread::spawn(move || {
@@ -174,7 +198,11 @@ impl Load {
                             open.as_str()
                         };
                         sent.fetch_add(1, Ordering::Relaxed);
-                        match http_get(listener, "/", &[("x-api-key", key)]) {
+                        let asked = Instant::now();
+                        let answer = http_get(listener, "/", &[("x-api-key", key)]);
+                        let took = asked.elapsed().as_micros().try_into().unwrap_or(u64::MAX);
+                        slowest.fetch_max(took, Ordering::Relaxed);
+                        match answer {
                             Ok(response) if response.status == 200 => {
                                 if key == "limited" {
                                     admitted.fetch_add(1, Ordering::Relaxed);
@@ -197,25 +225,42 @@ impl Load {
         Load { threads, ..load }
     }
 
-    fn stop(self) -> (u64, u64, Vec<String>) {
+    fn stop(self) -> Outcome {
         self.stop.store(true, Ordering::Relaxed);
         for thread in self.threads {
             thread.join().expect("a load thread");
         }
         let unexpected = self.unexpected.lock().expect("lock").clone();
-        (
-            self.limited_admitted.load(Ordering::Relaxed),
-            self.sent.load(Ordering::Relaxed),
+        Outcome {
+            admitted: self.limited_admitted.load(Ordering::Relaxed),
+            sent: self.sent.load(Ordering::Relaxed),
+            slowest: Duration::from_micros(self.slowest.load(Ordering::Relaxed)),
             unexpected,
-        )
+        }
     }
+}
+
+/// What a [`Load`] saw.
+struct Outcome {
+    /// Requests on the limited key that were let through.
+    admitted: u64,
+    sent: u64,
+    /// The slowest answer through Envoy.
+    slowest: Duration,
+    /// Answers other than 200, or 429 on the limited key.
+    unexpected: Vec<String>,
 }
 
 /// Envoy's counter `cluster.app.ratelimit.NAME`.
 fn ratelimit_stat(envoy: &mut Envoy, name: &str) -> u64 {
-    let prefix = format!("cluster.app.ratelimit.{name}: ");
+    envoy_stat(envoy, &format!("cluster.app.ratelimit.{name}"))
+}
+
+/// Envoy's counter or gauge `name` (0 when absent).
+fn envoy_stat(envoy: &mut Envoy, name: &str) -> u64 {
+    let prefix = format!("{name}: ");
     envoy
-        .stats("cluster.app.ratelimit.")
+        .stats(name)
         .lines()
         .find_map(|line| line.strip_prefix(&prefix)?.parse().ok())
         .unwrap_or(0)
@@ -232,12 +277,20 @@ struct Stack {
     listener: SocketAddr,
     _upstream: Upstream,
     config: std::path::PathBuf,
+    setup: Setup,
     _dir: TempDir,
 }
 
 impl Stack {
-    /// The first `running` of `slots` nodes started (a cluster), Envoy listing all of them.
+    /// [`Stack::start_with`] the shipped settings.
     fn start(label: &str, slots: usize, running: usize) -> Stack {
+        Stack::start_with(label, slots, running, SHIPPED)
+    }
+
+    /// The first `running` of `slots` nodes started (a cluster), then Envoy listing all of
+    /// them (ratekeeper serves before Envoy starts, as a native sidecar or a Deployment
+    /// already running does).
+    fn start_with(label: &str, slots: usize, running: usize, setup: Setup) -> Stack {
         let dir = TempDir::new(label);
         let config = write_config(dir.path(), "limits.yaml", LIMITS);
         let slots: Vec<Slot> = (0..slots)
@@ -246,22 +299,30 @@ impl Stack {
                 peer: free_port(),
             })
             .collect();
+        let mut nodes: Vec<Option<Ratekeeper>> = (0..slots.len()).map(|_| None).collect();
+        for index in 0..running {
+            let peers: Vec<&Slot> = slots[..index].iter().collect();
+            nodes[index] = Some(start_node(
+                &config,
+                &slots[index],
+                &peers,
+                setup.shutdown_delay,
+            ));
+        }
         let upstream = Upstream::start();
-        let envoy_yaml = envoy_config(upstream.addr(), &slots);
+        let envoy_yaml = envoy_config(upstream.addr(), &slots, setup.health_checks);
         let envoy_yaml = write_config(dir.path(), "envoy.yaml", &envoy_yaml);
         let mut stack = Stack {
             envoy: Envoy::start(&envoy_yaml, dir.path()),
-            nodes: (0..slots.len()).map(|_| None).collect(),
+            nodes,
             stopped: Vec::new(),
             slots,
             listener: SocketAddr::from(([127, 0, 0, 1], 0)),
             _upstream: upstream,
             config,
+            setup,
             _dir: dir,
         };
-        for index in 0..running {
-            stack.start_node(index);
-        }
         stack.wait_for_members(running);
         stack.listener = stack.envoy.listener_addr("edge");
         let listener = stack.listener;
@@ -279,7 +340,8 @@ impl Stack {
             .filter(|other| *other != index && self.nodes[*other].is_some())
             .map(|other| &self.slots[other])
             .collect();
-        self.nodes[index] = Some(start_node(&self.config, &self.slots[index], &peers));
+        let (config, delay) = (&self.config, self.setup.shutdown_delay);
+        self.nodes[index] = Some(start_node(config, &self.slots[index], &peers, delay));
     }
 
     /// SIGTERM to node `index`; waits until it exited cleanly.
@@ -296,14 +358,25 @@ impl Stack {
         self.nodes.iter().flatten()
     }
 
-    /// Waits until every running node has `n` members on its ring, then for Envoy's next
-    /// health check round.
-    fn wait_for_members(&self, n: usize) {
+    /// Waits until every running node has `n` members on its ring and Envoy's health checks
+    /// (if any) count `n` healthy endpoints.
+    fn wait_for_members(&mut self, n: usize) {
         for node in self.running() {
             let agreed = eventually(START_TIMEOUT, || cluster_members(node) == Some(n as f64));
             assert!(agreed, "a node never saw {n} members: {}", node.stderr());
         }
-        std::thread::sleep(Duration::from_secs(1));
+        if !self.setup.health_checks {
+            return;
+        }
+        let envoy = &mut self.envoy;
+        let healthy = eventually(START_TIMEOUT, || {
+            envoy_stat(envoy, "cluster.ratekeeper.membership_healthy") == n as u64
+        });
+        assert!(
+            healthy,
+            "Envoy never saw {n} healthy: {}",
+            envoy.stats("cluster.ratekeeper.")
+        );
     }
 
     /// Asserts Envoy saw no failed rate limit call (none passed unchecked), with what the
@@ -347,8 +420,17 @@ impl Stack {
 
 /// Asserts the load saw only 200s and the limited key's 429s, a steady load, and the
 /// limited key admitted at least its limit and at most its limit plus `handoffs` times it.
-fn assert_load(what: &str, (admitted, sent, unexpected): (u64, u64, Vec<String>), handoffs: u64) {
-    eprintln!("{what}: {sent} requests, the limited key admitted {admitted} of {LIMIT}");
+fn assert_load(what: &str, outcome: Outcome, handoffs: u64) {
+    let Outcome {
+        admitted,
+        sent,
+        slowest,
+        unexpected,
+    } = outcome;
+    eprintln!(
+        "{what}: {sent} requests, the limited key admitted {admitted} of {LIMIT}, the slowest \
+         answer took {slowest:?}"
+    );
     assert!(
         unexpected.is_empty(),
         "{what}: unexpected answers: {unexpected:?}"
@@ -386,7 +468,7 @@ fn a_rolling_restart_under_load_through_envoy_fails_no_call_and_keeps_the_limit(
         node.process().signal("-KILL");
     }
     std::thread::sleep(Duration::from_secs(3));
-    let (admitted, sent, _) = load.stop();
+    let Outcome { admitted, sent, .. } = load.stop();
     let failed = ratelimit_stat(&mut stack.envoy, "failure_mode_allowed");
     eprintln!(
         "kill -9 of one node: {failed} of {sent} calls failed and passed unchecked; the \
@@ -415,6 +497,47 @@ fn scaling_out_and_in_under_load_through_envoy_fails_no_call_and_keeps_the_limit
     assert_load("scaling out and in", outcome, 4);
 }
 
+/// With nothing to warn Envoy ahead (no health checks, no shutdown delay), a node stopped
+/// under load still fails no call: its final GOAWAY names the last call it took, so Envoy
+/// retries the calls that crossed it on the other node (`refused-stream`), and the calls
+/// it then sends to the closed port as well (`connect-failure`). The node answers every
+/// call it took before it exits.
+#[test]
+fn calls_crossing_the_final_goaway_are_retried_on_the_other_node() {
+    let setup = Setup {
+        health_checks: false,
+        shutdown_delay: "--shutdown-delay=0s",
+    };
+    let mut stack = Stack::start_with("goaway", 2, 2, setup);
+    let load = Load::start(stack.listener, 4);
+    std::thread::sleep(Duration::from_secs(1));
+    stack.stop_node(1);
+    // Envoy still picks the stopped node for about half of the calls.
+    std::thread::sleep(Duration::from_secs(1));
+    let outcome = load.stop();
+    // Envoy's back-off before the retry is short (5 ms at first): its default for this retry
+    // policy is up to a second, longer than the call's timeout.
+    assert!(
+        outcome.slowest < Duration::from_millis(500),
+        "the slowest answer took {:?}",
+        outcome.slowest
+    );
+    let goaways = envoy_stat(
+        &mut stack.envoy,
+        "cluster.ratekeeper.upstream_cx_close_notify",
+    );
+    let retried = envoy_stat(&mut stack.envoy, "cluster.ratekeeper.upstream_rq_retry");
+    eprintln!("a node stopped unannounced: {goaways} GOAWAY, {retried} calls retried");
+    stack.assert_no_failed_call("a node stopped without Envoy being told ahead");
+    assert!(goaways >= 1, "the stopping node said GOAWAY");
+    assert!(
+        retried >= 1,
+        "the calls sent to the stopped node were retried"
+    );
+    // One stop moves the key's counter at most once.
+    assert_load("a node stopped unannounced", outcome, 1);
+}
+
 /// One ratekeeper as the only endpoint of one Envoy (a sidecar, or a plain container that
 /// gets SIGTERM while Envoy still runs): on SIGTERM it reports not ready, and Envoy, with
 /// no other endpoint, keeps asking it (its panic mode); every call is still answered while
@@ -430,7 +553,12 @@ fn a_lone_ratekeeper_keeps_answering_envoy_through_its_shutdown_delay() {
     }
     // Well inside the 2 s delay.
     std::thread::sleep(Duration::from_millis(1500));
-    let (admitted, sent, unexpected) = load.stop();
+    let Outcome {
+        admitted,
+        sent,
+        unexpected,
+        ..
+    } = load.stop();
     assert!(
         signalled.elapsed() < Duration::from_secs(2),
         "the load stopped within the delay"

@@ -6,6 +6,7 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// How long one HTTP exchange may take.
@@ -170,11 +171,36 @@ pub fn http_post(
     http_request(addr, "POST", path, headers, body)
 }
 
-/// A port on 127.0.0.1 that was free a moment ago (bound to port 0, then released). Another
-/// process may take it before the caller binds it: callers retry on "address in use".
+/// A port on 127.0.0.1 that was free a moment ago, for a test that must know an address
+/// before its server binds it (or bind it again after a restart). It lies below the kernel's
+/// ephemeral range, so no outgoing connection (a load generator opens thousands) takes it
+/// meanwhile, and no two calls in this process return the same one; another process may
+/// still take it: callers retry on "address in use".
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    listener.local_addr().expect("a local address").port()
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let below = ephemeral_range_start().clamp(FIRST_FIXED_PORT + 1000, 65535);
+    let span = u32::from(below - FIRST_FIXED_PORT);
+    // Each test process starts elsewhere in the range, so processes rarely meet.
+    let start = std::process::id().wrapping_mul(7919);
+    for _ in 0..span {
+        let offset = start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = FIRST_FIXED_PORT + u16::try_from(offset).expect("span fits a port");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {FIRST_FIXED_PORT} and {below}");
+}
+
+/// The lowest port [`free_port`] gives.
+const FIRST_FIXED_PORT: u16 = 10_000;
+
+/// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
 }
 
 /// A structured List field (RFC 9651) of String items with Integer parameters, parsed by an
