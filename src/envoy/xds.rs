@@ -20,8 +20,8 @@
 //!   a request queue of [`REQUEST_QUEUE`], and reconnects spaced by a capped exponential
 //!   backoff with jitter that restarts once a stream delivered a response.
 //! - One log line per state change: connected, stream lost (then quiet while reconnects
-//!   keep failing, unless the reason changes), each applied or rejected configuration; a
-//!   TLS failure says what to check, naming the flag and the file.
+//!   keep failing, but for each new reason, up to `MAX_LOGGED`), each applied or rejected
+//!   configuration; a TLS failure says what to check, naming the flag and the file.
 
 mod convert;
 mod metrics;
@@ -72,6 +72,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// HTTP/2 pings that find a dead server on an idle stream.
 const KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Distinct reasons logged (at warn) while the server stays unreachable; the rest, and
+/// each reason again, at debug.
+const MAX_LOGGED: usize = 4;
 
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
@@ -213,8 +217,8 @@ impl XdsClient {
         let url = self.options.url();
         tracing::info!(server = %url, node = %self.options.node_id, "subscribing to limits over xds");
         let mut attempt: u32 = 0;
-        // The reason last logged while the server stays unreachable.
-        let mut quiet: Option<String> = None;
+        // The reasons logged while the server stays unreachable (each is logged once).
+        let mut logged: Vec<String> = Vec::new();
         loop {
             let (ended, delivered) = self.session(&url).await;
             self.stats.connected.store(false, Ordering::Relaxed);
@@ -231,12 +235,12 @@ impl XdsClient {
             attempt = attempt.saturating_add(1);
             match ended {
                 Ended::Lost(why) => {
-                    quiet = None;
+                    logged.clear();
                     tracing::warn!(server = %url, reason = %why, retry_in = ?delay, "xds stream lost, reconnecting");
                 }
-                Ended::Unreachable(why) if quiet.as_ref() != Some(&why) => {
+                Ended::Unreachable(why) if !logged.contains(&why) && logged.len() < MAX_LOGGED => {
                     tracing::warn!(server = %url, reason = %why, retry_in = ?delay, "cannot reach the xds server, retrying");
-                    quiet = Some(why);
+                    logged.push(why);
                 }
                 Ended::Unreachable(why) => {
                     tracing::debug!(server = %url, reason = %why, retry_in = ?delay, "xds server still unreachable");
@@ -455,8 +459,15 @@ fn truncate(mut text: String, max: usize) -> String {
     text
 }
 
+/// A status's code and message, and what caused it (a transport error's own message says
+/// little).
 fn status_text(status: &tonic::Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
+    let mut text = format!("{:?}: {}", status.code(), status.message());
+    if let Some(source) = std::error::Error::source(status) {
+        text.push_str(": ");
+        text.push_str(&source_chain(source));
+    }
+    text
 }
 
 /// An error and its sources, for transport errors whose own text is only "transport error".

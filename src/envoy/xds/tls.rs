@@ -12,13 +12,14 @@ use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use hyper_util::rt::TokioIo;
 use rustls::{AlertDescription, CertificateError};
 use rustls_pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tonic::transport::Uri;
 
@@ -52,7 +53,13 @@ pub struct XdsTlsOptions {
 pub struct XdsTls {
     tls: ClientTls,
     name: ServerName<'static>,
+    /// The TLS error that ended the last connection, if one did. With TLS 1.3 a server
+    /// refuses the client's certificate after the handshake, by an alert that surfaces
+    /// under HTTP/2, whose errors do not carry their cause: kept here to explain it.
+    failure: Failure,
 }
+
+type Failure = Arc<Mutex<Option<rustls::Error>>>;
 
 impl XdsTls {
     /// Loads the files for a server at `url` (`scheme://host:port`); an error names the flag
@@ -77,6 +84,7 @@ impl XdsTls {
         Ok(XdsTls {
             tls: ClientTls::load(files, &FLAGS)?,
             name,
+            failure: Failure::default(),
         })
     }
 
@@ -100,24 +108,33 @@ impl XdsTls {
     }
 
     /// What to check when `error` (a connection's or a call's, with its sources) comes
-    /// from TLS: the problem in words, naming the flag and file; `None` when it is not a
-    /// TLS problem.
+    /// from TLS (or the connection ended on a TLS error): the problem in words, naming the
+    /// flag and file; `None` when it is not a TLS problem.
     pub fn explain(&self, error: &(dyn std::error::Error + 'static)) -> Option<String> {
         let mut next = Some(error);
         while let Some(error) = next {
-            let tls = error.downcast_ref::<rustls::Error>().or_else(|| {
-                error
-                    .downcast_ref::<io::Error>()
-                    .and_then(io::Error::get_ref)
-                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            });
-            if let Some(tls) = tls {
+            if let Some(tls) = rustls_error(error) {
                 return Some(explain(tls, self.tls.options(), &self.name()));
             }
             next = error.source();
         }
-        None
+        let recorded = lock(&self.failure).take()?;
+        Some(explain(&recorded, self.tls.options(), &self.name()))
     }
+}
+
+/// The rustls error `error` is, or an IO error wraps.
+fn rustls_error<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    error.downcast_ref::<rustls::Error>().or_else(|| {
+        error
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::get_ref)
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    })
+}
+
+fn lock(failure: &Failure) -> std::sync::MutexGuard<'_, Option<rustls::Error>> {
+    failure.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn name(flag: &'static str, name: &str) -> Result<ServerName<'static>, TlsError> {
@@ -191,7 +208,7 @@ pub(super) struct Dial {
     tls: XdsTls,
 }
 
-type Dialed = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+type Dialed = TokioIo<Recording<tokio_rustls::client::TlsStream<TcpStream>>>;
 
 impl tower_service::Service<Uri> for Dial {
     type Response = Dialed;
@@ -206,6 +223,9 @@ impl tower_service::Service<Uri> for Dial {
         let connector = self.tls.tls.connector();
         let name = self.tls.name.clone();
         let stats = Arc::clone(self.tls.stats());
+        let failure = Arc::clone(&self.tls.failure);
+        // A new connection: what ended the last one no longer explains anything.
+        lock(&failure).take();
         Box::pin(async move {
             let host = uri
                 .host()
@@ -215,12 +235,75 @@ impl tower_service::Service<Uri> for Dial {
             let stream = TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
             match connector.connect(name, stream).await {
-                Ok(stream) => Ok(TokioIo::new(stream)),
+                Ok(inner) => Ok(TokioIo::new(Recording { inner, failure })),
                 Err(error) => {
                     stats.handshake_failures.fetch_add(1, Ordering::Relaxed);
                     Err(error)
                 }
             }
         })
+    }
+}
+
+/// A TLS stream that keeps the first TLS error it meets (a server's alert) for
+/// [`XdsTls::explain`].
+pub(super) struct Recording<S> {
+    inner: S,
+    failure: Failure,
+}
+
+impl<S> Recording<S> {
+    fn record<T>(&self, polled: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
+        if let Poll::Ready(Err(error)) = &polled
+            && let Some(tls) = rustls_error(error)
+        {
+            lock(&self.failure).get_or_insert_with(|| tls.clone());
+        }
+        polled
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Recording<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.record(polled)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Recording<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.record(polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.record(polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.record(polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_shutdown(cx);
+        self.record(polled)
     }
 }
