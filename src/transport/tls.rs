@@ -296,6 +296,24 @@ impl Tls {
     }
 }
 
+impl watch::Reloadable for Tls {
+    fn files(&self) -> Vec<PathBuf> {
+        self.options
+            .files()
+            .into_iter()
+            .map(Path::to_owned)
+            .collect()
+    }
+
+    fn what(&self) -> &'static str {
+        Tls::what(self)
+    }
+
+    fn reload_now(&self) -> Result<bool, TlsError> {
+        Tls::reload_now(self)
+    }
+}
+
 /// The configs built from the files, and a hash of their bytes.
 struct Loaded {
     configs: Configs,

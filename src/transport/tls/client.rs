@@ -146,6 +146,20 @@ impl ClientTls {
     }
 }
 
+impl super::watch::Reloadable for ClientTls {
+    fn files(&self) -> Vec<PathBuf> {
+        ClientTls::files(self)
+    }
+
+    fn what(&self) -> &'static str {
+        ClientTls::what(self)
+    }
+
+    fn reload_now(&self) -> Result<bool, TlsError> {
+        ClientTls::reload_now(self)
+    }
+}
+
 /// The config made from the files, and a hash of their bytes.
 fn load(
     options: &ClientTlsOptions,

@@ -17,8 +17,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::client::ClientTls;
-use super::{Tls, TlsError, TlsStats};
+use super::{TlsError, TlsStats};
 use crate::metrics::{scrape_counter, scrape_counters_by};
 use crate::reload::is_read;
 
@@ -60,38 +59,6 @@ pub(super) trait Reloadable: Clone + Send + Sync + 'static {
     fn what(&self) -> &'static str;
     /// Re-reads the files; errors are logged and counted inside (the old config stays).
     fn reload_now(&self) -> Result<bool, TlsError>;
-}
-
-impl Reloadable for Tls {
-    fn files(&self) -> Vec<PathBuf> {
-        self.options
-            .files()
-            .into_iter()
-            .map(Path::to_owned)
-            .collect()
-    }
-
-    fn what(&self) -> &'static str {
-        Tls::what(self)
-    }
-
-    fn reload_now(&self) -> Result<bool, TlsError> {
-        Tls::reload_now(self)
-    }
-}
-
-impl Reloadable for ClientTls {
-    fn files(&self) -> Vec<PathBuf> {
-        ClientTls::files(self)
-    }
-
-    fn what(&self) -> &'static str {
-        ClientTls::what(self)
-    }
-
-    fn reload_now(&self) -> Result<bool, TlsError> {
-        ClientTls::reload_now(self)
-    }
 }
 
 pub(super) fn start<T: Reloadable>(tls: T) -> Result<TlsWatch, TlsError> {
