@@ -28,7 +28,7 @@ mod metrics;
 mod tls;
 
 pub use self::convert::{MAX_RESOURCE_BYTES, MAX_RESOURCES, source, sources};
-pub use self::tls::{FLAGS as TLS_FLAGS, XdsTls, XdsTlsOptions, explain as explain_tls};
+pub use self::tls::{FLAGS as TLS_FLAGS, XdsTls, XdsTlsOptions};
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -215,7 +215,8 @@ impl XdsClient {
 
     async fn run(mut self) {
         let url = self.options.url();
-        tracing::info!(server = %url, node = %self.options.node_id, "subscribing to limits over xds");
+        let tls = self.tls.as_ref().map(XdsTls::name);
+        tracing::info!(server = %url, node = %self.options.node_id, tls_name = ?tls, "subscribing to limits over xds");
         let mut attempt: u32 = 0;
         // The reasons logged while the server stays unreachable (each is logged once).
         let mut logged: Vec<String> = Vec::new();
@@ -314,6 +315,11 @@ impl XdsClient {
                 .map_err(|error| error.to_string())
         };
         let connected = match &self.tls {
+            // Never plaintext to a server named https:// (the server always gives the
+            // client its TLS; a library user might not).
+            None if self.options.tls_options().is_some() => {
+                return Err("an https:// server without a tls config (XdsClient::with_tls)".into());
+            }
             None => endpoint(url.to_owned())?.connect().await,
             Some(tls) => {
                 // The connector does TLS; the endpoint's URI says http so that tonic (whose

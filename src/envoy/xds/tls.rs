@@ -235,7 +235,11 @@ impl tower_service::Service<Uri> for Dial {
             let stream = TcpStream::connect((host, port)).await?;
             stream.set_nodelay(true)?;
             match connector.connect(name, stream).await {
-                Ok(inner) => Ok(TokioIo::new(Recording { inner, failure })),
+                Ok(inner) => Ok(TokioIo::new(Recording {
+                    inner,
+                    failure,
+                    stats,
+                })),
                 Err(error) => {
                     stats.handshake_failures.fetch_add(1, Ordering::Relaxed);
                     Err(error)
@@ -246,10 +250,12 @@ impl tower_service::Service<Uri> for Dial {
 }
 
 /// A TLS stream that keeps the first TLS error it meets (a server's alert) for
-/// [`XdsTls::explain`].
+/// [`XdsTls::explain`]. A server's alert refusing the client certificate counts as a failed
+/// handshake, which it is (TLS 1.3 only tells the client after its side is done).
 pub(super) struct Recording<S> {
     inner: S,
     failure: Failure,
+    stats: Arc<TlsStats>,
 }
 
 impl<S> Recording<S> {
@@ -257,7 +263,15 @@ impl<S> Recording<S> {
         if let Poll::Ready(Err(error)) = &polled
             && let Some(tls) = rustls_error(error)
         {
-            lock(&self.failure).get_or_insert_with(|| tls.clone());
+            let mut failure = lock(&self.failure);
+            if failure.is_none() {
+                if matches!(tls, rustls::Error::AlertReceived(_)) {
+                    self.stats
+                        .handshake_failures
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                *failure = Some(tls.clone());
+            }
         }
         polled
     }

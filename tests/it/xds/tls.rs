@@ -134,6 +134,16 @@ async fn metrics(http: SocketAddr) -> String {
     .expect("scrape")
 }
 
+/// `xds_tls_handshake_failures_total`, as scraped now.
+async fn handshake_failures(process: &Ratekeeper) -> u64 {
+    let scraped = metrics(process.http_addr()).await;
+    let failures = scraped
+        .lines()
+        .find_map(|line| line.strip_prefix("ratekeeper_xds_tls_handshake_failures_total "))
+        .and_then(|value| value.trim().parse().ok());
+    failures.unwrap_or_else(|| panic!("no handshake failures counted: {scraped}"))
+}
+
 /// Waits until the process logged `needle`; fails with its stderr.
 async fn until_logged(process: &Ratekeeper, needle: &str) {
     let logged = eventually_async(WAIT, || {
@@ -219,6 +229,10 @@ async fn without_a_client_certificate_the_server_refuses_and_the_log_says_why() 
     assert!(xds.requests().is_empty(), "{:?}", xds.requests());
     let mut ratekeeper = Running::connect(process.grpc_addr()).await;
     assert_eq!(ratekeeper.limit().await, None, "no limits");
+    assert!(
+        handshake_failures(&process).await >= 1,
+        "the refusal is counted"
+    );
 }
 
 /// A server whose certificate another CA signed is never trusted (no limits, unhealthy,
@@ -242,12 +256,7 @@ async fn a_server_certificate_from_another_ca_is_refused_until_a_good_server_ans
     assert!(bad.requests().is_empty(), "{:?}", bad.requests());
     let mut ratekeeper = Running::connect(process.grpc_addr()).await;
     assert_eq!(ratekeeper.limit().await, None, "no limits");
-    let scraped = metrics(process.http_addr()).await;
-    let failures = scraped
-        .lines()
-        .find_map(|line| line.strip_prefix("ratekeeper_xds_tls_handshake_failures_total "))
-        .and_then(|value| value.trim().parse::<u64>().ok());
-    assert!(failures.is_some_and(|failures| failures >= 1), "{scraped}");
+    assert!(handshake_failures(&process).await >= 1);
 
     let (addr, state) = bad.stop().await;
     let good = XdsServer::serve_with(addr, state, Some(pki.server_tls(&pki.server))).await;
