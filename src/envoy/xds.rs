@@ -468,12 +468,13 @@ fn truncate(mut text: String, max: usize) -> String {
 /// A status's code and message, and what caused it (a transport error's own message says
 /// little).
 fn status_text(status: &tonic::Status) -> String {
-    let mut text = format!("{:?}: {}", status.code(), status.message());
-    if let Some(source) = std::error::Error::source(status) {
-        text.push_str(": ");
-        text.push_str(&source_chain(source));
+    let message = status.message();
+    match std::error::Error::source(status).map(source_chain) {
+        // tonic's transport errors repeat their source's text as the message.
+        Some(chain) if chain.starts_with(message) => format!("{:?}: {chain}", status.code()),
+        Some(chain) => format!("{:?}: {message}: {chain}", status.code()),
+        None => format!("{:?}: {message}", status.code()),
     }
-    text
 }
 
 /// An error and its sources, for transport errors whose own text is only "transport error".
@@ -481,8 +482,12 @@ fn source_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(source) = next {
-        text.push_str(": ");
-        text.push_str(&source.to_string());
+        // An IO error shows its inner error's text, then has it as its source.
+        let part = source.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
         next = source.source();
     }
     text

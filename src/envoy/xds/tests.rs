@@ -345,3 +345,16 @@ fn the_server_name_is_the_san_or_the_urls_host() {
         Err(error) => assert!(error.contains("give --xds-tls-ca"), "{error}"),
     }
 }
+
+/// An error's text with its sources, each once: an IO error shows its inner error and has
+/// it as its source too.
+#[test]
+fn an_error_chain_names_each_cause_once() {
+    let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, "invalid peer certificate");
+    let outer = std::io::Error::other(inner);
+    assert_eq!(super::source_chain(&outer), "invalid peer certificate");
+    let status = tonic::Status::from_error(Box::new(std::io::Error::other("connection refused")));
+    let text = super::status_text(&status);
+    assert!(text.contains("connection refused"), "{text}");
+    assert_eq!(text.matches("connection refused").count(), 1, "{text}");
+}
