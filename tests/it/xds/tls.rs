@@ -64,8 +64,9 @@ struct Files {
 }
 
 impl Files {
-    /// ratekeeper's flags for mutual TLS to the server at `addr`, with a quick backoff.
-    fn flags(&self, addr: SocketAddr, client_cert: bool) -> Vec<String> {
+    /// ratekeeper's flags for mutual TLS to `server` (`--xds-tls` unless it says
+    /// `https://`), with a quick backoff.
+    fn flags(&self, server: &str, client_cert: bool) -> Vec<String> {
         let mut flags: Vec<String> = [
             "--config-source",
             "xds",
@@ -74,11 +75,14 @@ impl Files {
             "50ms",
             "--xds-backoff-max",
             "200ms",
-            "--xds-tls",
+            "--xds-server",
+            server,
         ]
         .map(str::to_owned)
         .to_vec();
-        flags.extend(["--xds-server".to_owned(), addr.to_string()]);
+        if !server.starts_with("https://") {
+            flags.push("--xds-tls".to_owned());
+        }
         flags.extend(["--xds-tls-ca".to_owned(), self.ca.display().to_string()]);
         if client_cert {
             flags.extend(["--xds-tls-cert".to_owned(), self.cert.display().to_string()]);
@@ -218,7 +222,7 @@ async fn without_a_client_certificate_the_server_refuses_and_the_log_says_why() 
     xds.publish("1", &[per_day(3)]);
     let dir = TempDir::new("xds-no-client-cert");
     let files = pki.write(dir.path());
-    let process = start(files.flags(xds.addr, false), Vec::new()).await;
+    let process = start(files.flags(&xds.addr.to_string(), false), Vec::new()).await;
     until_logged(&process, "--xds-tls-cert and --xds-tls-key").await;
     assert!(
         process.stderr().contains("cannot reach the xds server"),
@@ -246,7 +250,9 @@ async fn a_server_certificate_from_another_ca_is_refused_until_a_good_server_ans
     bad.publish("1", &[per_day(9)]);
     let dir = TempDir::new("xds-wrong-ca");
     let files = pki.write(dir.path());
-    let process = start(files.flags(bad.addr, true), Vec::new()).await;
+    // An https:// server means TLS without --xds-tls.
+    let url = format!("https://{}", bad.addr);
+    let process = start(files.flags(&url, true), Vec::new()).await;
     let ca_problem = format!(
         "not signed by the CA of --xds-tls-ca {}",
         files.ca.display()
@@ -275,7 +281,7 @@ async fn a_renewed_client_certificate_is_presented_on_the_next_connection() {
     xds.publish("1", &[per_day(3)]);
     let dir = TempDir::new("xds-renewed");
     let files = pki.write(dir.path());
-    let process = start(files.flags(xds.addr, true), Vec::new()).await;
+    let process = start(files.flags(&xds.addr.to_string(), true), Vec::new()).await;
     until_healthy(&process).await;
     let mut ratekeeper = Running::connect(process.grpc_addr()).await;
     ratekeeper.until_limit(Some(3)).await;
