@@ -479,6 +479,7 @@ mod tests {
             ("grpc-tls-client-ca", "TLS on the gRPC listener:"),
             ("config", "Limits:"),
             ("xds-server", "Limits from xDS (--config-source xds):"),
+            ("xds-tls-san", "Limits from xDS (--config-source xds):"),
             ("quota-mode", "Answers:"),
             ("max-keys", "Memory store:"),
             ("store-ttl-margin", "Redis store:"),
@@ -534,6 +535,60 @@ mod tests {
                 && !refused.contains("secret"),
             "{refused}"
         );
+    }
+
+    /// TLS to the xDS server is asked for by --xds-tls or an https:// server; its other
+    /// flags without it, or --xds-tls with an http:// server, are refused naming the flag.
+    #[test]
+    fn xds_tls_is_asked_for_by_its_flag_or_an_https_server() {
+        use crate::envoy::xds::XdsTlsOptions;
+        let xds = |more: &[&str]| {
+            let mut args = vec!["ratekeeper", "serve", "--config-source", "xds"];
+            args.extend_from_slice(more);
+            let cli = Cli::try_parse_from(args).expect("valid flags");
+            let Command::Serve(serve) = cli.command else {
+                panic!("serve expected");
+            };
+            serve
+                .server_options()
+                .map(|options| options.xds.expect("xds").tls)
+        };
+        assert_eq!(xds(&["--xds-server", "xds:18000"]), Ok(None));
+        assert_eq!(
+            xds(&["--xds-server", "https://xds:18000"]),
+            Ok(Some(XdsTlsOptions::default()))
+        );
+        assert_eq!(
+            xds(&[
+                "--xds-server",
+                "xds:18000",
+                "--xds-tls",
+                "--xds-tls-ca",
+                "/certs/ca.crt",
+                "--xds-tls-cert",
+                "/certs/tls.crt",
+                "--xds-tls-key",
+                "/certs/tls.key",
+                "--xds-tls-san",
+                "xds.internal",
+            ]),
+            Ok(Some(XdsTlsOptions {
+                ca: Some("/certs/ca.crt".into()),
+                identity: Some(("/certs/tls.crt".into(), "/certs/tls.key".into())),
+                san: Some("xds.internal".into()),
+            }))
+        );
+        let plain = xds(&["--xds-server", "xds:18000", "--xds-tls-ca", "/certs/ca.crt"])
+            .expect_err("a CA without TLS");
+        assert!(plain.starts_with("--xds-tls-ca needs --xds-tls"), "{plain}");
+        let http =
+            xds(&["--xds-server", "http://xds:18000", "--xds-tls"]).expect_err("tls with http://");
+        assert!(
+            http.contains("--xds-tls with --xds-server http://xds:18000"),
+            "{http}"
+        );
+        let half = Cli::try_parse_from(["ratekeeper", "serve", "--xds-tls-cert", "/certs/tls.crt"]);
+        assert!(half.is_err(), "a certificate without its key");
     }
 
     fn limiter_options(args: &[&str]) -> crate::limiter::LimiterOptions {

@@ -35,7 +35,7 @@ use crate::clock::Clock;
 use crate::cluster::names::{NameSource, Named, NamesPage};
 use crate::cluster::quota::QuotaSource;
 use crate::envoy::rlqs::{RlqsOptions, RlqsService};
-use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats};
+use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats, XdsTls};
 use crate::http::Health;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::Limits;
@@ -261,11 +261,12 @@ pub struct Server {
 }
 
 /// What is read before anything listens, so a bad file fails the start: the gRPC
-/// listener's TLS, the admin token, the peers' TLS.
+/// listener's TLS, the admin token, the peers' TLS, the xDS client's TLS.
 struct Secrets {
     grpc_tls: Option<Tls>,
     admin_token: Option<TokenFile>,
     peer_tls: Option<Tls>,
+    xds_tls: Option<XdsTls>,
 }
 
 impl Secrets {
@@ -286,10 +287,18 @@ impl Secrets {
             .cloned()
             .map(|files| Tls::load_for(files, &tls::PEER))
             .transpose()?;
+        let xds_tls = match &options.xds {
+            Some(xds) => xds
+                .tls_options()
+                .map(|files| XdsTls::load(&files, &xds.url()))
+                .transpose()?,
+            None => None,
+        };
         Ok(Secrets {
             grpc_tls,
             admin_token,
             peer_tls,
+            xds_tls,
         })
     }
 
@@ -299,6 +308,10 @@ impl Secrets {
         }
         if let Some(tls) = &self.peer_tls {
             tls.stats().register_metrics_as(tls::PEER.what, registry);
+        }
+        if let Some(tls) = &self.xds_tls {
+            tls.stats()
+                .register_metrics_as(crate::envoy::xds::TLS_FLAGS.what, registry);
         }
     }
 }
@@ -312,6 +325,7 @@ struct Watches {
     _grpc_tls: Option<TlsWatch>,
     _admin_token: Option<TokenWatch>,
     _peer_tls: Option<TlsWatch>,
+    _xds_tls: Option<TlsWatch>,
 }
 
 impl Watches {
@@ -339,7 +353,8 @@ impl Watches {
                 Arc::clone(limits),
                 Arc::clone(reload_stats),
                 Arc::clone(xds_stats),
-            );
+            )
+            .with_tls(secrets.xds_tls.clone());
             AbortOnDrop(client.spawn().abort_handle())
         });
         Ok(Watches {
@@ -348,6 +363,12 @@ impl Watches {
             _grpc_tls: secrets.grpc_tls.as_ref().map(Tls::watch).transpose()?,
             _admin_token: secrets.admin_token.as_ref().map(TokenFile::watch),
             _peer_tls: secrets.peer_tls.as_ref().map(Tls::watch).transpose()?,
+            _xds_tls: secrets
+                .xds_tls
+                .as_ref()
+                .map(XdsTls::watch)
+                .transpose()?
+                .flatten(),
         })
     }
 }

@@ -18,7 +18,7 @@ use super::{
 use crate::admin::AdminOptions;
 use crate::cluster::{ClusterOptions, Fallback};
 use crate::envoy::rlqs::RlqsOptions;
-use crate::envoy::xds::XdsOptions;
+use crate::envoy::xds::{XdsOptions, XdsTlsOptions};
 use crate::failure::FailurePolicy;
 use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::{ConfigErrors, Limits, LoadOptions};
@@ -122,8 +122,8 @@ pub struct LimitsArgs {
 #[derive(Args)]
 #[command(next_help_heading = "Limits from xDS (--config-source xds)")]
 pub struct XdsArgs {
-    /// The xDS management server (`http://host:port`, or `host:port`), with
-    /// --config-source xds.
+    /// The xDS management server (`host:port`, `http://host:port`, or `https://host:port`
+    /// for TLS), with --config-source xds.
     #[arg(
         long,
         env = "RATEKEEPER_XDS_SERVER",
@@ -148,6 +148,61 @@ pub struct XdsArgs {
     /// The longest delay between two attempts to reach the xDS server.
     #[arg(long, env = "RATEKEEPER_XDS_BACKOFF_MAX", value_parser = duration, default_value = "60s")]
     pub xds_backoff_max: Duration,
+    /// Connect to the xDS server over TLS (an `https://` --xds-server means the same),
+    /// checking its certificate against --xds-tls-ca, or the system's roots without it.
+    #[arg(long, env = "RATEKEEPER_XDS_TLS")]
+    pub xds_tls: bool,
+    /// The CA certificates (PEM) the xDS server's certificate must chain to, instead of
+    /// the system's roots; watched, a new CA is used from the next connection.
+    #[arg(long, env = "RATEKEEPER_XDS_TLS_CA")]
+    pub xds_tls_ca: Option<PathBuf>,
+    /// The client certificate chain (PEM) to present to the xDS server (mutual TLS), with
+    /// --xds-tls-key; watched, a renewed one is presented from the next connection.
+    #[arg(long, env = "RATEKEEPER_XDS_TLS_CERT", requires = "xds_tls_key")]
+    pub xds_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --xds-tls-cert.
+    #[arg(long, env = "RATEKEEPER_XDS_TLS_KEY", requires = "xds_tls_cert")]
+    pub xds_tls_key: Option<PathBuf>,
+    /// The name the xDS server's certificate must be valid for (a DNS name or an IP
+    /// address, also sent as SNI); default: the host of --xds-server.
+    #[arg(long, env = "RATEKEEPER_XDS_TLS_SAN")]
+    pub xds_tls_san: Option<String>,
+}
+
+impl XdsArgs {
+    /// TLS to the xDS server: asked for by --xds-tls or an `https://` server; the other
+    /// `--xds-tls-*` flags need it, and an `http://` server refuses it.
+    fn tls(&self) -> Result<Option<XdsTlsOptions>, String> {
+        let server = self.xds_server.as_deref().unwrap_or_default();
+        let scheme = |scheme: &str| {
+            server
+                .get(..scheme.len())
+                .is_some_and(|start| start.eq_ignore_ascii_case(scheme))
+        };
+        if self.xds_tls && scheme("http://") {
+            return Err(format!(
+                "--xds-tls with --xds-server {server}: write https:// (or host:port alone) for TLS"
+            ));
+        }
+        if !self.xds_tls && !scheme("https://") {
+            let given = [
+                ("--xds-tls-ca", self.xds_tls_ca.is_some()),
+                ("--xds-tls-cert", self.xds_tls_cert.is_some()),
+                ("--xds-tls-san", self.xds_tls_san.is_some()),
+            ];
+            return match given.iter().find(|(_, given)| *given) {
+                Some((flag, _)) => Err(format!(
+                    "{flag} needs --xds-tls (or an https:// --xds-server): the xds server is reached in plaintext without it"
+                )),
+                None => Ok(None),
+            };
+        }
+        Ok(Some(XdsTlsOptions {
+            ca: self.xds_tls_ca.clone(),
+            identity: self.xds_tls_cert.clone().zip(self.xds_tls_key.clone()),
+            san: self.xds_tls_san.clone(),
+        }))
+    }
 }
 
 // What every limit does and what the answers carry.
@@ -443,13 +498,14 @@ impl ServeArgs {
     }
 
     /// The xDS subscription, with --config-source xds.
-    fn xds_options(&self) -> Option<XdsOptions> {
+    fn xds_options(&self) -> Result<Option<XdsOptions>, String> {
         if self.limits.config_source != ConfigSource::Xds {
-            return None;
+            return Ok(None);
         }
         // clap requires --xds-server with --config-source xds.
         let server = self.xds.xds_server.clone().unwrap_or_default();
-        Some(XdsOptions {
+        Ok(Some(XdsOptions {
+            tls: self.xds.tls()?,
             node_id: self.xds.xds_node_id.clone(),
             node_metadata: self.xds.xds_node_metadata.clone(),
             headers: self.xds.xds_header.clone(),
@@ -457,7 +513,7 @@ impl ServeArgs {
             backoff_max: self.xds.xds_backoff_max.max(self.xds.xds_backoff_initial),
             load: self.load_options(),
             ..XdsOptions::new(server)
-        })
+        }))
     }
 
     /// Whether any cluster flag was given.
@@ -589,7 +645,7 @@ impl ServeArgs {
             },
             watch: (self.limits.config_source == ConfigSource::File)
                 .then(|| self.limits.config.clone()),
-            xds: self.xds_options(),
+            xds: self.xds_options()?,
             reload: ReloadOptions {
                 recheck_every: self.limits.reload_interval,
                 load: self.load_options(),

@@ -9,6 +9,8 @@
 //! then ACKed (`version_info` + `response_nonce`). A response that does not compile is
 //! NACKed with the config errors in `error_detail` (each naming the resource and the place)
 //! and the live limits stay. On reconnect the first request carries the last ACKed version.
+//! Over TLS (`tls`) each connection takes the client config live when it opens, so a
+//! renewed client certificate or CA is used from the next reconnect on.
 //!
 //! Invariants:
 //! - Only this module knows the discovery protocol and the `RateLimitConfig` proto.
@@ -18,12 +20,15 @@
 //!   a request queue of [`REQUEST_QUEUE`], and reconnects spaced by a capped exponential
 //!   backoff with jitter that restarts once a stream delivered a response.
 //! - One log line per state change: connected, stream lost (then quiet while reconnects
-//!   keep failing), each applied or rejected configuration.
+//!   keep failing, but for each new reason, up to `MAX_LOGGED`), each applied or rejected
+//!   configuration; a TLS failure says what to check, naming the flag and the file.
 
 mod convert;
 mod metrics;
+mod tls;
 
 pub use self::convert::{MAX_RESOURCE_BYTES, MAX_RESOURCES, source, sources};
+pub use self::tls::{FLAGS as TLS_FLAGS, XdsTls, XdsTlsOptions};
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -40,7 +45,7 @@ use envoy_types::pb::google::rpc::Status;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tonic::metadata::{MetadataKey, MetadataValue};
-use tonic::transport::Endpoint;
+use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::limits::{Limits, LoadOptions};
 use crate::reload::{self, ReloadStats};
@@ -68,14 +73,22 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// HTTP/2 pings that find a dead server on an idle stream.
 const KEEPALIVE: Duration = Duration::from_secs(30);
 
+/// Distinct reasons logged (at warn) while the server stays unreachable; the rest, and
+/// each reason again, at debug.
+const MAX_LOGGED: usize = 4;
+
 /// `google.rpc.Code.INVALID_ARGUMENT`, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
 
 /// Where and how to subscribe.
 #[derive(Clone, Debug)]
 pub struct XdsOptions {
-    /// The management server, `http://host:port` (a bare `host:port` means `http://`).
+    /// The management server, `http://host:port` or `https://host:port` (a bare
+    /// `host:port` means `http://`, or `https://` with `tls`).
     pub server: String,
+    /// TLS to the server (an `https://` server without it: TLS with the defaults, the
+    /// system's roots and no client certificate).
+    pub tls: Option<XdsTlsOptions>,
     /// `node.id` in every request (the reference's `CONFIG_GRPC_XDS_NODE_ID`).
     pub node_id: String,
     /// `node.metadata`, string fields (`CONFIG_GRPC_XDS_NODE_METADATA`).
@@ -94,6 +107,7 @@ impl XdsOptions {
     pub fn new(server: impl Into<String>) -> XdsOptions {
         XdsOptions {
             server: server.into(),
+            tls: None,
             node_id: "default".to_owned(),
             node_metadata: Vec::new(),
             headers: Vec::new(),
@@ -103,10 +117,24 @@ impl XdsOptions {
         }
     }
 
-    fn url(&self) -> String {
-        match self.server.contains("://") {
-            true => self.server.clone(),
-            false => format!("http://{}", self.server),
+    /// The server's URL, with its scheme.
+    pub fn url(&self) -> String {
+        match (self.server.contains("://"), self.tls.is_some()) {
+            (true, _) => self.server.clone(),
+            (false, false) => format!("http://{}", self.server),
+            (false, true) => format!("https://{}", self.server),
+        }
+    }
+
+    /// How to reach the server over TLS, when it is to be reached so.
+    pub fn tls_options(&self) -> Option<XdsTlsOptions> {
+        let https = self
+            .server
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"));
+        match &self.tls {
+            Some(tls) => Some(tls.clone()),
+            None => https.then(XdsTlsOptions::default),
         }
     }
 }
@@ -145,6 +173,8 @@ pub struct XdsClient {
     stats: Arc<XdsStats>,
     /// The last ACKed `version_info`, sent again when reconnecting.
     acked: String,
+    /// TLS to the server (its files loaded by the server at start).
+    tls: Option<XdsTls>,
 }
 
 /// How a stream ended.
@@ -168,7 +198,14 @@ impl XdsClient {
             reload,
             stats,
             acked: String::new(),
+            tls: None,
         }
+    }
+
+    /// Connects over TLS with `tls` (see [`XdsTls::load`]).
+    pub fn with_tls(mut self, tls: Option<XdsTls>) -> XdsClient {
+        self.tls = tls;
+        self
     }
 
     /// Starts the subscription on the current runtime; it runs until the handle is aborted.
@@ -178,9 +215,11 @@ impl XdsClient {
 
     async fn run(mut self) {
         let url = self.options.url();
-        tracing::info!(server = %url, node = %self.options.node_id, "subscribing to limits over xds");
+        let tls = self.tls.as_ref().map(XdsTls::name);
+        tracing::info!(server = %url, node = %self.options.node_id, tls_name = ?tls, "subscribing to limits over xds");
         let mut attempt: u32 = 0;
-        let mut quiet = false;
+        // The reasons logged while the server stays unreachable (each is logged once).
+        let mut logged: Vec<String> = Vec::new();
         loop {
             let (ended, delivered) = self.session(&url).await;
             self.stats.connected.store(false, Ordering::Relaxed);
@@ -197,12 +236,12 @@ impl XdsClient {
             attempt = attempt.saturating_add(1);
             match ended {
                 Ended::Lost(why) => {
-                    quiet = false;
+                    logged.clear();
                     tracing::warn!(server = %url, reason = %why, retry_in = ?delay, "xds stream lost, reconnecting");
                 }
-                Ended::Unreachable(why) if !quiet => {
-                    quiet = true;
+                Ended::Unreachable(why) if !logged.contains(&why) && logged.len() < MAX_LOGGED => {
                     tracing::warn!(server = %url, reason = %why, retry_in = ?delay, "cannot reach the xds server, retrying");
+                    logged.push(why);
                 }
                 Ended::Unreachable(why) => {
                     tracing::debug!(server = %url, reason = %why, retry_in = ?delay, "xds server still unreachable");
@@ -214,16 +253,9 @@ impl XdsClient {
 
     /// One stream, from connecting to its end; also whether it delivered a response.
     async fn session(&mut self, url: &str) -> (Ended, bool) {
-        let endpoint = match Endpoint::from_shared(url.to_owned()) {
-            Ok(endpoint) => endpoint
-                .connect_timeout(CONNECT_TIMEOUT)
-                .http2_keep_alive_interval(KEEPALIVE)
-                .keep_alive_timeout(KEEPALIVE),
-            Err(error) => return (Ended::Unreachable(error.to_string()), false),
-        };
-        let channel = match endpoint.connect().await {
+        let channel = match self.connect(url).await {
             Ok(channel) => channel,
-            Err(error) => return (Ended::Unreachable(source_chain(&error)), false),
+            Err(why) => return (Ended::Unreachable(why), false),
         };
         let mut client = AggregatedDiscoveryServiceClient::new(channel)
             .max_decoding_message_size(MAX_RESPONSE_BYTES);
@@ -246,7 +278,7 @@ impl XdsClient {
         }
         let mut responses = match client.stream_aggregated_resources(call).await {
             Ok(responses) => responses.into_inner(),
-            Err(status) => return (Ended::Unreachable(status_text(&status)), false),
+            Err(status) => return (Ended::Unreachable(self.why_status(&status)), false),
         };
         self.stats.connected.store(true, Ordering::Relaxed);
         self.stats.connects.fetch_add(1, Ordering::Relaxed);
@@ -256,7 +288,7 @@ impl XdsClient {
             let response = match responses.message().await {
                 Ok(Some(response)) => response,
                 Ok(None) => return (Ended::Lost("the server ended the stream".into()), delivered),
-                Err(status) => return (Ended::Lost(status_text(&status)), delivered),
+                Err(status) => return (Ended::Lost(self.why_status(&status)), delivered),
             };
             delivered = true;
             if response.type_url != TYPE_URL {
@@ -268,6 +300,54 @@ impl XdsClient {
                 return (Ended::Lost("the request stream closed".into()), delivered);
             }
         }
+    }
+
+    /// A connection to the server: plaintext, or TLS with the client config live now.
+    async fn connect(&self, url: &str) -> Result<Channel, String> {
+        let endpoint = |url: String| {
+            Endpoint::from_shared(url)
+                .map(|endpoint| {
+                    endpoint
+                        .connect_timeout(CONNECT_TIMEOUT)
+                        .http2_keep_alive_interval(KEEPALIVE)
+                        .keep_alive_timeout(KEEPALIVE)
+                })
+                .map_err(|error| error.to_string())
+        };
+        let connected = match &self.tls {
+            // Never plaintext to a server named https:// (the server always gives the
+            // client its TLS; a library user might not).
+            None if self.options.tls_options().is_some() => {
+                return Err("an https:// server without a tls config (XdsClient::with_tls)".into());
+            }
+            None => endpoint(url.to_owned())?.connect().await,
+            Some(tls) => {
+                // The connector does TLS; the endpoint's URI says http so that tonic (whose
+                // own TLS the tests' build turns on) never wraps it a second time, and the
+                // origin gives requests their https scheme.
+                let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
+                let origin = format!("https://{authority}")
+                    .parse::<Uri>()
+                    .map_err(|error| error.to_string())?;
+                endpoint(format!("http://{authority}"))?
+                    .origin(origin)
+                    .connect_with_connector(tls.dial())
+                    .await
+            }
+        };
+        connected.map_err(|error| self.why(&error, source_chain(&error)))
+    }
+
+    /// `text` (an error's), preceded by what to check when the error comes from TLS.
+    fn why(&self, error: &(dyn std::error::Error + 'static), text: String) -> String {
+        match self.tls.as_ref().and_then(|tls| tls.explain(error)) {
+            Some(explained) => format!("{explained} ({text})"),
+            None => text,
+        }
+    }
+
+    fn why_status(&self, status: &tonic::Status) -> String {
+        self.why(status, status_text(status))
     }
 
     /// Applies one response; the ACK or NACK to send.
@@ -385,8 +465,16 @@ fn truncate(mut text: String, max: usize) -> String {
     text
 }
 
+/// A status's code and message, and what caused it (a transport error's own message says
+/// little).
 fn status_text(status: &tonic::Status) -> String {
-    format!("{:?}: {}", status.code(), status.message())
+    let message = status.message();
+    match std::error::Error::source(status).map(source_chain) {
+        // tonic's transport errors repeat their source's text as the message.
+        Some(chain) if chain.starts_with(message) => format!("{:?}: {chain}", status.code()),
+        Some(chain) => format!("{:?}: {message}: {chain}", status.code()),
+        None => format!("{:?}: {message}", status.code()),
+    }
 }
 
 /// An error and its sources, for transport errors whose own text is only "transport error".
@@ -394,8 +482,12 @@ fn source_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut next = error.source();
     while let Some(source) = next {
-        text.push_str(": ");
-        text.push_str(&source.to_string());
+        // An IO error shows its inner error's text, then has it as its source.
+        let part = source.to_string();
+        if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
         next = source.source();
     }
     text

@@ -566,6 +566,20 @@ pub const CATALOG: &[Declared] = &[
         "RateLimitConfig responses from the xDS management server by answer (ack: applied, nack: rejected)",
     ),
     family(
+        "xds_tls_loads",
+        Counter,
+        RESULT,
+        When::Xds,
+        "Loads of the xDS client's TLS files (CA, client certificate) by result (the start-up load counts)",
+    ),
+    family(
+        "xds_tls_handshake_failures",
+        Counter,
+        &[],
+        When::Xds,
+        "Connections to the xDS management server whose TLS handshake failed",
+    ),
+    family(
         "grpc_tls_loads",
         Counter,
         RESULT,

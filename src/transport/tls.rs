@@ -1,5 +1,6 @@
-//! TLS (and mTLS) on the gRPC listener and between cluster peers: the certificate, key and
-//! CA files named by `--grpc-tls-*` (or `--peer-tls-*`, [`Flags`] says which), turned into a
+//! TLS (and mTLS) on the gRPC listener and between cluster peers (and, in `client`, the
+//! client side alone, for servers ratekeeper dials: the xDS management server's): the
+//! certificate, key and CA files named by `--grpc-tls-*` (or `--peer-tls-*`, [`Flags`] says which), turned into a
 //! rustls `ServerConfig` (ring provider, ALPN `h2`) and, for peers, the `ClientConfig` their
 //! outgoing connections use (presenting the same certificate, checking the other node's
 //! against the same CA), and kept current while serving: [`Tls::watch`] watches the files'
@@ -20,6 +21,7 @@
 //! - Bounded: files over [`MAX_FILE_BYTES`] are refused; events queue in a fixed-size
 //!   channel, and a burst of them costs one reload.
 
+mod client;
 mod watch;
 
 use std::fmt;
@@ -40,6 +42,7 @@ use rustls::{
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 
+pub use self::client::{ClientTls, ClientTlsOptions};
 pub use self::watch::TlsWatch;
 use crate::key::fnv1a64;
 
@@ -145,6 +148,10 @@ pub enum TlsError {
         flag: &'static str,
         cert_flag: &'static str,
     },
+    #[error(
+        "no CA certificates found on this system to check the server's certificate with: give {flag}"
+    )]
+    NoRoots { flag: &'static str },
     #[error("cannot set up tls: {0}")]
     Setup(rustls::Error),
     #[error("cannot watch the tls files in {}: {source}", dir.display())]
@@ -289,6 +296,24 @@ impl Tls {
     }
 }
 
+impl watch::Reloadable for Tls {
+    fn files(&self) -> Vec<PathBuf> {
+        self.options
+            .files()
+            .into_iter()
+            .map(Path::to_owned)
+            .collect()
+    }
+
+    fn what(&self) -> &'static str {
+        Tls::what(self)
+    }
+
+    fn reload_now(&self) -> Result<bool, TlsError> {
+        Tls::reload_now(self)
+    }
+}
+
 /// The configs built from the files, and a hash of their bytes.
 struct Loaded {
     configs: Configs,
@@ -318,7 +343,8 @@ fn load(options: &TlsOptions, flags: &'static Flags) -> Result<Loaded, TlsError>
         problem: pem_problem(&error, "private key"),
     })?;
     let client_key = key.clone_key();
-    let certified = certified_key(options, flags, chain.clone(), key, &provider)?;
+    let files = (options.cert.as_path(), options.key.as_path());
+    let certified = certified_key(files, flags, chain.clone(), key, &provider)?;
 
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
@@ -367,7 +393,7 @@ fn files_version(cert: &[u8], key: &[u8], ca: Option<&Vec<u8>>) -> u64 {
 /// The certificate chain and its private key as one signing identity, refused when the
 /// key is unusable or does not belong to the certificate.
 fn certified_key(
-    options: &TlsOptions,
+    (cert_path, key_path): (&Path, &Path),
     flags: &'static Flags,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
@@ -378,7 +404,7 @@ fn certified_key(
         .load_private_key(key)
         .map_err(|error| TlsError::Invalid {
             flag: flags.key,
-            path: options.key.clone(),
+            path: key_path.to_owned(),
             problem: format!("unusable private key: {error}"),
         })?;
     let certified = rustls::sign::CertifiedKey::new(chain, signing_key);
@@ -387,13 +413,13 @@ fn certified_key(
         Err(rustls::Error::InconsistentKeys(InconsistentKeys::KeyMismatch)) => {
             Err(TlsError::Mismatch {
                 flags,
-                cert: options.cert.clone(),
-                key: options.key.clone(),
+                cert: cert_path.to_owned(),
+                key: key_path.to_owned(),
             })
         }
         Err(error) => Err(TlsError::Invalid {
             flag: flags.cert,
-            path: options.cert.clone(),
+            path: cert_path.to_owned(),
             problem: format!("unusable certificate: {error}"),
         }),
     }

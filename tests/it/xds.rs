@@ -1,7 +1,9 @@
 //! Limits from an xDS management server (`--config-source xds`): an in-test ADS server on
 //! `127.0.0.1:0` serves `RateLimitConfig` resources, state of the world; ratekeeper
 //! enforces them over gRPC, follows updates, NACKs a bad one (keeping the old limits) and
-//! reconnects when the server comes back.
+//! reconnects when the server comes back. Over TLS and mutual TLS: `xds/tls.rs`.
+
+mod tls;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -29,7 +31,7 @@ use ratekeeper::envoy::xds::{TYPE_URL, XdsOptions};
 use ratekeeper::server::{Server, ServerOptions};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -42,6 +44,8 @@ struct State {
     /// The response every stream sends (again, when it changes).
     snapshot: Mutex<Option<watch::Sender<Option<DiscoveryResponse>>>>,
     requests: Mutex<Vec<DiscoveryRequest>>,
+    /// Over mutual TLS: the client certificate (DER, the leaf) each stream came with.
+    client_certs: Mutex<Vec<Vec<u8>>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -65,6 +69,11 @@ impl AggregatedDiscoveryService for Ads {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        if let Some(certs) = request.peer_certs()
+            && let Some(leaf) = certs.first()
+        {
+            lock(&self.state.client_certs).push(leaf.to_vec());
+        }
         let mut incoming = request.into_inner();
         let state = Arc::clone(&self.state);
         let mut snapshot = self.snapshot.clone();
@@ -126,13 +135,26 @@ struct XdsServer {
 
 impl XdsServer {
     async fn start() -> XdsServer {
+        XdsServer::start_with(None).await
+    }
+
+    /// A server on `127.0.0.1:0`, over TLS with `tls` when given.
+    async fn start_with(tls: Option<ServerTlsConfig>) -> XdsServer {
         let state = Arc::new(State::default());
         let (snapshot, _) = watch::channel(None);
         *lock(&state.snapshot) = Some(snapshot);
-        XdsServer::serve("127.0.0.1:0".parse().expect("addr"), state).await
+        XdsServer::serve_with("127.0.0.1:0".parse().expect("addr"), state, tls).await
     }
 
     async fn serve(addr: SocketAddr, state: Arc<State>) -> XdsServer {
+        XdsServer::serve_with(addr, state, None).await
+    }
+
+    async fn serve_with(
+        addr: SocketAddr,
+        state: Arc<State>,
+        tls: Option<ServerTlsConfig>,
+    ) -> XdsServer {
         let listener = TcpListener::bind(addr).await.expect("binds");
         let addr = listener.local_addr().expect("bound");
         let (stop, stopped) = watch::channel(false);
@@ -146,8 +168,12 @@ impl XdsServer {
             stopped,
         };
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).expect("a server tls config");
+        }
         let task = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
+            let _ = builder
                 .add_service(AggregatedDiscoveryServiceServer::new(ads))
                 .serve_with_incoming(incoming)
                 .await;
@@ -186,6 +212,11 @@ impl XdsServer {
 
     fn requests(&self) -> Vec<DiscoveryRequest> {
         lock(&self.state.requests).clone()
+    }
+
+    /// The client certificates streams came with, in order (mutual TLS).
+    fn client_certs(&self) -> Vec<Vec<u8>> {
+        lock(&self.state.client_certs).clone()
     }
 
     /// The request answering `version`'s response (matched by nonce), once it came.
@@ -263,15 +294,10 @@ async fn start_ratekeeper(xds: &XdsServer) -> Running {
     let grpc = server.grpc_addr().expect("tcp");
     let stats = Arc::clone(server.xds_stats());
     let (stop, _) = crate::support::spawn_server(server);
-    let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
-        .await
-        .expect("connects");
-    Running {
-        client,
-        stop: Some(stop),
-        stats,
-        probes: 0,
-    }
+    let mut running = Running::connect(grpc).await;
+    running.stop = Some(stop);
+    running.stats = stats;
+    running
 }
 
 impl Drop for Running {
@@ -283,6 +309,19 @@ impl Drop for Running {
 }
 
 impl Running {
+    /// A client of the ratekeeper serving gRPC at `grpc` (a process of its own: no stats).
+    async fn connect(grpc: SocketAddr) -> Running {
+        let client = RateLimitServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .expect("connects");
+        Running {
+            client,
+            stop: None,
+            stats: Arc::default(),
+            probes: 0,
+        }
+    }
+
     /// One request for `user`: its code and the limit that applied (`None`: no limit).
     async fn check(&mut self, user: &str) -> (Code, Option<u32>) {
         let request = RateLimitRequest {

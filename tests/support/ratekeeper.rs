@@ -76,6 +76,13 @@ impl Ratekeeper {
         Ratekeeper::launch(command, Some(reach)).healthy()
     }
 
+    /// Starts `command` (a [`ratekeeper_command`] that chose its own arguments and
+    /// environment) without waiting for `/healthcheck` (for a process that is meant to be
+    /// unhealthy at first): returns once it printed its serving line.
+    pub fn start_unready_command(command: &mut Command) -> Ratekeeper {
+        Ratekeeper::launch(command, None)
+    }
+
     /// Waits until `/healthcheck` answers 200; fails with the child's stderr otherwise.
     fn healthy(mut self) -> Ratekeeper {
         let http_addr = self.http_addr;

@@ -200,22 +200,50 @@ impl Reader<'_> {
         );
     }
 
-    /// TLS to the management server, which ratekeeper's xDS client does not speak.
+    /// TLS to the management server (Envoy Gateway's: its CA, and the client certificate
+    /// its control plane asks for). As in the reference, the certificate goes with its key
+    /// (one alone is ignored), and the SAN, when set, is the name the server's certificate
+    /// must be valid for.
     fn xds_tls(&mut self) {
-        const TLS_FILES: [&str; 4] = [
+        const FILES: [&str; 4] = [
             "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
             "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
             "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
             "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
         ];
-        if self.is_true("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
-            self.refuse(
-                "CONFIG_GRPC_XDS_SERVER_USE_TLS",
-                "ratekeeper's xDS client speaks plaintext only (TLS to the management server \
-                 is not supported yet)",
-            );
-        } else {
-            self.unused(&TLS_FILES, "CONFIG_GRPC_XDS_SERVER_USE_TLS is not true");
+        if !self.is_true("CONFIG_GRPC_XDS_SERVER_USE_TLS") {
+            self.unused(&FILES, "CONFIG_GRPC_XDS_SERVER_USE_TLS is not true");
+            return;
         }
+        self.switch("CONFIG_GRPC_XDS_SERVER_USE_TLS", "xds_tls", "--xds-tls");
+        match (self.get(FILES[0]), self.get(FILES[1])) {
+            (Some(cert), Some(key)) => {
+                self.set(
+                    "xds_tls_cert",
+                    "--xds-tls-cert",
+                    Some(cert.to_owned()),
+                    &[FILES[0]],
+                );
+                self.set(
+                    "xds_tls_key",
+                    "--xds-tls-key",
+                    Some(key.to_owned()),
+                    &[FILES[1]],
+                );
+            }
+            (None, None) => {}
+            (Some(_), None) => self.warn(
+                FILES[0],
+                "ignored: without CONFIG_GRPC_XDS_CLIENT_TLS_KEY no client certificate is \
+                 presented (as in the reference)",
+            ),
+            (None, Some(_)) => self.warn(
+                FILES[1],
+                "ignored: without CONFIG_GRPC_XDS_CLIENT_TLS_CERT no client certificate is \
+                 presented (as in the reference)",
+            ),
+        }
+        self.copy(FILES[2], "xds_tls_ca", "--xds-tls-ca");
+        self.copy(FILES[3], "xds_tls_san", "--xds-tls-san");
     }
 }

@@ -293,19 +293,149 @@ fn xds_takes_its_server_node_headers_and_backoff() {
         "no localhost:18000 default"
     );
     assert_eq!(refused(&[("CONFIG_TYPE", "CONSUL")]), ["CONFIG_TYPE"]);
-    assert_eq!(
-        refused(&[
-            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
-            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
-        ]),
-        ["CONFIG_GRPC_XDS_SERVER_USE_TLS"]
-    );
     // With files, the xDS variables are unused, as in the reference.
     assert_eq!(
         ignored(&[("CONFIG_GRPC_XDS_NODE_ID", "rl-1")]),
         ["CONFIG_GRPC_XDS_NODE_ID"]
     );
+}
+
+/// Envoy Gateway's rate limit Deployment: its control plane over mutual TLS.
+const ENVOY_GATEWAY_XDS: [(&str, &str); 6] = [
+    ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+    (
+        "CONFIG_GRPC_XDS_SERVER_URL",
+        "envoy-gateway.envoy-gateway-system.svc.cluster.local:18001",
+    ),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+];
+
+#[test]
+fn xds_over_tls_takes_the_ca_the_client_certificate_and_the_san() {
+    check(
+        &ENVOY_GATEWAY_XDS,
+        &[
+            "--config-source=xds",
+            "--xds-server=envoy-gateway.envoy-gateway-system.svc.cluster.local:18001",
+            "--xds-tls",
+            "--xds-tls-cert=/certs/tls.crt",
+            "--xds-tls-key=/certs/tls.key",
+            "--xds-tls-ca=/certs/ca.crt",
+        ],
+    );
+    let mut all: Vec<&str> = ENVOY_GATEWAY_XDS.iter().map(|(name, _)| *name).collect();
+    let mut applied = mapping(&ENVOY_GATEWAY_XDS, &[]).applied;
+    all.sort_unstable();
+    applied.sort_unstable();
+    assert_eq!(applied, all, "every variable is honoured");
+    let mut args = vec!["ratekeeper".to_owned(), "serve".to_owned()];
+    args.extend(flags(&ENVOY_GATEWAY_XDS));
+    let cli = Cli::try_parse_from(&args).expect("ratekeeper takes the flags");
+    let Command::Serve(serve) = cli.command else {
+        panic!("serve expected");
+    };
+    let xds = serve
+        .server_options()
+        .expect("valid flags")
+        .xds
+        .expect("xds");
+    assert_eq!(
+        xds.url(),
+        "https://envoy-gateway.envoy-gateway-system.svc.cluster.local:18001"
+    );
+    assert_eq!(
+        xds.tls,
+        Some(crate::envoy::xds::XdsTlsOptions {
+            ca: Some("/certs/ca.crt".into()),
+            identity: Some(("/certs/tls.crt".into(), "/certs/tls.key".into())),
+            san: None,
+        })
+    );
+    // The SAN; the system's roots without a CA; TLS without a client certificate.
+    check(
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "10.0.0.5:18000"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "True"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", "xds.internal"),
+        ],
+        &[
+            "--config-source=xds",
+            "--xds-server=10.0.0.5:18000",
+            "--xds-tls",
+            "--xds-tls-san=xds.internal",
+        ],
+    );
+    // A certificate without its key is ignored, as the reference ignores it.
+    let half = mapping(
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+        ],
+        &[],
+    );
+    assert!(half.errors.is_empty(), "{:?}", half.errors);
+    let warned: Vec<&str> = half.warnings.iter().map(|note| note.variable).collect();
+    assert_eq!(warned, ["CONFIG_GRPC_XDS_CLIENT_TLS_CERT"]);
+    assert!(!half.args().any(|arg| arg.starts_with("--xds-tls-cert")));
+    // Without USE_TLS the files are unused, and TLS stays off.
+    let plain = mapping(
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+        ],
+        &[],
+    );
+    assert_eq!(
+        plain.args().collect::<Vec<_>>(),
+        ["--config-source=xds", "--xds-server=xds:18000"]
+    );
+    assert_eq!(
+        plain.warnings[0].variable,
+        "CONFIG_GRPC_XDS_SERVER_TLS_CACERT"
+    );
+    assert_eq!(
+        refused(&[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "xds:18000"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "yes"),
+        ]),
+        ["CONFIG_GRPC_XDS_SERVER_USE_TLS"]
+    );
+}
+
+#[test]
+fn our_xds_tls_flags_win_over_the_variables() {
+    let ours = mapping(
+        &ENVOY_GATEWAY_XDS,
+        &["xds_tls_ca", "xds_tls_cert", "xds_tls_key"],
+    );
+    assert!(ours.errors.is_empty(), "{:?}", ours.errors);
+    assert_eq!(
+        ours.args().collect::<Vec<_>>(),
+        [
+            "--config-source=xds",
+            "--xds-server=envoy-gateway.envoy-gateway-system.svc.cluster.local:18001",
+            "--xds-tls",
+        ]
+    );
+    for (variable, flag) in [
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "--xds-tls-cert"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "--xds-tls-key"),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "--xds-tls-ca"),
+    ] {
+        assert!(
+            ours.overridden.contains(&(variable, flag)),
+            "{variable}: {:?}",
+            ours.overridden
+        );
+    }
 }
 
 #[test]

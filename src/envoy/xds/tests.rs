@@ -265,3 +265,96 @@ fn error_details_are_cut_on_a_character_boundary() {
     let cut = truncate("ééééé".to_owned(), 8);
     assert!(cut.len() <= 8 && cut.ends_with("..."), "{cut}");
 }
+
+/// A failed handshake says what to check, naming the flag and the file.
+#[test]
+fn tls_failures_say_what_to_check() {
+    use rustls::{AlertDescription, CertificateError};
+
+    use super::tls::explain;
+    use crate::transport::tls::ClientTlsOptions;
+
+    let with_files = ClientTlsOptions {
+        ca: Some("/certs/ca.crt".into()),
+        identity: Some(("/certs/tls.crt".into(), "/certs/tls.key".into())),
+    };
+    let bare = ClientTlsOptions::default();
+    let check = |error: rustls::Error, files: &ClientTlsOptions, parts: &[&str]| {
+        let text = explain(&error, files, "xds.internal");
+        assert!(
+            text.starts_with("tls with the xds server failed: "),
+            "{text}"
+        );
+        for part in parts {
+            assert!(text.contains(part), "{part:?} not in {text:?}");
+        }
+    };
+    let unknown = || rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
+    check(
+        unknown(),
+        &with_files,
+        &["not signed by", "--xds-tls-ca /certs/ca.crt"],
+    );
+    check(unknown(), &bare, &["system's roots", "give --xds-tls-ca"]);
+    check(
+        rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
+        &with_files,
+        &["not valid for \"xds.internal\"", "--xds-tls-san"],
+    );
+    check(
+        rustls::Error::AlertReceived(AlertDescription::CertificateRequired),
+        &bare,
+        &[
+            "asks for a client certificate",
+            "give --xds-tls-cert and --xds-tls-key",
+        ],
+    );
+    check(
+        rustls::Error::AlertReceived(AlertDescription::UnknownCA),
+        &with_files,
+        &["refused the client certificate --xds-tls-cert /certs/tls.crt"],
+    );
+}
+
+/// The name the server's certificate must carry: --xds-tls-san, else the URL's host.
+#[test]
+fn the_server_name_is_the_san_or_the_urls_host() {
+    use super::{XdsTls, XdsTlsOptions};
+
+    let name = |san: Option<&str>, url: &str| {
+        let options = XdsTlsOptions {
+            san: san.map(str::to_owned),
+            ..XdsTlsOptions::default()
+        };
+        // Without a CA the system's roots are loaded; a machine without any cannot say.
+        XdsTls::load(&options, url)
+            .map(|tls| tls.name())
+            .map_err(|error| error.to_string())
+    };
+    match name(None, "https://xds.internal:18000") {
+        Ok(found) => {
+            assert_eq!(found, "xds.internal");
+            assert_eq!(name(None, "https://[::1]:18000").as_deref(), Ok("::1"));
+            assert_eq!(
+                name(Some("envoy-gateway"), "https://10.0.0.5:18000").as_deref(),
+                Ok("envoy-gateway")
+            );
+            let bad = name(Some("not a name"), "https://xds:1").expect_err("bad san");
+            assert!(bad.starts_with("--xds-tls-san \"not a name\""), "{bad}");
+        }
+        Err(error) => assert!(error.contains("give --xds-tls-ca"), "{error}"),
+    }
+}
+
+/// An error's text with its sources, each once: an IO error shows its inner error and has
+/// it as its source too.
+#[test]
+fn an_error_chain_names_each_cause_once() {
+    let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, "invalid peer certificate");
+    let outer = std::io::Error::other(inner);
+    assert_eq!(super::source_chain(&outer), "invalid peer certificate");
+    let status = tonic::Status::from_error(Box::new(std::io::Error::other("connection refused")));
+    let text = super::status_text(&status);
+    assert!(text.contains("connection refused"), "{text}");
+    assert_eq!(text.matches("connection refused").count(), 1, "{text}");
+}

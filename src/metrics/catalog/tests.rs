@@ -92,6 +92,7 @@ async fn everything() -> String {
     let tls = Arc::new(crate::transport::tls::TlsStats::default());
     tls.register_metrics(&mut registry);
     tls.register_metrics_as(crate::transport::tls::PEER.what, &mut registry);
+    tls.register_metrics_as(crate::envoy::xds::TLS_FLAGS.what, &mut registry);
     let rlqs = crate::quota::RlqsStats::default();
     rlqs.register(&mut registry);
     let domain = crate::quota::DomainLabel {

@@ -17,7 +17,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::{Tls, TlsError, TlsStats};
+use super::{TlsError, TlsStats};
 use crate::metrics::{scrape_counter, scrape_counters_by};
 use crate::reload::is_read;
 
@@ -51,7 +51,17 @@ impl Drop for TlsWatch {
     }
 }
 
-pub(super) fn start(tls: Tls) -> Result<TlsWatch, TlsError> {
+/// What a watch keeps current: a live TLS config made from files.
+pub(super) trait Reloadable: Clone + Send + Sync + 'static {
+    /// The files it is made from (their directories are watched).
+    fn files(&self) -> Vec<PathBuf>;
+    /// `grpc`, `peer`, `webhook` or `xds`, for logs.
+    fn what(&self) -> &'static str;
+    /// Re-reads the files; errors are logged and counted inside (the old config stays).
+    fn reload_now(&self) -> Result<bool, TlsError>;
+}
+
+pub(super) fn start<T: Reloadable>(tls: T) -> Result<TlsWatch, TlsError> {
     let runtime = tokio::runtime::Handle::try_current().map_err(|_| TlsError::NoRuntime)?;
     let (sender, events) = mpsc::channel(EVENT_QUEUE);
     // Runs on notify's thread.
@@ -65,8 +75,8 @@ pub(super) fn start(tls: Tls) -> Result<TlsWatch, TlsError> {
         let _ = sender.try_send(());
     };
     let mut dirs: Vec<PathBuf> = Vec::new();
-    for file in tls.options.files() {
-        let dir = parent(file);
+    for file in tls.files() {
+        let dir = parent(&file);
         if !dirs.contains(&dir) {
             dirs.push(dir);
         }
@@ -102,7 +112,7 @@ fn parent(file: &Path) -> PathBuf {
     }
 }
 
-async fn run(tls: Tls, mut events: mpsc::Receiver<()>) {
+async fn run<T: Reloadable>(tls: T, mut events: mpsc::Receiver<()>) {
     while events.recv().await.is_some() {
         if !settle(&mut events).await {
             return;
@@ -136,7 +146,7 @@ async fn settle(events: &mut mpsc::Receiver<()>) -> bool {
 #[derive(Debug)]
 pub(super) struct TlsCollector {
     pub stats: Arc<TlsStats>,
-    /// `grpc`, `peer` or `webhook`: the metrics' prefix.
+    /// `grpc`, `peer`, `webhook` or `xds`: the metrics' prefix.
     pub what: &'static str,
 }
 
@@ -151,6 +161,10 @@ impl Collector for TlsCollector {
             "webhook" => (
                 "Loads of the webhook's TLS certificate files by result (the start-up load counts)",
                 "Admission webhook connections whose TLS handshake failed or timed out",
+            ),
+            "xds" => (
+                "Loads of the xDS client's TLS files (CA, client certificate) by result (the start-up load counts)",
+                "Connections to the xDS management server whose TLS handshake failed",
             ),
             _ => (
                 "Loads of the gRPC TLS certificate files by result (the start-up load counts)",
