@@ -68,6 +68,10 @@ pub struct Report {
     pub over_limit: u64,
     /// Failed requests, warm-up included; any is a failed run.
     pub errors: u64,
+    /// Calls that never reached their endpoint and were sent again on another connection
+    /// (only with `fallbacks`): not errors, as Envoy's retry makes them none.
+    #[serde(default)]
+    pub retried: u64,
     pub first_error: Option<String>,
     pub p50_us: f64,
     pub p90_us: f64,
@@ -217,9 +221,9 @@ async fn drive(config: &Config) -> Result<Report, String> {
     let uri: Uri = format!("http://{}{PATH}", config.addr)
         .parse()
         .map_err(|error| format!("bad uri: {error}"))?;
-    let mut senders = Vec::with_capacity(config.connections);
+    let mut links = Vec::with_capacity(config.connections);
     for _ in 0..config.connections {
-        senders.push(connect(config.addr).await?);
+        links.push(Link::open(config).await?);
     }
 
     let start = Instant::now();
@@ -243,7 +247,7 @@ async fn drive(config: &Config) -> Result<Report, String> {
     };
     let latencies = Arc::new(Histogram::default());
     let mut workers = Vec::with_capacity(config.connections * config.streams);
-    for (connection, sender) in senders.iter().enumerate() {
+    for (connection, link) in links.iter().enumerate() {
         for stream in 0..config.streams {
             let index = (connection * config.streams + stream) as u64;
             let seed = config
@@ -255,7 +259,9 @@ async fn drive(config: &Config) -> Result<Report, String> {
                 None => Bodies::build(config.workload, seed),
             };
             let worker = Worker {
-                sender: sender.clone(),
+                sender: link.sender.clone(),
+                generation: 0,
+                link: link.failover.then(|| Arc::clone(link)),
                 uri: uri.clone(),
                 bodies,
                 schedule: schedule.clone(),
@@ -266,7 +272,7 @@ async fn drive(config: &Config) -> Result<Report, String> {
         }
     }
     // The connections close once the workers' handles are gone.
-    drop(senders);
+    drop(links);
 
     let give_up = match config.stop {
         Stop::After(duration) => schedule.measure_from + duration + config.timeout,
@@ -317,6 +323,7 @@ async fn drive(config: &Config) -> Result<Report, String> {
         ok: total.ok,
         over_limit: total.over_limit,
         errors: total.errors,
+        retried: total.retried,
         first_error: total.first_error,
         p50_us: micros(latencies.quantile(0.50)),
         p90_us: micros(latencies.quantile(0.90)),
@@ -325,6 +332,59 @@ async fn drive(config: &Config) -> Result<Report, String> {
         max_us: micros(latencies.max()),
         cpu_us_per_request: cpu.as_secs_f64() * 1e6 / measured.max(1) as f64,
     })
+}
+
+/// How long a new connection may take, with fallbacks (then the next endpoint is tried).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// One of the load's connections; with fallbacks, replaced when it breaks.
+struct Link {
+    /// The first connection, cloned by the workers.
+    sender: SendRequest<Bytes>,
+    /// Whether `fallbacks` were given: a broken connection is replaced, a refused call sent
+    /// again.
+    failover: bool,
+    /// `addr`, then the fallbacks: the order new connections try.
+    endpoints: Vec<SocketAddr>,
+    /// The connection now and its generation (0 for the first); replaced by one worker.
+    current: tokio::sync::Mutex<(u64, SendRequest<Bytes>)>,
+}
+
+impl Link {
+    async fn open(config: &Config) -> Result<Arc<Link>, String> {
+        let sender = connect(config.addr).await?;
+        Ok(Arc::new(Link {
+            current: tokio::sync::Mutex::new((0, sender.clone())),
+            sender,
+            failover: !config.fallbacks.is_empty(),
+            endpoints: std::iter::once(config.addr)
+                .chain(config.fallbacks.iter().copied())
+                .collect(),
+        }))
+    }
+
+    /// The connection that follows generation `seen`: if `seen` is still the current one (it
+    /// broke), a new one to the first endpoint that accepts; else the one another worker
+    /// made meanwhile.
+    async fn replace(&self, seen: u64) -> Result<(u64, SendRequest<Bytes>), String> {
+        let mut current = self.current.lock().await;
+        if current.0 == seen {
+            let mut last_error = String::from("no endpoint");
+            let mut fresh = None;
+            for addr in &self.endpoints {
+                match tokio::time::timeout(CONNECT_TIMEOUT, connect(*addr)).await {
+                    Ok(Ok(sender)) => {
+                        fresh = Some(sender);
+                        break;
+                    }
+                    Ok(Err(error)) => last_error = error,
+                    Err(_) => last_error = format!("connect to {addr}: timed out"),
+                }
+            }
+            *current = (seen + 1, fresh.ok_or(last_error)?);
+        }
+        Ok((current.0, current.1.clone()))
+    }
 }
 
 async fn connect(addr: SocketAddr) -> Result<SendRequest<Bytes>, String> {
@@ -353,6 +413,7 @@ struct Tally {
     ok: u64,
     over_limit: u64,
     errors: u64,
+    retried: u64,
     first_error: Option<String>,
     /// Measured requests.
     measured: u64,
@@ -365,6 +426,7 @@ impl Tally {
         self.ok += other.ok;
         self.over_limit += other.over_limit;
         self.errors += other.errors;
+        self.retried += other.retried;
         self.first_error = self.first_error.take().or(other.first_error);
         self.measured += other.measured;
         self.last_end = self.last_end.max(other.last_end);
@@ -378,6 +440,10 @@ impl Tally {
 
 struct Worker {
     sender: SendRequest<Bytes>,
+    /// The generation of `link`'s connection that `sender` is.
+    generation: u64,
+    /// Its connection, when broken connections are replaced (with fallbacks).
+    link: Option<Arc<Link>>,
     uri: Uri,
     bodies: Bodies,
     schedule: Arc<Schedule>,
@@ -386,15 +452,24 @@ struct Worker {
     statuses: Option<usize>,
 }
 
-/// Why a request failed; a broken connection also ends the worker.
+/// Why a request failed; a broken connection also ends the worker (without fallbacks).
 enum Failure {
     Request(String),
     Connection(String),
+    /// The call never reached the server: its connection was gone before it was sent, or
+    /// the server refused its stream (`REFUSED_STREAM`, or past a graceful GOAWAY's last
+    /// stream). Safe to send again; an error without fallbacks.
+    Refused(String),
 }
 
 impl From<h2::Error> for Failure {
     fn from(error: h2::Error) -> Failure {
-        if error.is_reset() && !error.is_go_away() {
+        let graceful = error.reason() == Some(h2::Reason::NO_ERROR);
+        if error.reason() == Some(h2::Reason::REFUSED_STREAM)
+            || (error.is_go_away() && error.is_remote() && graceful)
+        {
+            Failure::Refused(format!("refused: {error}"))
+        } else if error.is_reset() && !error.is_go_away() {
             Failure::Request(format!("stream reset: {error}"))
         } else {
             Failure::Connection(format!("HTTP/2: {error}"))
@@ -424,7 +499,14 @@ impl Worker {
                 break;
             };
             let body = self.bodies.next_body();
-            let outcome = self.call(body).await;
+            let mut outcome = self.call(body.clone()).await;
+            if matches!(outcome, Err(Failure::Refused(_))) && self.link.is_some() {
+                tally.retried += 1;
+                outcome = match self.reconnect().await {
+                    Ok(()) => self.call(body).await,
+                    Err(error) => Err(Failure::Connection(error)),
+                };
+            }
             tally.all += 1;
             match outcome {
                 Ok(code) => {
@@ -441,25 +523,41 @@ impl Worker {
                     }
                 }
                 Err(Failure::Request(error)) => tally.fail(error),
-                Err(Failure::Connection(error)) => {
+                Err(Failure::Connection(error) | Failure::Refused(error)) => {
                     tally.fail(error);
-                    break;
+                    if self.link.is_none() || self.reconnect().await.is_err() {
+                        break;
+                    }
                 }
             }
         }
         tally
     }
 
+    /// Moves to the link's next connection (see [`Link::replace`]).
+    async fn reconnect(&mut self) -> Result<(), String> {
+        let link = self.link.as_ref().ok_or("no fallbacks")?;
+        (self.generation, self.sender) = link.replace(self.generation).await?;
+        Ok(())
+    }
+
     /// Sends one request and checks its answer; returns the overall code.
     async fn call(&mut self, body: Bytes) -> Result<i32, Failure> {
-        std::future::poll_fn(|cx| self.sender.poll_ready(cx)).await?;
+        // Nothing was sent yet: any failure here is a refusal.
+        let refused = |error: h2::Error| Failure::Refused(format!("not sent: {error}"));
+        std::future::poll_fn(|cx| self.sender.poll_ready(cx))
+            .await
+            .map_err(refused)?;
         let mut request = Request::new(());
         *request.method_mut() = Method::POST;
         *request.uri_mut() = self.uri.clone();
         let headers = request.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(TE, HeaderValue::from_static("trailers"));
-        let (response, mut stream) = self.sender.send_request(request, false)?;
+        let (response, mut stream) = self
+            .sender
+            .send_request(request, false)
+            .map_err(refused)?;
         stream.send_data(body, true)?;
 
         let (head, mut body) = response.await?.into_parts();

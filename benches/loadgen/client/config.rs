@@ -19,6 +19,12 @@ pub enum Stop {
 #[derive(Clone, PartialEq, Debug)]
 pub struct Config {
     pub addr: SocketAddr,
+    /// The other endpoints, as an Envoy cluster lists them. With any, a call that never
+    /// reached its endpoint (a refused connection, a stream past its GOAWAY, or refused) is
+    /// sent once more on a new connection, and a broken connection is replaced, trying
+    /// `addr` first, then these in order: the client retries as Envoy's `connect-failure`,
+    /// `refused-stream` policy does. Without any, every failure is an error.
+    pub fallbacks: Vec<SocketAddr>,
     pub connections: usize,
     /// Concurrent requests per connection.
     pub streams: usize,
@@ -45,6 +51,7 @@ impl Config {
     pub fn new(addr: SocketAddr, workload: Workload) -> Config {
         Config {
             addr,
+            fallbacks: Vec::new(),
             connections: 8,
             streams: 32,
             warmup: Duration::from_secs(1),
@@ -96,6 +103,15 @@ impl Config {
                             .map_err(|_| format!("addr: {value:?} is not host:port"))?,
                     )
                 }
+                "fallbacks" => {
+                    config.fallbacks = value
+                        .split(',')
+                        .map(|addr| {
+                            addr.parse()
+                                .map_err(|_| format!("fallbacks: {addr:?} is not host:port"))
+                        })
+                        .collect::<Result<_, _>>()?;
+                }
                 "connections" => config.connections = number()? as usize,
                 "streams" => config.streams = number()? as usize,
                 "warmup" => config.warmup = seconds()?,
@@ -131,9 +147,15 @@ impl Config {
             .statuses
             .map(|statuses| format!(" statuses={statuses}"))
             .unwrap_or_default();
+        let fallbacks: Vec<String> = self.fallbacks.iter().map(ToString::to_string).collect();
+        let fallbacks = if fallbacks.is_empty() {
+            String::new()
+        } else {
+            format!(" fallbacks={}", fallbacks.join(","))
+        };
         format!(
             "addr={} connections={} streams={} warmup={} {stop} descriptors={} keys={} \
-             first={} body={} seed={}{statuses} threads={} timeout={} rate={}",
+             first={} body={} seed={}{statuses}{fallbacks} threads={} timeout={} rate={}",
             self.addr,
             self.connections,
             self.streams,
@@ -163,6 +185,7 @@ pub fn check() {
     );
     config.warmup = Duration::from_millis(250);
     config.statuses = Some(4);
+    config.fallbacks = vec![SocketAddr::from(([127, 0, 0, 1], 8082)), addr];
     config.body = BodyMode::Pool;
     assert_eq!(Config::parse(&config.to_args()), Ok(config.clone()));
     config.stop = Stop::Count(1000);
