@@ -692,7 +692,11 @@ fn open_loop(
             let mut config = load_config(*addr, workload, seed + index as u64);
             // The other nodes, as Envoy's cluster lists them: a call a stopping node never
             // took is sent again there, as Envoy's retry policy sends it.
-            config.fallbacks = grpc.iter().filter(|other| *other != addr).copied().collect();
+            config.fallbacks = grpc
+                .iter()
+                .filter(|other| *other != addr)
+                .copied()
+                .collect();
             config.warmup = Duration::ZERO;
             config.stop = Stop::After(length);
             config.rate = per_node_rate;

@@ -554,10 +554,7 @@ impl Worker {
         let headers = request.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(TE, HeaderValue::from_static("trailers"));
-        let (response, mut stream) = self
-            .sender
-            .send_request(request, false)
-            .map_err(refused)?;
+        let (response, mut stream) = self.sender.send_request(request, false).map_err(refused)?;
         stream.send_data(body, true)?;
 
         let (head, mut body) = response.await?.into_parts();

@@ -3,6 +3,7 @@
 //! enforces them over gRPC, follows updates, NACKs a bad one (keeping the old limits) and
 //! reconnects when the server comes back. Over TLS and mutual TLS: `xds/tls.rs`.
 
+mod envoy_gateway;
 mod tls;
 
 use std::net::SocketAddr;
@@ -140,10 +141,15 @@ impl XdsServer {
 
     /// A server on `127.0.0.1:0`, over TLS with `tls` when given.
     async fn start_with(tls: Option<ServerTlsConfig>) -> XdsServer {
+        XdsServer::start_on("127.0.0.1:0".parse().expect("addr"), tls).await
+    }
+
+    /// A server on `addr`, over TLS with `tls` when given.
+    async fn start_on(addr: SocketAddr, tls: Option<ServerTlsConfig>) -> XdsServer {
         let state = Arc::new(State::default());
         let (snapshot, _) = watch::channel(None);
         *lock(&state.snapshot) = Some(snapshot);
-        XdsServer::serve_with("127.0.0.1:0".parse().expect("addr"), state, tls).await
+        XdsServer::serve_with(addr, state, tls).await
     }
 
     async fn serve(addr: SocketAddr, state: Arc<State>) -> XdsServer {

@@ -281,19 +281,40 @@ impl Netns {
         let lines: String = (0..self.nodes.len())
             .map(|node| format!("{} {name}\n", self.peer_ip(node)))
             .collect();
-        let hosts = format!("127.0.0.1 localhost\n::1 localhost\n{lines}");
+        self.add_hosts(|_| lines.clone());
+    }
+
+    /// Makes `name` resolve, in each node's namespace, to [`Netns::host_ip`]: the test's own
+    /// address on that node's link (for a server the test runs, such as a control plane).
+    pub fn resolve_to_host(&mut self, name: &str) {
+        let ips: Vec<IpAddr> = (0..self.nodes.len())
+            .map(|node| self.host_ip(node))
+            .collect();
+        self.add_hosts(|node| format!("{} {name}\n", ips[node]));
+    }
+
+    /// The test's own address on node `node`'s client link (reachable from that node only).
+    pub fn host_ip(&self, node: usize) -> IpAddr {
+        IpAddr::V4(client_ip(self.slot(), node, 1))
+    }
+
+    /// Adds `lines(node)` to each node's hosts file (made with `localhost` first).
+    fn add_hosts(&mut self, lines: impl Fn(usize) -> String) {
         let root = Path::new(ETC_NETNS);
         if !root.exists() {
             // Nothing else of ours is there yet: remove it again when done (if empty).
             self.etc_root_created = true;
         }
-        for namespace in &self.nodes {
+        for (node, namespace) in self.nodes.iter().enumerate() {
             let dir = root.join(namespace);
             if !self.etc.contains(&dir) {
                 self.etc.push(dir.clone());
             }
+            let hosts = dir.join("hosts");
+            let before = fs::read_to_string(&hosts)
+                .unwrap_or_else(|_| "127.0.0.1 localhost\n::1 localhost\n".to_owned());
             let written = fs::create_dir_all(&dir)
-                .and_then(|()| fs::write(dir.join("hosts"), &hosts))
+                .and_then(|()| fs::write(&hosts, before + &lines(node)))
                 .and_then(|()| fs::write(dir.join("host.conf"), "multi on\n"));
             if let Err(error) = written {
                 panic!("cannot write {}: {error}", dir.display());

@@ -28,6 +28,16 @@ impl Reader<'_> {
             "CACHE_KEY_PREFIX",
         ];
         self.per_second();
+        if self.given("peers") || self.given("peer_dns") {
+            // Envoy Gateway always sets REDIS_URL; its cluster-mode patch adds the peers.
+            let why = "cluster mode (--peers or --peer-dns) keeps the counters among the \
+                       replicas, in memory";
+            self.unused(&SETTINGS, why);
+            self.unused(&TLS_FILES, why);
+            self.unused(&["REDIS_SENTINEL_AUTH", "BACKEND_TYPE"], why);
+            self.redis_tuning();
+            return;
+        }
         let Some(redis) = self.backend_is_redis() else {
             return;
         };

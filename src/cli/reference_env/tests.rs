@@ -852,3 +852,40 @@ fn the_reference_entry_point_listens_where_the_reference_does() {
     // `ratekeeper serve` keeps its own loopback defaults: unset variables change nothing.
     assert!(mapping(&[], &[]).args().next().is_none());
 }
+
+/// Envoy Gateway always sets `REDIS_URL` (its `rateLimit.backend` requires one); with
+/// ratekeeper's peers given (its cluster-mode patch), the cluster keeps the counters and the
+/// Redis variables are ignored, each with a warning, instead of stopping the start.
+#[test]
+fn peers_win_over_envoy_gateways_redis_with_a_warning() {
+    let env = [
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.redis.svc:6379"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+        ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+    ];
+    for given in ["peers", "peer_dns"] {
+        let mapping = mapping(&env, &[given]);
+        assert!(mapping.errors.is_empty(), "{:?}", mapping.errors);
+        assert!(
+            mapping.args().all(|flag| !flag.starts_with("--store")),
+            "{:?}",
+            mapping.flags
+        );
+        let warned: Vec<&str> = mapping.warnings.iter().map(|w| w.variable).collect();
+        assert_eq!(warned, env.map(|(name, _)| name), "{given}");
+        for warning in &mapping.warnings {
+            assert!(warning.text.contains("cluster mode"), "{warning}");
+        }
+    }
+    // Without peers, the same variables choose the Redis store.
+    let mapping = mapping(&env[..2], &[]);
+    assert!(
+        mapping
+            .args()
+            .any(|flag| flag.starts_with("--store=redis://")),
+        "{:?}",
+        mapping.flags
+    );
+}

@@ -18,14 +18,14 @@ const CONTROL_PLANE: &str = "envoy-gateway.envoy-gateway-system.svc.cluster.loca
 
 /// Envoy Gateway's certificates (its certgen): one CA signs the control plane's server
 /// certificate and the rate limit service's certificate, which both serves and dials.
-struct Pki {
-    ca: TestCa,
-    server: Leaf,
-    client: Leaf,
+pub(super) struct Pki {
+    pub(super) ca: TestCa,
+    pub(super) server: Leaf,
+    pub(super) client: Leaf,
 }
 
 impl Pki {
-    fn new() -> Pki {
+    pub(super) fn new() -> Pki {
         let ca = TestCa::new("envoy-gateway");
         let server = ca.server(&[
             "envoy-gateway",
@@ -42,7 +42,7 @@ impl Pki {
     }
 
     /// A server config presenting `server` and requiring a client certificate of this CA.
-    fn server_tls(&self, server: &Leaf) -> ServerTlsConfig {
+    pub(super) fn server_tls(&self, server: &Leaf) -> ServerTlsConfig {
         ServerTlsConfig::new()
             .identity(Identity::from_pem(&server.cert_pem, &server.key_pem))
             .client_ca_root(Certificate::from_pem(self.ca.cert_pem()))
@@ -50,17 +50,17 @@ impl Pki {
 
     /// Writes the rate limit service's Secret as Envoy Gateway mounts it: `ca.crt`,
     /// `tls.crt`, `tls.key`.
-    fn write(&self, dir: &Path) -> Files {
+    pub(super) fn write(&self, dir: &Path) -> Files {
         let ca = self.ca.write(dir, "ca.crt");
         let (cert, key) = self.client.write(dir, "tls");
         Files { ca, cert, key }
     }
 }
 
-struct Files {
-    ca: PathBuf,
-    cert: PathBuf,
-    key: PathBuf,
+pub(super) struct Files {
+    pub(super) ca: PathBuf,
+    pub(super) cert: PathBuf,
+    pub(super) key: PathBuf,
 }
 
 impl Files {
