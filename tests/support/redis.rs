@@ -44,6 +44,82 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     args: Vec<String>,
+    /// TLS only (`--port 0 --tls-port PORT`), clients presenting a certificate.
+    tls: Option<RedisTls>,
+}
+
+/// The files of a TLS Redis ([`RedisServer::start_tls`]): one CA signs the server's
+/// certificate (for `127.0.0.1` and `localhost`) and the client's.
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+}
+
+impl RedisTls {
+    /// A CA, a server certificate for `names` and a client certificate, written in `dir`.
+    pub fn write(dir: &Path, names: &[&str]) -> RedisTls {
+        let ca = super::certs::TestCa::new("redis test ca");
+        let (server_cert, server_key) = ca.server(names).write(dir, "redis");
+        let (client_cert, client_key) = ca.client(&["ratekeeper"]).write(dir, "client");
+        RedisTls {
+            ca: ca.write(dir, "redis-ca.crt"),
+            server_cert,
+            server_key,
+            client_cert,
+            client_key,
+        }
+    }
+
+    fn args(&self, port: &str) -> Vec<std::ffi::OsString> {
+        let mut args: Vec<std::ffi::OsString> = vec!["--port".into(), "0".into()];
+        for (flag, value) in [
+            ("--tls-port", Path::new(port)),
+            ("--tls-cert-file", &self.server_cert),
+            ("--tls-key-file", &self.server_key),
+            ("--tls-ca-cert-file", &self.ca),
+        ] {
+            args.push(flag.into());
+            args.push(value.into());
+        }
+        args.extend(["--tls-auth-clients".into(), "yes".into()]);
+        args
+    }
+
+    /// Whether the server on `port` answers PING over TLS with the client certificate
+    /// (`password`, when it asks for one), whatever name its certificate is for.
+    fn ping(&self, port: u16, password: Option<&str>) -> bool {
+        let read = |path: &Path| fs::read(path).unwrap_or_default();
+        let certificates = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(&self.client_cert),
+                client_key: read(&self.client_key),
+            }),
+            root_cert: Some(read(&self.ca)),
+        };
+        let auth = password.map(|pw| format!(":{pw}@")).unwrap_or_default();
+        let url = format!("rediss://{auth}127.0.0.1:{port}");
+        let Ok(client) = redis::Client::build_with_tls(url, certificates) else {
+            return false;
+        };
+        // Readiness only: the server's certificate may name another host.
+        let info = client.get_connection_info().clone();
+        let mut addr = info.addr().clone();
+        addr.set_danger_accept_invalid_hostnames(true);
+        let Ok(client) = redis::Client::open(info.set_addr(addr)) else {
+            return false;
+        };
+        let Ok(mut connection) = client.get_connection_with_timeout(Duration::from_millis(500))
+        else {
+            return false;
+        };
+        redis::cmd("PING")
+            .query::<String>(&mut connection)
+            .is_ok_and(|pong| pong == "PONG")
+    }
 }
 
 impl RedisServer {
@@ -54,6 +130,22 @@ impl RedisServer {
             port: free_port(),
             dir: dir.to_owned(),
             args: args.iter().map(|arg| (*arg).to_owned()).collect(),
+            tls: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// A server that speaks TLS only and requires a client certificate signed by `tls`'s
+    /// CA, with `args` added (a `--requirepass PASSWORD` among them is used by the PING
+    /// that waits for it).
+    pub fn start_tls(dir: &Path, tls: &RedisTls, args: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            process: None,
+            port: free_port(),
+            dir: dir.to_owned(),
+            args: args.iter().map(|arg| (*arg).to_owned()).collect(),
+            tls: Some(tls.clone()),
         };
         server.restart();
         server
@@ -81,15 +173,28 @@ impl RedisServer {
         self.kill();
         let port = self.port.to_string();
         let mut command = Command::new(redis_server_binary());
+        command.current_dir(&self.dir);
+        match &self.tls {
+            None => command.args(["--port", &port]),
+            Some(tls) => command.args(tls.args(&port)),
+        };
         command
-            .current_dir(&self.dir)
-            .args(["--port", &port, "--bind", "127.0.0.1", "--save", ""])
+            .args(["--bind", "127.0.0.1", "--save", ""])
             .args(["--appendonly", "no", "--protected-mode", "no"])
             .args(["--dir"])
             .arg(&self.dir)
             .args(&self.args);
         let mut process = Process::spawn(&format!("redis-server :{port}"), &mut command);
-        if !eventually(START_TIMEOUT, || ping(self.port)) {
+        let password = self
+            .args
+            .iter()
+            .position(|arg| arg == "--requirepass")
+            .and_then(|at| self.args.get(at + 1));
+        let answers = || match &self.tls {
+            None => ping(self.port),
+            Some(tls) => tls.ping(self.port, password.map(String::as_str)),
+        };
+        if !eventually(START_TIMEOUT, answers) {
             process.fail("redis-server did not answer PING");
         }
         self.process = Some(process);

@@ -417,9 +417,10 @@ fn redis_urls_follow_redis_type_auth_and_tls() {
         refused(&[
             ("REDIS_URL", "r:1"),
             ("REDIS_TLS", "true"),
-            ("REDIS_TLS_CACERT", "/ca.pem")
+            ("REDIS_TLS_CLIENT_CERT", "/tls.crt")
         ]),
-        ["REDIS_TLS_CACERT"]
+        ["REDIS_TLS_CLIENT_CERT"],
+        "a certificate without its key"
     );
     assert_eq!(
         refused(&[
@@ -433,6 +434,58 @@ fn redis_urls_follow_redis_type_auth_and_tls() {
         refused(&[("REDIS_URL", "r:1"), ("REDIS_POOL_SIZE", "0")]),
         ["REDIS_POOL_SIZE"]
     );
+}
+
+/// Envoy Gateway's Redis: TLS with a client certificate and a CA from mounted files, a
+/// password, the URL from a Secret. The files become `--store-tls-*`; ours win.
+#[test]
+fn envoy_gateway_redis_tls_files_become_the_store_tls_flags() {
+    let env = [
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.eg:6379"),
+        ("REDIS_AUTH", "secret"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+        ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+        ("REDIS_TLS_CACERT", "/redis-certs/ca.crt"),
+    ];
+    check(
+        &env,
+        &[
+            "--store=rediss://:secret@redis.eg:6379",
+            "--store-tls-cert=/redis-certs/tls.crt",
+            "--store-tls-key=/redis-certs/tls.key",
+            "--store-tls-ca=/redis-certs/ca.crt",
+        ],
+    );
+    let skip = [
+        ("REDIS_URL", "10.0.0.5:6379"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ];
+    check(
+        &skip,
+        &[
+            "--store=rediss://10.0.0.5:6379",
+            "--store-tls-skip-hostname-verification",
+        ],
+    );
+    let ours = mapping(&env, &["store_tls_ca"]);
+    assert!(
+        ours.overridden
+            .contains(&("REDIS_TLS_CACERT", "--store-tls-ca")),
+        "{ours:?}"
+    );
+    assert!(!ours.args().any(|arg| arg.starts_with("--store-tls-ca")));
+    let plain = mapping(
+        &[("REDIS_URL", "r:1"), ("REDIS_TLS_CACERT", "/ca.crt")],
+        &[],
+    );
+    assert_eq!(
+        plain.warnings[0].to_string(),
+        "REDIS_TLS_CACERT: ignored: REDIS_TLS is not true"
+    );
+    assert!(!plain.args().any(|arg| arg.starts_with("--store-tls")));
 }
 
 #[test]

@@ -24,6 +24,8 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
 use tokio::sync::Mutex;
 
+use super::tls::TlsFiles;
+
 /// A `--store` Redis address, parsed.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -48,10 +50,21 @@ impl Target {
             .split_once("://")
             .ok_or_else(|| format!("{:?} is not a URL like redis://HOST:PORT", redact(text)))?;
         match scheme {
-            "redis" | "rediss" => text
-                .into_connection_info()
-                .map(|info| Target::Server(no_delay(info)))
-                .map_err(|error| format!("{}: {error}", redact(text))),
+            "redis" | "rediss" => {
+                let info = text
+                    .into_connection_info()
+                    .map_err(|error| format!("{}: {error}", redact(text)))?;
+                if super::tls::is_insecure(&info) {
+                    return Err(format!(
+                        "{}: #insecure would accept any certificate from anyone; give the CA \
+                         that signed Redis's certificate (--store-tls-ca) and, if its name does \
+                         not match the host, {}",
+                        redact(text),
+                        super::tls::SKIP_HOSTNAME_FLAG
+                    ));
+                }
+                Ok(Target::Server(no_delay(info)))
+            }
             "redis-sentinel" => {
                 let (credentials, hosts, path) = split(rest);
                 let mut parts = path.split('/').filter(|part| !part.is_empty());
@@ -116,6 +129,11 @@ impl Target {
     /// Whether each request's checks must go one hash slot per command.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Target::Cluster(_))
+    }
+
+    /// Whether the connections are TLS (`rediss://`).
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Target::Server(info) if matches!(info.addr(), ConnectionAddr::TcpTls { .. }))
     }
 }
 
@@ -201,6 +219,11 @@ pub enum Backend {
 /// Where a server pool's master comes from.
 pub enum Source {
     Direct(redis::Client),
+    /// A `rediss://` server with TLS files: the client is made again when they change.
+    DirectTls {
+        info: ConnectionInfo,
+        files: Arc<TlsFiles>,
+    },
     Sentinel(Mutex<SentinelClient>),
 }
 
@@ -213,8 +236,14 @@ pub enum Connection {
 
 impl Backend {
     /// The connections for `target` (made on first use), `pool` of them to one server,
-    /// each connect and response bounded by `timeout`.
-    pub fn new(target: &Target, pool: usize, timeout: Duration) -> RedisResult<Backend> {
+    /// each connect and response bounded by `timeout`, with `tls`'s files to a `rediss://`
+    /// server.
+    pub fn new(
+        target: &Target,
+        pool: usize,
+        timeout: Duration,
+        tls: Option<Arc<TlsFiles>>,
+    ) -> RedisResult<Backend> {
         let server = |source| Backend::Server {
             source,
             pool: ArcSwapOption::empty(),
@@ -224,7 +253,13 @@ impl Backend {
             timeout,
         };
         Ok(match target {
-            Target::Server(info) => server(Source::Direct(redis::Client::open(info.clone())?)),
+            Target::Server(info) => server(match tls {
+                Some(files) => Source::DirectTls {
+                    info: info.clone(),
+                    files,
+                },
+                None => Source::Direct(redis::Client::open(info.clone())?),
+            }),
             Target::Sentinel {
                 sentinels,
                 master,
@@ -276,6 +311,7 @@ impl Backend {
                 }
                 let client = match source {
                     Source::Direct(client) => client.clone(),
+                    Source::DirectTls { info, files } => files.client(info)?,
                     Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
                 };
                 let config = ConnectionManagerConfig::new()
@@ -307,8 +343,10 @@ impl Backend {
     }
 
     /// After a failed call: connections to a Sentinel-named master are dropped (the next
-    /// call asks the sentinels which server is master now); a cluster connection that
-    /// never worked is made again. Direct connections reconnect by themselves.
+    /// call asks the sentinels which server is master now); so are those to a TLS server
+    /// whose certificate files changed (the next call connects with the new ones); a
+    /// cluster connection that never worked is made again. Other direct connections
+    /// reconnect by themselves.
     pub async fn failed(&self) {
         match self {
             Backend::Server {
@@ -316,6 +354,17 @@ impl Backend {
                 pool,
                 ..
             } => pool.store(None),
+            Backend::Server {
+                source: Source::DirectTls { files, .. },
+                pool,
+                ..
+            } => {
+                let files = Arc::clone(files);
+                let changed = tokio::task::spawn_blocking(move || files.changed()).await;
+                if changed.unwrap_or(false) {
+                    pool.store(None);
+                }
+            }
             Backend::Server { .. } => {}
             Backend::Cluster { connection, .. } => {
                 // The cluster connection refreshes its slots itself, but one whose nodes all
@@ -328,6 +377,45 @@ impl Backend {
         }
     }
 }
+
+impl Backend {
+    /// Why calls to a single server time out: one connection made and asked PING directly,
+    /// without the pool's retries (which outlast the call's deadline and so hide the
+    /// reason: a refused handshake, a wrong password). `None` when it answers, or for
+    /// sentinels and clusters.
+    pub async fn diagnose(&self) -> Option<String> {
+        let Backend::Server { source, .. } = self else {
+            return None;
+        };
+        let client = match source {
+            Source::Direct(client) => client.clone(),
+            Source::DirectTls { info, files } => match files.client(info) {
+                Ok(client) => client,
+                Err(error) => return Some(error.to_string()),
+            },
+            Source::Sentinel(_) => return None,
+        };
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(DIAGNOSE_TIMEOUT))
+            .set_response_timeout(Some(DIAGNOSE_TIMEOUT));
+        let ping = async {
+            let mut connection = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await
+        };
+        match tokio::time::timeout(DIAGNOSE_TIMEOUT * 2, ping).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!("no connection within {:?}", DIAGNOSE_TIMEOUT * 2)),
+        }
+    }
+}
+
+/// The deadlines of [`Backend::diagnose`]'s connection and PING.
+const DIAGNOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Connection {
     /// `DEL keys`: how many existed. On a Redis Cluster the keys must share a hash slot
