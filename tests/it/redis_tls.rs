@@ -3,12 +3,15 @@
 //! and with the reference's variables (`REDIS_TLS`, `REDIS_TLS_CACERT`,
 //! `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY`, `REDIS_AUTH`); a ratekeeper Redis
 //! refuses (no client certificate, another CA, another name) answers by its failure policy
-//! and says why.
+//! and says why; rotated files are taken when the connections must be made again.
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
-use crate::support::{Ratekeeper, RedisServer, RedisTls, TempDir, http_post, metric, write_config};
+use crate::support::{
+    Ratekeeper, RedisServer, RedisTls, TempDir, eventually, http_post, metric, write_config,
+};
 
 const LIMITS: &str = "\
 domain: edge
@@ -214,5 +217,50 @@ fn tls_files_that_cannot_serve_stop_the_start_naming_flag_and_file() {
     assert!(
         stderr.contains("needs TLS to a single Redis: a rediss:// --store"),
         "{stderr}"
+    );
+}
+
+/// cert-manager renews everything (a new CA, Redis's certificate, ratekeeper's client
+/// certificate) and Redis restarts with the new files: ratekeeper's connections are gone,
+/// its old certificate is refused and the old CA refuses Redis's; after the failed calls it
+/// reads its files again and counts in Redis again, without a restart.
+#[test]
+fn rotated_files_are_taken_when_redis_must_be_reached_again() {
+    let dir = TempDir::new("redis-tls-rotation");
+    let tls = RedisTls::write(dir.path(), &["127.0.0.1"]);
+    let mut redis = RedisServer::start_tls(dir.path(), &tls, &[]);
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let url = format!("rediss://127.0.0.1:{}", redis.port());
+    let node = Ratekeeper::start(
+        &config,
+        &[
+            "--store",
+            &url,
+            "--store-tls-ca",
+            path(&tls.ca),
+            "--store-tls-cert",
+            path(&tls.client_cert),
+            "--store-tls-key",
+            path(&tls.client_key),
+            "--store-failure",
+            "deny",
+            "--store-timeout",
+            "2s",
+        ],
+    );
+    assert_eq!(ask(node.http_addr(), "before"), 200, "counted in redis");
+    redis.kill();
+    // The same paths, every file renewed under a new CA.
+    let renewed = RedisTls::write(dir.path(), &["127.0.0.1"]);
+    assert_eq!(renewed.client_cert, tls.client_cert);
+    redis.restart();
+    let counted_again = eventually(Duration::from_secs(20), || {
+        ask(node.http_addr(), "after") == 200
+    });
+    assert!(counted_again, "{}", node.stderr());
+    assert!(
+        node.stderr_with("redis tls files changed")
+            .contains("connecting again with them"),
+        "the reload is logged"
     );
 }
