@@ -224,7 +224,7 @@ pub struct StoreArgs {
     /// Where counters live: `memory` (this process; with --peers, the cluster), or Redis:
     /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, `rediss://...` (TLS),
     /// `redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]/MASTER[/DB]`,
-    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]`.
+    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]`, `rediss-cluster://...` (TLS).
     #[arg(long, env = "RATEKEEPER_STORE", value_parser = store, default_value = "memory")]
     pub store: StoreArg,
     /// Deadline of one Redis call, connecting included.
@@ -246,8 +246,8 @@ pub struct StoreArgs {
     /// are made again, which spares Redis's expiry stalls, for more keys held.
     #[arg(long, env = "RATEKEEPER_STORE_TTL_MARGIN", value_parser = ttl_margin, default_value = "1s")]
     pub store_ttl_margin: Duration,
-    /// TLS to Redis (`rediss://`): the CA certificates (PEM) Redis's certificate must chain
-    /// to, instead of the system's roots.
+    /// TLS to Redis (`rediss://`, `rediss-cluster://`): the CA certificates (PEM) Redis's
+    /// certificates must chain to, instead of the system's roots.
     #[arg(long, env = "RATEKEEPER_STORE_TLS_CA", value_name = "FILE")]
     pub store_tls_ca: Option<PathBuf>,
     /// TLS to Redis: a client certificate chain (PEM) to present, for a Redis that requires

@@ -138,7 +138,9 @@ pub enum SetupError {
     Redis(#[from] redis::RedisError),
     #[error(transparent)]
     Tls(#[from] TlsFileError),
-    #[error("{0} needs TLS to a single Redis: a rediss:// --store")]
+    #[error(
+        "{0} needs a TLS store: rediss:// or rediss-cluster:// (sentinels are reached without tls)"
+    )]
     NotTls(&'static str),
 }
 

@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::support::{
-    Ratekeeper, RedisServer, RedisTls, TempDir, eventually, http_post, metric, write_config,
+    Ratekeeper, RedisCluster, RedisServer, RedisTls, TempDir, eventually, http_post, metric,
+    write_config,
 };
 
 const LIMITS: &str = "\
@@ -215,7 +216,7 @@ fn tls_files_that_cannot_serve_stop_the_start_naming_flag_and_file() {
     ]);
     assert!(!status.success());
     assert!(
-        stderr.contains("needs TLS to a single Redis: a rediss:// --store"),
+        stderr.contains("needs a TLS store: rediss:// or rediss-cluster://"),
         "{stderr}"
     );
 }
@@ -263,4 +264,42 @@ fn rotated_files_are_taken_when_redis_must_be_reached_again() {
             .contains("connecting again with them"),
         "the reload is logged"
     );
+}
+
+/// A Redis Cluster over TLS (`--tls-cluster yes`, client certificates required):
+/// `rediss-cluster://` with the same flags keeps one exact limit per key across its masters.
+#[test]
+fn a_tls_redis_cluster_keeps_exact_limits() {
+    let dir = TempDir::new("redis-tls-cluster");
+    let tls = RedisTls::write(dir.path(), &["127.0.0.1"]);
+    let cluster = RedisCluster::start_tls(dir.path(), 3, &tls);
+    let url = cluster.url();
+    assert!(url.starts_with("rediss-cluster://"), "{url}");
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let node = Ratekeeper::start(
+        &config,
+        &[
+            "--store",
+            &url,
+            "--store-tls-ca",
+            path(&tls.ca),
+            "--store-tls-cert",
+            path(&tls.client_cert),
+            "--store-tls-key",
+            path(&tls.client_key),
+            "--store-failure",
+            "deny",
+            "--store-timeout",
+            "5s",
+        ],
+    );
+    // Keys spread over the masters' slots; each has its own limit of 10.
+    for key in ["a", "b", "c", "d"] {
+        let admitted = (0..12)
+            .filter(|_| ask(node.http_addr(), key) == 200)
+            .count();
+        assert_eq!(admitted, 10, "key {key}: {}", node.stderr());
+    }
+    let policy = metric(node.http_addr(), "ratekeeper_store_policy_decisions_total");
+    assert_eq!(policy, 0.0, "every check was decided in redis");
 }

@@ -63,7 +63,8 @@ impl RedisTls {
     /// A CA, a server certificate for `names` and a client certificate, written in `dir`.
     pub fn write(dir: &Path, names: &[&str]) -> RedisTls {
         let ca = super::certs::TestCa::new("redis test ca");
-        let (server_cert, server_key) = ca.server(names).write(dir, "redis");
+        // Redis presents it as a client too, to other nodes of a TLS cluster.
+        let (server_cert, server_key) = ca.peer(names).write(dir, "redis");
         let (client_cert, client_key) = ca.client(&["ratekeeper"]).write(dir, "client");
         RedisTls {
             ca: ca.write(dir, "redis-ca.crt"),
@@ -72,6 +73,20 @@ impl RedisTls {
             client_cert,
             client_key,
         }
+    }
+
+    /// `redis-cli`'s arguments to speak TLS with the client certificate.
+    pub fn cli_args(&self) -> Vec<String> {
+        let text = |path: &Path| path.to_string_lossy().into_owned();
+        vec![
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            text(&self.ca),
+            "--cert".to_owned(),
+            text(&self.client_cert),
+            "--key".to_owned(),
+            text(&self.client_key),
+        ]
     }
 
     fn args(&self, port: &str) -> Vec<std::ffi::OsString> {
@@ -200,9 +215,17 @@ impl RedisServer {
         self.process = Some(process);
     }
 
-    /// Runs one command with `redis-cli` against this server and returns its output.
+    /// Runs one command with `redis-cli` against this server (over TLS for a TLS server)
+    /// and returns its output.
     pub fn cli(&self, args: &[&str]) -> String {
-        redis_cli(self.port, args)
+        let tls = self
+            .tls
+            .as_ref()
+            .map(RedisTls::cli_args)
+            .unwrap_or_default();
+        let mut all: Vec<&str> = tls.iter().map(String::as_str).collect();
+        all.extend_from_slice(args);
+        redis_cli(self.port, &all)
     }
 }
 
@@ -247,29 +270,45 @@ impl RedisCluster {
     /// Starts `count` masters with cluster mode on, joins them with
     /// `redis-cli --cluster create` and waits until every node says `cluster_state:ok`.
     pub fn start(dir: &Path, count: usize) -> RedisCluster {
+        RedisCluster::start_with(dir, count, None)
+    }
+
+    /// [`RedisCluster::start`] over TLS only (`--tls-cluster yes`), clients presenting a
+    /// certificate `tls`'s CA signed.
+    pub fn start_tls(dir: &Path, count: usize, tls: &RedisTls) -> RedisCluster {
+        RedisCluster::start_with(dir, count, Some(tls))
+    }
+
+    fn start_with(dir: &Path, count: usize, tls: Option<&RedisTls>) -> RedisCluster {
         let masters: Vec<RedisServer> = (0..count)
             .map(|index| {
                 let node_dir = dir.join(format!("node{index}"));
                 fs::create_dir_all(&node_dir)
                     .unwrap_or_else(|error| panic!("create {}: {error}", node_dir.display()));
-                RedisServer::start(
-                    &node_dir,
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                    ],
-                )
+                let args = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                ];
+                match tls {
+                    None => RedisServer::start(&node_dir, &args),
+                    Some(tls) => {
+                        let args = [&args[..], &["--tls-cluster", "yes"]].concat();
+                        RedisServer::start_tls(&node_dir, tls, &args)
+                    }
+                }
             })
             .collect();
         let nodes: Vec<String> = masters
             .iter()
             .map(|master| format!("127.0.0.1:{}", master.port()))
             .collect();
-        let mut args = vec!["--cluster", "create"];
+        let tls_args = tls.map(RedisTls::cli_args).unwrap_or_default();
+        let mut args: Vec<&str> = tls_args.iter().map(String::as_str).collect();
+        args.extend(["--cluster", "create"]);
         args.extend(nodes.iter().map(String::as_str));
         args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
         redis_cli(masters[0].port(), &args);
@@ -290,14 +329,16 @@ impl RedisCluster {
         }
     }
 
-    /// `redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...`.
+    /// `redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...` (`rediss-cluster://` over TLS).
     pub fn url(&self) -> String {
         let nodes: Vec<String> = self
             .masters
             .iter()
             .map(|master| format!("127.0.0.1:{}", master.port()))
             .collect();
-        format!("redis-cluster://{}", nodes.join(","))
+        let tls = self.masters.iter().any(|master| master.tls.is_some());
+        let scheme = if tls { "rediss" } else { "redis" };
+        format!("{scheme}-cluster://{}", nodes.join(","))
     }
 }
 

@@ -1,6 +1,6 @@
 //! Where the counters live: `BACKEND_TYPE`, `REDIS_*` as one `--store` URL (single,
 //! sentinel or cluster; auth and TLS), the Redis knobs ratekeeper does not need, and what
-//! it refuses (a per-second Redis, memcache, a key prefix, TLS to a cluster or sentinels).
+//! it refuses (a per-second Redis, memcache, a key prefix, TLS to sentinels).
 
 use super::Reader;
 
@@ -293,15 +293,17 @@ fn store_url(
 ) -> Result<String, (&'static str, String)> {
     match kind.unwrap_or("single") {
         "single" => single_url(url, tls, credentials),
-        kind @ ("cluster" | "sentinel") if tls => Err((
+        "sentinel" if tls => Err((
             "REDIS_TLS",
-            format!("ratekeeper speaks TLS to a single Redis only, not to a {kind}"),
+            "ratekeeper reaches sentinels without TLS (TLS is for a single Redis or a cluster)"
+                .to_owned(),
         )),
         "cluster" => {
             for node in url.split(',') {
                 host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
             }
-            Ok(format!("redis-cluster://{credentials}{url}"))
+            let scheme = if tls { "rediss" } else { "redis" };
+            Ok(format!("{scheme}-cluster://{credentials}{url}"))
         }
         "sentinel" => sentinel_url(url, credentials),
         other => Err((

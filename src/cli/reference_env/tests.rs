@@ -407,8 +407,8 @@ fn redis_urls_follow_redis_type_auth_and_tls() {
     );
     assert_eq!(
         refused(&[
-            ("REDIS_TYPE", "cluster"),
-            ("REDIS_URL", "a:1"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s:1"),
             ("REDIS_TLS", "true")
         ]),
         ["REDIS_TLS"]
@@ -469,6 +469,15 @@ fn envoy_gateway_redis_tls_files_become_the_store_tls_flags() {
             "--store=rediss://10.0.0.5:6379",
             "--store-tls-skip-hostname-verification",
         ],
+    );
+    check(
+        &[
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:1,b:2"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.crt"),
+        ],
+        &["--store=rediss-cluster://a:1,b:2", "--store-tls-ca=/ca.crt"],
     );
     let ours = mapping(&env, &["store_tls_ca"]);
     assert!(

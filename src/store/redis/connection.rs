@@ -6,8 +6,9 @@
 //! - A Sentinel-managed master (`redis-sentinel://`): the same pool, to the master the
 //!   sentinels name; after a failure the pool is dropped and the next call asks the
 //!   sentinels again, so a failover is followed.
-//! - A Redis Cluster (`redis-cluster://`): one cluster connection, which routes each
-//!   command by its key's hash slot and follows `MOVED`/`ASK` and resharding.
+//! - A Redis Cluster (`redis-cluster://`, `rediss-cluster://` for TLS): one cluster
+//!   connection, which routes each command by its key's hash slot and follows `MOVED`/`ASK`
+//!   and resharding.
 //!
 //! Connections are made lazily, on the first call: ratekeeper starts even when Redis is
 //! down (the store's failure policy answers meanwhile). Passwords never reach a log line.
@@ -38,8 +39,8 @@ pub enum Target {
         master: String,
         node: ConnectionInfo,
     },
-    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`: any reachable nodes;
-    /// the others are discovered.
+    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]` (`rediss-cluster://` for
+    /// TLS): any reachable nodes; the others are discovered.
     Cluster(Vec<ConnectionInfo>),
 }
 
@@ -56,11 +57,9 @@ impl Target {
                     .map_err(|error| format!("{}: {error}", redact(text)))?;
                 if super::tls::is_insecure(&info) {
                     return Err(format!(
-                        "{}: #insecure would accept any certificate from anyone; give the CA \
-                         that signed Redis's certificate (--store-tls-ca) and, if its name does \
-                         not match the host, {}",
+                        "{}: {}",
                         redact(text),
-                        super::tls::SKIP_HOSTNAME_FLAG
+                        super::tls::INSECURE_REFUSED
                     ));
                 }
                 Ok(Target::Server(no_delay(info)))
@@ -88,7 +87,7 @@ impl Target {
                     node,
                 })
             }
-            "redis-cluster" => {
+            "redis-cluster" | "rediss-cluster" => {
                 let (credentials, hosts, path) = split(rest);
                 if !path.trim_matches('/').is_empty() {
                     return Err(format!(
@@ -96,10 +95,19 @@ impl Target {
                         redact(text)
                     ));
                 }
-                nodes(&hosts, &credentials, "").map(Target::Cluster)
+                let scheme = scheme.strip_suffix("-cluster").unwrap_or(scheme);
+                let nodes = nodes_of(scheme, &hosts, &credentials, "")?;
+                if nodes.iter().any(super::tls::is_insecure) {
+                    return Err(format!(
+                        "{}: {}",
+                        redact(text),
+                        super::tls::INSECURE_REFUSED
+                    ));
+                }
+                Ok(Target::Cluster(nodes))
             }
             other => Err(format!(
-                "unknown store scheme {other:?} (expected memory, redis://, rediss://, redis-sentinel:// or redis-cluster://)"
+                "unknown store scheme {other:?} (expected memory, redis://, rediss://, redis-sentinel://, redis-cluster:// or rediss-cluster://)"
             )),
         }
     }
@@ -131,9 +139,14 @@ impl Target {
         matches!(self, Target::Cluster(_))
     }
 
-    /// Whether the connections are TLS (`rediss://`).
+    /// Whether the connections are TLS (`rediss://`, `rediss-cluster://`).
     pub fn is_tls(&self) -> bool {
-        matches!(self, Target::Server(info) if matches!(info.addr(), ConnectionAddr::TcpTls { .. }))
+        let tls = |info: &ConnectionInfo| matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        match self {
+            Target::Server(info) => tls(info),
+            Target::Cluster(nodes) => nodes.first().is_some_and(tls),
+            Target::Sentinel { .. } => false,
+        }
     }
 }
 
@@ -168,11 +181,21 @@ fn split(rest: &str) -> (String, String, String) {
 }
 
 fn nodes(hosts: &str, credentials: &str, path: &str) -> Result<Vec<ConnectionInfo>, String> {
+    nodes_of("redis", hosts, credentials, path)
+}
+
+/// [`nodes`] with `scheme` (`redis` or `rediss`).
+fn nodes_of(
+    scheme: &str,
+    hosts: &str,
+    credentials: &str,
+    path: &str,
+) -> Result<Vec<ConnectionInfo>, String> {
     let infos: Result<Vec<_>, String> = hosts
         .split(',')
         .filter(|host| !host.is_empty())
         .map(|host| {
-            format!("redis://{credentials}{host}{path}")
+            format!("{scheme}://{credentials}{host}{path}")
                 .into_connection_info()
                 .map(no_delay)
                 .map_err(|error| format!("{host:?}: {error}"))
@@ -211,9 +234,32 @@ pub enum Backend {
         timeout: Duration,
     },
     Cluster {
-        client: ClusterClient,
+        /// Made again when the TLS files change (see [`Backend::failed`]).
+        client: std::sync::Mutex<ClusterClient>,
         connection: Mutex<Option<ClusterConnection>>,
+        nodes: Vec<ConnectionInfo>,
+        timeout: Duration,
+        tls: Option<Arc<TlsFiles>>,
     },
+}
+
+/// The client of a Redis Cluster at `nodes`, with `tls`'s live files.
+fn cluster_client(
+    nodes: &[ConnectionInfo],
+    timeout: Duration,
+    tls: Option<&TlsFiles>,
+) -> RedisResult<ClusterClient> {
+    let mut builder = ClusterClient::builder(nodes.to_vec())
+        .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .retries(1);
+    if let Some(files) = tls {
+        builder = builder
+            .certs(files.certificates())
+            .danger_accept_invalid_hostnames(files.skips_hostname());
+    }
+    builder.build()
 }
 
 /// Where a server pool's master comes from.
@@ -276,13 +322,11 @@ impl Backend {
                 )?)))
             }
             Target::Cluster(nodes) => Backend::Cluster {
-                client: ClusterClient::builder(nodes.clone())
-                    .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(1)
-                    .build()?,
+                client: std::sync::Mutex::new(cluster_client(nodes, timeout, tls.as_deref())?),
                 connection: Mutex::new(None),
+                nodes: nodes.clone(),
+                timeout,
+                tls,
             },
         })
     }
@@ -330,11 +374,14 @@ impl Backend {
                     .map(Connection::Server)
                     .ok_or_else(|| (redis::ErrorKind::Client, "empty connection pool").into())
             }
-            Backend::Cluster { client, connection } => {
+            Backend::Cluster {
+                client, connection, ..
+            } => {
                 let mut slot = connection.lock().await;
                 if let Some(connection) = slot.as_ref() {
                     return Ok(Connection::Cluster(connection.clone()));
                 }
+                let client = client.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let fresh = client.get_async_connection().await?;
                 *slot = Some(fresh.clone());
                 Ok(Connection::Cluster(fresh))
@@ -366,7 +413,22 @@ impl Backend {
                 }
             }
             Backend::Server { .. } => {}
-            Backend::Cluster { connection, .. } => {
+            Backend::Cluster {
+                client,
+                connection,
+                nodes,
+                timeout,
+                tls,
+            } => {
+                if let Some(files) = tls {
+                    let files = Arc::clone(files);
+                    let changed = tokio::task::spawn_blocking(move || files.changed()).await;
+                    if changed.unwrap_or(false)
+                        && let Ok(fresh) = cluster_client(nodes, *timeout, tls.as_deref())
+                    {
+                        *client.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+                    }
+                }
                 // The cluster connection refreshes its slots itself, but one whose nodes all
                 // went away never recovers: after a failure the next call connects afresh
                 // (the breaker keeps that to a probe per cooldown).

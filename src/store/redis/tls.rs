@@ -1,4 +1,4 @@
-//! TLS to Redis beyond what a `rediss://` URL says: the CA that signs the server's
+//! TLS to Redis beyond what a `rediss://` (or `rediss-cluster://`) URL says: the CA that signs the server's
 //! certificate (instead of the system's roots), a client certificate for a Redis that
 //! requires one (`tls-auth-clients yes`), and checking the server's certificate against
 //! the CA without its name (`--store-tls-*`; the reference's `REDIS_TLS_CACERT`,
@@ -40,7 +40,7 @@ const MAX_FILE_BYTES: u64 = 1 << 20;
 /// After a failed call, the files are read again at most this often.
 pub const RECHECK_EVERY: Duration = Duration::from_secs(1);
 
-/// The TLS settings of a `rediss://` store beyond the URL's.
+/// The TLS settings of a `rediss://` or `rediss-cluster://` store beyond the URL's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RedisTlsOptions {
     /// PEM: the CA certificates the server's certificate must chain to (else the system's).
@@ -126,6 +126,16 @@ impl TlsFiles {
         let material = self.live.load();
         let client = redis::Client::build_with_tls(info.clone(), material.certificates.clone())?;
         redis::Client::open(self.addr(client.get_connection_info().clone()))
+    }
+
+    /// The live files, as redis-rs takes them (a Redis Cluster's client).
+    pub fn certificates(&self) -> TlsCertificates {
+        self.live.load().certificates.clone()
+    }
+
+    /// Whether Redis's certificate need not name the host dialled.
+    pub fn skips_hostname(&self) -> bool {
+        self.options.skip_hostname_verification
     }
 
     /// `info` with the name check off when asked (the chain is still checked).
@@ -279,6 +289,11 @@ fn check_pair(
         ))),
     }
 }
+
+/// Why `#insecure` is refused.
+pub const INSECURE_REFUSED: &str = "#insecure would accept any certificate from anyone; give \
+    the CA that signed Redis's certificate (--store-tls-ca) and, if its name does not match the \
+    host, --store-tls-skip-hostname-verification";
 
 /// Whether `info` asks to skip every check of the server's certificate
 /// (`rediss://...#insecure`).

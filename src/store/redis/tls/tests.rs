@@ -108,4 +108,8 @@ fn skipping_every_certificate_check_is_refused_naming_the_safe_flags() {
             .expect("plain")
             .is_tls()
     );
+    let cluster = Target::parse("rediss-cluster://a:7000,b:7001").expect("a tls cluster");
+    assert!(cluster.is_tls() && cluster.is_cluster());
+    let text = Target::parse("rediss-cluster://a:7000,b:7001#insecure").expect_err("refused");
+    assert!(text.contains("--store-tls-ca"), "{text}");
 }
