@@ -167,7 +167,15 @@ fn a_client_redis_refuses_or_that_refuses_redis_gets_the_failure_policy_and_a_re
     // The same with the name check skipped (the chain still checked): counted in Redis.
     wrong_name.push(skip);
     let config = write_config(dir.path(), "limits.yaml", LIMITS);
-    let mut args = vec!["--store", &url, "--store-failure", "deny"];
+    // A loaded machine's handshake may outlast the default 100ms deadline.
+    let mut args = vec![
+        "--store",
+        &url,
+        "--store-failure",
+        "deny",
+        "--store-timeout",
+        "5s",
+    ];
     args.extend(wrong_name);
     let node = Ratekeeper::start(&config, &args);
     let statuses: Vec<u16> = (0..11).map(|_| ask(node.http_addr(), "k")).collect();
