@@ -40,11 +40,24 @@ pub struct Cli {
     /// Log format.
     #[arg(long, env = "RATEKEEPER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true, help_heading = LOGS)]
     pub log_format: LogFormat,
-    /// Trace every `ShouldRateLimit` call to this OTLP/gRPC collector (e.g.
-    /// `http://otel-collector:4317`), as a child of the caller's W3C trace context. Off
-    /// when not given.
+    /// Trace `ShouldRateLimit` calls to this OpenTelemetry collector (e.g.
+    /// `http://otel-collector:4317`), as children of the caller's W3C trace context; with
+    /// `--otlp-protocol http`, `/v1/traces` is added to its path. Off when neither this
+    /// nor --otlp-traces-endpoint is given.
     #[arg(long, env = "RATEKEEPER_OTLP_ENDPOINT", global = true, help_heading = LOGS)]
     pub otlp_endpoint: Option<String>,
+    /// The collector's URL for spans, used as given (nothing added to its path); wins over
+    /// --otlp-endpoint.
+    #[arg(long, env = "RATEKEEPER_OTLP_TRACES_ENDPOINT", global = true, help_heading = LOGS)]
+    pub otlp_traces_endpoint: Option<String>,
+    /// How spans reach the collector: `grpc` (OTLP/gRPC, port 4317) or `http` (OTLP/HTTP
+    /// with protobuf, port 4318).
+    #[arg(long, env = "RATEKEEPER_OTLP_PROTOCOL", value_enum, default_value_t = OtlpProtocol::Grpc, global = true, help_heading = LOGS)]
+    pub otlp_protocol: OtlpProtocol,
+    /// The share of calls traced, from 0 to 1, when the caller sent no trace context; a
+    /// caller's sampled (or unsampled) trace decides for its calls.
+    #[arg(long, env = "RATEKEEPER_OTLP_SAMPLING_RATE", default_value_t = 1.0, value_parser = sampling_rate, global = true, help_heading = LOGS)]
+    pub otlp_sampling_rate: f64,
     /// `service.name` of the traced spans.
     #[arg(
         long,
@@ -54,6 +67,12 @@ pub struct Cli {
         help_heading = LOGS
     )]
     pub otlp_service_name: String,
+    /// `service.namespace` of the traced spans.
+    #[arg(long, env = "RATEKEEPER_OTLP_SERVICE_NAMESPACE", global = true, help_heading = LOGS)]
+    pub otlp_service_namespace: Option<String>,
+    /// `service.instance.id` of the traced spans [default: a random UUID per process].
+    #[arg(long, env = "RATEKEEPER_OTLP_SERVICE_INSTANCE_ID", global = true, help_heading = LOGS)]
+    pub otlp_service_instance_id: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -118,12 +137,23 @@ impl Cli {
 
     /// Where spans go, if tracing is on.
     pub fn otlp(&self) -> Option<crate::telemetry::OtlpOptions> {
-        self.otlp_endpoint
-            .as_ref()
-            .map(|endpoint| crate::telemetry::OtlpOptions {
-                endpoint: endpoint.clone(),
-                service_name: self.otlp_service_name.clone(),
-            })
+        use crate::telemetry::{OtlpOptions, http_traces_url};
+        let endpoint = match (&self.otlp_traces_endpoint, &self.otlp_endpoint) {
+            (Some(traces), _) => traces.clone(),
+            (None, Some(base)) => match self.otlp_protocol {
+                OtlpProtocol::Grpc => base.clone(),
+                OtlpProtocol::Http => http_traces_url(base),
+            },
+            (None, None) => return None,
+        };
+        Some(OtlpOptions {
+            endpoint,
+            http: self.otlp_protocol == OtlpProtocol::Http,
+            sampling_rate: self.otlp_sampling_rate,
+            service_name: self.otlp_service_name.clone(),
+            service_namespace: self.otlp_service_namespace.clone(),
+            service_instance_id: self.otlp_service_instance_id.clone(),
+        })
     }
 }
 
@@ -142,6 +172,13 @@ fn as_reference_entry_point(args: &mut Vec<std::ffi::OsString>) -> bool {
         args.insert(1, "serve".into());
     }
     entry_point
+}
+
+/// `--otlp-protocol`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OtlpProtocol {
+    Grpc,
+    Http,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -347,6 +384,16 @@ fn share(text: &str) -> Result<f64, String> {
         Ok(share) if (0.001..=1.0).contains(&share) => Ok(share),
         _ => Err(format!(
             "expected a share from 0.001 to 1 (0.5 is half of --max-keys), got {text:?}"
+        )),
+    }
+}
+
+/// `--otlp-sampling-rate`: from 0 to 1.
+fn sampling_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        _ => Err(format!(
+            "expected a rate from 0 (no call traced) to 1 (every call), got {text:?}"
         )),
     }
 }

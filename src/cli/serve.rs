@@ -28,7 +28,7 @@ use crate::reload::{self as reloader, ReloadOptions};
 use crate::server::ServerOptions;
 use crate::store::StoreOptions;
 use crate::store::memory::EngineConfig;
-use crate::store::redis::{RedisOptions, Target};
+use crate::store::redis::{RedisOptions, RedisTlsOptions, Target};
 use crate::transport::tls::TlsOptions;
 
 /// `ratekeeper serve`.
@@ -279,7 +279,7 @@ pub struct StoreArgs {
     /// Where counters live: `memory` (this process; with --peers, the cluster), or Redis:
     /// `redis://[USER:PASSWORD@]HOST:PORT[/DB]`, `rediss://...` (TLS),
     /// `redis-sentinel://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]/MASTER[/DB]`,
-    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]`.
+    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT]`, `rediss-cluster://...` (TLS).
     #[arg(long, env = "RATEKEEPER_STORE", value_parser = store, default_value = "memory")]
     pub store: StoreArg,
     /// Deadline of one Redis call, connecting included.
@@ -301,6 +301,42 @@ pub struct StoreArgs {
     /// are made again, which spares Redis's expiry stalls, for more keys held.
     #[arg(long, env = "RATEKEEPER_STORE_TTL_MARGIN", value_parser = ttl_margin, default_value = "1s")]
     pub store_ttl_margin: Duration,
+    /// TLS to Redis (`rediss://`, `rediss-cluster://`): the CA certificates (PEM) Redis's
+    /// certificates must chain to, instead of the system's roots.
+    #[arg(long, env = "RATEKEEPER_STORE_TLS_CA", value_name = "FILE")]
+    pub store_tls_ca: Option<PathBuf>,
+    /// TLS to Redis: a client certificate chain (PEM) to present, for a Redis that requires
+    /// one (`tls-auth-clients yes`).
+    #[arg(
+        long,
+        env = "RATEKEEPER_STORE_TLS_CERT",
+        value_name = "FILE",
+        requires = "store_tls_key"
+    )]
+    pub store_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --store-tls-cert.
+    #[arg(
+        long,
+        env = "RATEKEEPER_STORE_TLS_KEY",
+        value_name = "FILE",
+        requires = "store_tls_cert"
+    )]
+    pub store_tls_key: Option<PathBuf>,
+    /// TLS to Redis: check that Redis's certificate chains to the CA, but not that it names
+    /// the host dialled (for a certificate issued to another name).
+    #[arg(long, env = "RATEKEEPER_STORE_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    pub store_tls_skip_hostname_verification: bool,
+}
+
+impl StoreArgs {
+    /// The `--store-tls-*` flags.
+    fn tls(&self) -> RedisTlsOptions {
+        RedisTlsOptions {
+            ca: self.store_tls_ca.clone(),
+            client: self.store_tls_cert.clone().zip(self.store_tls_key.clone()),
+            skip_hostname_verification: self.store_tls_skip_hostname_verification,
+        }
+    }
 }
 
 // Cluster mode: the memory store across peers.
@@ -580,6 +616,12 @@ impl ServeArgs {
     /// its counters there), the cluster, or this process.
     fn store_options(&self) -> Result<StoreOptions, String> {
         let cluster = self.cluster_options();
+        let tls = self.store.tls();
+        if let (StoreArg::Memory, Some(flag)) = (&self.store.store, tls.first_flag()) {
+            return Err(format!(
+                "{flag} is for a Redis store: give a rediss:// --store"
+            ));
+        }
         let target = match (&self.store.store, cluster) {
             (StoreArg::Memory, None) => return Ok(StoreOptions::Memory),
             (StoreArg::Memory, Some((peer_addr, options))) => {
@@ -604,6 +646,7 @@ impl ServeArgs {
             cooldown: self.store.store_cooldown,
             blocked_keys: self.store.store_blocked_keys,
             ttl_margin: self.store.store_ttl_margin,
+            tls,
             ..RedisOptions::new(Target::clone(target))
         }))
     }

@@ -60,7 +60,7 @@ pub enum BuildError {
     #[error("--advertise is needed when the peer listener binds {0} (others cannot reach that)")]
     Advertise(SocketAddr),
     #[error("cannot use the redis store: {0}")]
-    Redis(redis::RedisError),
+    Redis(super::redis::SetupError),
 }
 
 /// The chosen store, made.

@@ -38,6 +38,7 @@ mod batch;
 mod blocked;
 mod connection;
 mod metrics;
+mod tls;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +51,7 @@ use self::blocked::BlockedCache;
 use self::connection::Backend;
 pub use self::connection::{Target, redact};
 use self::metrics::RedisStats;
+pub use self::tls::{RedisTlsOptions, TlsFileError};
 use crate::algorithm::{self, NANOS_PER_SEC, Rate, State};
 use crate::breaker::Breaker;
 use crate::check::{self, Check, Checks, Decisions, States};
@@ -106,6 +108,8 @@ pub struct RedisOptions {
     /// expire and are made again (Redis's expiry deletes in bursts that stall every call),
     /// at the cost of more keys held.
     pub ttl_margin: Duration,
+    /// TLS files for a `rediss://` server (`--store-tls-*`).
+    pub tls: RedisTlsOptions,
 }
 
 /// The TTL margins a store accepts.
@@ -122,8 +126,22 @@ impl RedisOptions {
             cooldown: Duration::from_secs(1),
             blocked_keys: 100_000,
             ttl_margin: Duration::from_secs(1),
+            tls: RedisTlsOptions::default(),
         }
     }
+}
+
+/// Why a Redis store could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+    #[error(transparent)]
+    Tls(#[from] TlsFileError),
+    #[error(
+        "{0} needs a TLS store: rediss:// or rediss-cluster:// (sentinels are reached without tls)"
+    )]
+    NotTls(&'static str),
 }
 
 /// The Redis store; cheap to clone.
@@ -157,10 +175,17 @@ impl std::fmt::Debug for RedisStore {
 
 impl RedisStore {
     /// A store for `options.target` reading time from `clock`. Connects on first use, so
-    /// it starts even while Redis is down.
-    pub fn new(options: RedisOptions, clock: Clock) -> Result<RedisStore, redis::RedisError> {
+    /// it starts even while Redis is down; the TLS files are read now.
+    pub fn new(options: RedisOptions, clock: Clock) -> Result<RedisStore, SetupError> {
+        let tls = match (&options.tls, options.target.is_tls()) {
+            (tls, _) if tls.is_default() => None,
+            (tls, true) => Some(Arc::new(tls::TlsFiles::load(tls.clone())?)),
+            (tls, false) => {
+                return Err(SetupError::NotTls(tls.first_flag().unwrap_or_default()));
+            }
+        };
         let caller = Arc::new(Caller {
-            backend: Backend::new(&options.target, options.pool, options.timeout)?,
+            backend: Backend::new(&options.target, options.pool, options.timeout, tls)?,
             script: redis::Script::new(&script()),
             // Within an hour, so it fits.
             ttl_margin_ms: u64::try_from(
@@ -333,6 +358,7 @@ impl Inner {
         let started = Instant::now();
         let result = tokio::time::timeout(self.options.timeout, self.call(checks, now)).await;
         self.stats.latency.observe(started.elapsed());
+        let timed_out = result.is_err();
         let failure = match result {
             Ok(Ok((at, reply))) => match self.read(checks, at, &reply) {
                 Some(decisions) => {
@@ -370,8 +396,23 @@ impl Inner {
                 cooldown = ?self.options.cooldown,
                 "redis is failing: circuit open, checks are decided by --store-failure until a probe succeeds"
             );
+            if timed_out {
+                self.explain_timeouts();
+            }
         }
         self.by_policy(checks)
+    }
+
+    /// Logs why calls time out (once per opening of the breaker, off the request path):
+    /// the pool's reconnection retries outlast a call's deadline and hide the reason.
+    fn explain_timeouts(&self) {
+        let caller = Arc::clone(&self.caller);
+        let store = self.options.target.describe();
+        tokio::spawn(async move {
+            if let Some(error) = caller.backend.diagnose().await {
+                tracing::warn!(%store, %error, "redis calls time out: a direct connection says why");
+            }
+        });
     }
 
     /// The script's answer for `checks` and the time it decided them at: batched with

@@ -42,6 +42,7 @@ mod nginx_e2e;
 mod operations;
 mod otlp_tracing;
 mod redis_store;
+mod redis_tls;
 mod reference_env;
 mod reset;
 mod response_headers;

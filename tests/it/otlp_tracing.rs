@@ -1,7 +1,10 @@
 //! OpenTelemetry tracing of `ShouldRateLimit` (`--otlp-endpoint`): the real binary exports
-//! one span per call to an OTLP collector this test runs, as a child of the W3C trace
-//! context the caller sent (`traceparent`, as Envoy forwards it). The spans leave in
-//! batches (the SDK's default: every 5 s), so the test waits for them with a bound.
+//! one span per call to an OTLP collector this test runs (OTLP/gRPC, and OTLP/HTTP with
+//! protobuf), as a child of the W3C trace context the caller sent (`traceparent`, as Envoy
+//! forwards it), with the resource attributes asked for; sampling at rate 0 sends only the
+//! calls whose caller sampled its trace; the reference's variables, as Envoy Gateway sets
+//! them, trace over OTLP/HTTP unchanged. The spans leave in batches (the SDK's default:
+//! every 5 s), so the tests wait for them with a bound.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -18,6 +21,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
+use opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue;
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 const LIMITS: &str = "\
@@ -160,5 +164,235 @@ async fn each_call_is_a_span_in_the_callers_trace_at_the_collector() {
     assert!(
         codes.iter().any(|code| code.contains("\"OK\"")),
         "{codes:?}"
+    );
+}
+
+/// An OTLP/HTTP collector (`POST /v1/traces`, protobuf): every request it received, with
+/// its path.
+#[derive(Clone, Default)]
+struct HttpCollector {
+    requests: Arc<Mutex<Vec<(String, ExportTraceServiceRequest)>>>,
+}
+
+impl HttpCollector {
+    /// Every span received: the resource's string attributes (`key=value`) and the span.
+    fn spans(&self) -> Vec<(Vec<String>, Span)> {
+        let requests = self.requests.lock().expect("requests");
+        let mut spans = Vec::new();
+        for (_, request) in requests.iter() {
+            for resource in &request.resource_spans {
+                let attributes: Vec<String> = resource
+                    .resource
+                    .iter()
+                    .flat_map(|resource| &resource.attributes)
+                    .filter_map(|attribute| match &attribute.value.as_ref()?.value {
+                        Some(StringValue(value)) => Some(format!("{}={value}", attribute.key)),
+                        _ => None,
+                    })
+                    .collect();
+                for scope in &resource.scope_spans {
+                    spans.extend(
+                        scope
+                            .spans
+                            .iter()
+                            .map(|span| (attributes.clone(), span.clone())),
+                    );
+                }
+            }
+        }
+        spans
+    }
+
+    fn paths(&self) -> Vec<String> {
+        let requests = self.requests.lock().expect("requests");
+        requests.iter().map(|(path, _)| path.clone()).collect()
+    }
+}
+
+async fn start_http_collector() -> (HttpCollector, SocketAddr) {
+    use axum::extract::State;
+    use prost::Message;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the collector");
+    let addr = listener.local_addr().expect("an address");
+    let collector = HttpCollector::default();
+    let export = |State(collector): State<HttpCollector>,
+                  uri: axum::http::Uri,
+                  headers: axum::http::HeaderMap,
+                  body: axum::body::Bytes| async move {
+        let protobuf = headers
+            .get("content-type")
+            .is_some_and(|value| value == "application/x-protobuf");
+        match ExportTraceServiceRequest::decode(body) {
+            Ok(request) if protobuf => {
+                let mut requests = collector.requests.lock().expect("requests");
+                requests.push((uri.path().to_owned(), request));
+                let answer = ExportTraceServiceResponse::default().encode_to_vec();
+                (axum::http::StatusCode::OK, answer)
+            }
+            _ => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+        }
+    };
+    let app = axum::Router::new()
+        .fallback(axum::routing::post(export))
+        .with_state(collector.clone());
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .await
+            .expect("the collector serves");
+    });
+    (collector, addr)
+}
+
+/// `request()` without a trace context: the sampling rate decides.
+fn request_without_context() -> tonic::Request<RateLimitRequest> {
+    let mut request = request();
+    request.metadata_mut().remove("traceparent");
+    request
+}
+
+async fn client(node: &Ratekeeper) -> RateLimitServiceClient<tonic::transport::Channel> {
+    RateLimitServiceClient::connect(format!("http://{}", node.grpc_addr()))
+        .await
+        .expect("connects")
+}
+
+/// Waits (bounded) until `collector` holds at least `count` spans.
+async fn spans_arrive(collector: &HttpCollector, count: usize) -> bool {
+    eventually_async(Duration::from_secs(20), || {
+        let collector = collector.clone();
+        async move { collector.spans().len() >= count }
+    })
+    .await
+}
+
+/// Spans leave every 200 ms instead of the SDK's 5 s, so the tests wait less.
+const QUICK_BATCHES: (&str, &str) = ("OTEL_BSP_SCHEDULE_DELAY", "200");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_http_collector_with_the_resource_attributes() {
+    let dir = TempDir::new("tracing-http");
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let (collector, addr) = start_http_collector().await;
+    let endpoint = format!("http://{addr}");
+    let node = Ratekeeper::start_with_env(
+        &config,
+        &[
+            "--otlp-protocol",
+            "http",
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-service-name",
+            "rk-http",
+            "--otlp-service-namespace",
+            "edge-ns",
+            "--otlp-service-instance-id",
+            "rk-0",
+        ],
+        &[QUICK_BATCHES],
+    );
+    let mut client = client(&node).await;
+    for _ in 0..2 {
+        client.should_rate_limit(request()).await.expect("answers");
+    }
+    assert!(
+        spans_arrive(&collector, 2).await,
+        "spans reached the collector: {}",
+        node.stderr()
+    );
+    assert!(
+        collector.paths().iter().all(|path| path == "/v1/traces"),
+        "OTLP/HTTP's path added to the base endpoint: {:?}",
+        collector.paths()
+    );
+    for (resource, span) in collector.spans() {
+        assert_eq!(span.name, "ShouldRateLimit");
+        assert_eq!(hex(&span.trace_id), TRACE_ID, "the caller's trace");
+        for expected in [
+            "service.name=rk-http",
+            "service.namespace=edge-ns",
+            "service.instance.id=rk-0",
+        ] {
+            assert!(
+                resource.iter().any(|attribute| attribute == expected),
+                "{expected}: {resource:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampling_rate_zero_traces_only_the_calls_their_caller_sampled() {
+    let dir = TempDir::new("tracing-sampling");
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let (collector, addr) = start_http_collector().await;
+    let endpoint = format!("http://{addr}");
+    let node = Ratekeeper::start_with_env(
+        &config,
+        &[
+            "--otlp-protocol",
+            "http",
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-sampling-rate",
+            "0",
+        ],
+        &[QUICK_BATCHES],
+    );
+    let mut client = client(&node).await;
+    for _ in 0..20 {
+        client
+            .should_rate_limit(request_without_context())
+            .await
+            .expect("answered while not traced");
+    }
+    // Then one call whose caller sampled its trace: parent-based, it is traced. Once it
+    // arrived, the earlier calls' spans would have too (batches leave in order).
+    client.should_rate_limit(request()).await.expect("answers");
+    assert!(spans_arrive(&collector, 1).await, "{}", node.stderr());
+    let spans = collector.spans();
+    assert_eq!(spans.len(), 1, "only the sampled caller's call");
+    assert_eq!(hex(&spans[0].1.trace_id), TRACE_ID);
+}
+
+/// Envoy Gateway's tracing variables: the reference's default protocol (OTLP/HTTP) to
+/// OTEL_EXPORTER_OTLP_ENDPOINT, its service name, namespace and sampling rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_references_tracing_environment_exports_over_otlp_http_unchanged() {
+    let dir = TempDir::new("tracing-reference");
+    let config = write_config(dir.path(), "limits.yaml", LIMITS);
+    let (collector, addr) = start_http_collector().await;
+    let endpoint = format!("http://{addr}");
+    let node = Ratekeeper::start_with_env(
+        &config,
+        &[],
+        &[
+            QUICK_BATCHES,
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
+            ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+            ("TRACING_SAMPLING_RATE", "1"),
+        ],
+    );
+    let mut client = client(&node).await;
+    client
+        .should_rate_limit(request_without_context())
+        .await
+        .expect("answers");
+    assert!(spans_arrive(&collector, 1).await, "{}", node.stderr());
+    assert_eq!(collector.paths()[0], "/v1/traces");
+    let (resource, _) = &collector.spans()[0];
+    let has = |expected: &str| resource.iter().any(|attribute| attribute == expected);
+    let instance = resource
+        .iter()
+        .find_map(|attribute| attribute.strip_prefix("service.instance.id="))
+        .unwrap_or_default();
+    assert!(
+        has("service.name=envoy-ratelimit")
+            && has("service.namespace=envoy-gateway-system")
+            && instance.len() == 36,
+        "the reference's resource, a random instance id: {resource:?}"
     );
 }

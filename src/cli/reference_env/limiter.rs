@@ -116,7 +116,9 @@ impl Reader<'_> {
         );
     }
 
-    /// `TRACING_ENABLED`: OTLP over gRPC to `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`.
+    /// `TRACING_ENABLED`: OTLP over HTTP (the reference's default) or gRPC to
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (or `_TRACES_ENDPOINT`, used as given), with the
+    /// reference's sampling rate and resource attributes.
     pub(super) fn tracing(&mut self) {
         if !self.is_true("TRACING_ENABLED") {
             let mut details = Self::named(&["TRACING_"]);
@@ -124,56 +126,86 @@ impl Reader<'_> {
             self.unused(&details, "TRACING_ENABLED is not true");
             return;
         }
-        let fix = "ratekeeper exports spans over OTLP/gRPC only: set \
-                   TRACING_EXPORTER_PROTOCOL=grpc and point OTEL_EXPORTER_OTLP_ENDPOINT at the \
-                   collector's gRPC port";
-        match self.get("TRACING_EXPORTER_PROTOCOL") {
-            Some(protocol) if protocol.eq_ignore_ascii_case("grpc") => {}
-            Some(protocol) => {
-                self.refuse("TRACING_EXPORTER_PROTOCOL", format!("{protocol:?}: {fix}"));
-                return;
-            }
-            None => {
-                let text = format!("true exports over OTLP/HTTP unless told otherwise; {fix}");
-                self.refuse("TRACING_ENABLED", text);
-                return;
-            }
-        }
-        self.applied("TRACING_EXPORTER_PROTOCOL");
-        let endpoint = OTEL_ENDPOINTS
-            .iter()
-            .find_map(|variable| self.get(variable));
-        match endpoint {
-            Some(endpoint) => {
-                self.set(
-                    "otlp_endpoint",
-                    "--otlp-endpoint",
-                    Some(endpoint.to_owned()),
-                    &["TRACING_ENABLED"],
-                );
-            }
-            None if self.given("otlp_endpoint") => {
-                self.out
-                    .overridden
-                    .push(("TRACING_ENABLED", "--otlp-endpoint"));
-            }
-            None => self.refuse(
-                "TRACING_ENABLED",
-                "needs OTEL_EXPORTER_OTLP_ENDPOINT (the collector, http://HOST:4317)",
-            ),
-        }
+        self.tracing_protocol();
+        self.tracing_endpoints();
         self.copy(
             "TRACING_SERVICE_NAME",
             "otlp_service_name",
             "--otlp-service-name",
         );
-        self.unused(
-            &["TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID"],
-            "spans carry service.name only (--otlp-service-name)",
+        self.copy(
+            "TRACING_SERVICE_NAMESPACE",
+            "otlp_service_namespace",
+            "--otlp-service-namespace",
         );
-        self.unused(
-            &["TRACING_SAMPLING_RATE"],
-            "every ShouldRateLimit call is traced",
+        self.copy(
+            "TRACING_SERVICE_INSTANCE_ID",
+            "otlp_service_instance_id",
+            "--otlp-service-instance-id",
         );
+        if let Some(rate) = self.get("TRACING_SAMPLING_RATE") {
+            let from = ["TRACING_SAMPLING_RATE"];
+            match rate.parse::<f64>() {
+                Ok(value) if (0.0..=1.0).contains(&value) => {
+                    let (id, long) = ("otlp_sampling_rate", "--otlp-sampling-rate");
+                    self.set(id, long, Some(rate.to_owned()), &from);
+                }
+                _ => self.refuse(
+                    "TRACING_SAMPLING_RATE",
+                    format!("{rate:?} is not a rate from 0 (no call traced) to 1 (every call)"),
+                ),
+            }
+        }
+    }
+
+    /// `TRACING_EXPORTER_PROTOCOL` (`http` when unset, as in the reference) as
+    /// `--otlp-protocol`.
+    fn tracing_protocol(&mut self) {
+        let variable = "TRACING_EXPORTER_PROTOCOL";
+        let protocol = match self.get(variable).map(str::to_ascii_lowercase).as_deref() {
+            None | Some("http") => "http",
+            Some("grpc") => "grpc",
+            Some(other) => {
+                self.refuse(variable, format!("{other:?} is neither http nor grpc"));
+                return;
+            }
+        };
+        let from = ["TRACING_ENABLED", variable];
+        self.set(
+            "otlp_protocol",
+            "--otlp-protocol",
+            Some(protocol.to_owned()),
+            &from,
+        );
+    }
+
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as `--otlp-traces-endpoint` (used as given),
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` as `--otlp-endpoint` (OTLP/HTTP adds `/v1/traces`).
+    fn tracing_endpoints(&mut self) {
+        let [traces, base] = OTEL_ENDPOINTS;
+        let ids = [
+            (traces, "otlp_traces_endpoint", "--otlp-traces-endpoint"),
+            (base, "otlp_endpoint", "--otlp-endpoint"),
+        ];
+        let mut any = false;
+        for (variable, id, long) in ids {
+            if let Some(endpoint) = self.get(variable) {
+                any = true;
+                self.set(id, long, Some(endpoint.to_owned()), &["TRACING_ENABLED"]);
+            }
+        }
+        let ours = self.given("otlp_endpoint") || self.given("otlp_traces_endpoint");
+        match (any, ours) {
+            (true, _) => {}
+            (false, true) => self
+                .out
+                .overridden
+                .push(("TRACING_ENABLED", "--otlp-endpoint")),
+            (false, false) => self.refuse(
+                "TRACING_ENABLED",
+                "needs OTEL_EXPORTER_OTLP_ENDPOINT (the collector: http://HOST:4318 for \
+                 OTLP/HTTP, http://HOST:4317 with TRACING_EXPORTER_PROTOCOL=grpc)",
+            ),
+        }
     }
 }

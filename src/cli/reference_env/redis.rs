@@ -1,6 +1,6 @@
 //! Where the counters live: `BACKEND_TYPE`, `REDIS_*` as one `--store` URL (single,
 //! sentinel or cluster; auth and TLS), the Redis knobs ratekeeper does not need, and what
-//! it refuses (a per-second Redis, memcache, a key prefix, TLS client files).
+//! it refuses (a per-second Redis, memcache, a key prefix, TLS to sentinels).
 
 use super::Reader;
 
@@ -92,8 +92,8 @@ impl Reader<'_> {
         }
     }
 
-    /// `--store` from `REDIS_*`, unless ratekeeper's own is given; what of them ratekeeper
-    /// cannot honour (a key prefix, TLS client files).
+    /// `--store` (and `--store-tls-*`) from `REDIS_*`, unless ratekeeper's own `--store`
+    /// is given; what of them ratekeeper cannot honour (a key prefix).
     fn redis_store(&mut self) {
         let mut from = vec![
             "REDIS_URL",
@@ -151,27 +151,27 @@ impl Reader<'_> {
         }
     }
 
-    /// The reference's Redis TLS files: ratekeeper cannot honour them.
+    /// The reference's Redis TLS files (and hostname check switch) as `--store-tls-*`.
     pub(super) fn redis_tls_files(&mut self, tls: bool) {
         if !tls {
             self.unused(&TLS_FILES, "REDIS_TLS is not true");
             return;
         }
-        for variable in &TLS_FILES[..3] {
-            if self.get(variable).is_some() {
-                self.refuse(
-                    variable,
-                    "ratekeeper's Redis TLS checks the server against the system's roots and \
-                     presents no client certificate",
-                );
+        let [cert, key, ca, skip] = TLS_FILES;
+        match (self.get(cert), self.get(key)) {
+            (Some(_), None) => self.refuse(cert, format!("needs {key} (the certificate's key)")),
+            (None, Some(_)) => self.refuse(key, format!("needs {cert} (the key's certificate)")),
+            _ => {
+                self.copy(cert, "store_tls_cert", "--store-tls-cert");
+                self.copy(key, "store_tls_key", "--store-tls-key");
             }
         }
-        if self.bool(TLS_FILES[3]) == Some(true) {
-            self.refuse(
-                TLS_FILES[3],
-                "ratekeeper always verifies the Redis server's name",
-            );
-        }
+        self.copy(ca, "store_tls_ca", "--store-tls-ca");
+        self.switch(
+            skip,
+            "store_tls_skip_hostname_verification",
+            "--store-tls-skip-hostname-verification",
+        );
     }
 
     /// `--store` from `REDIS_*`, and the same with the password masked; `None` after an
@@ -303,15 +303,17 @@ fn store_url(
 ) -> Result<String, (&'static str, String)> {
     match kind.unwrap_or("single") {
         "single" => single_url(url, tls, credentials),
-        kind @ ("cluster" | "sentinel") if tls => Err((
+        "sentinel" if tls => Err((
             "REDIS_TLS",
-            format!("ratekeeper speaks TLS to a single Redis only, not to a {kind}"),
+            "ratekeeper reaches sentinels without TLS (TLS is for a single Redis or a cluster)"
+                .to_owned(),
         )),
         "cluster" => {
             for node in url.split(',') {
                 host_port(node).map_err(|problem| ("REDIS_URL", problem))?;
             }
-            Ok(format!("redis-cluster://{credentials}{url}"))
+            let scheme = if tls { "rediss" } else { "redis" };
+            Ok(format!("{scheme}-cluster://{credentials}{url}"))
         }
         "sentinel" => sentinel_url(url, credentials),
         other => Err((

@@ -537,8 +537,8 @@ fn redis_urls_follow_redis_type_auth_and_tls() {
     );
     assert_eq!(
         refused(&[
-            ("REDIS_TYPE", "cluster"),
-            ("REDIS_URL", "a:1"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s:1"),
             ("REDIS_TLS", "true")
         ]),
         ["REDIS_TLS"]
@@ -547,9 +547,10 @@ fn redis_urls_follow_redis_type_auth_and_tls() {
         refused(&[
             ("REDIS_URL", "r:1"),
             ("REDIS_TLS", "true"),
-            ("REDIS_TLS_CACERT", "/ca.pem")
+            ("REDIS_TLS_CLIENT_CERT", "/tls.crt")
         ]),
-        ["REDIS_TLS_CACERT"]
+        ["REDIS_TLS_CLIENT_CERT"],
+        "a certificate without its key"
     );
     assert_eq!(
         refused(&[
@@ -565,39 +566,180 @@ fn redis_urls_follow_redis_type_auth_and_tls() {
     );
 }
 
+/// Envoy Gateway's Redis: TLS with a client certificate and a CA from mounted files, a
+/// password, the URL from a Secret. The files become `--store-tls-*`; ours win.
 #[test]
-fn tracing_needs_grpc_and_an_endpoint() {
+fn envoy_gateway_redis_tls_files_become_the_store_tls_flags() {
+    let env = [
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "redis.eg:6379"),
+        ("REDIS_AUTH", "secret"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_CLIENT_CERT", "/redis-certs/tls.crt"),
+        ("REDIS_TLS_CLIENT_KEY", "/redis-certs/tls.key"),
+        ("REDIS_TLS_CACERT", "/redis-certs/ca.crt"),
+    ];
+    check(
+        &env,
+        &[
+            "--store=rediss://:secret@redis.eg:6379",
+            "--store-tls-cert=/redis-certs/tls.crt",
+            "--store-tls-key=/redis-certs/tls.key",
+            "--store-tls-ca=/redis-certs/ca.crt",
+        ],
+    );
+    let skip = [
+        ("REDIS_URL", "10.0.0.5:6379"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+    ];
+    check(
+        &skip,
+        &[
+            "--store=rediss://10.0.0.5:6379",
+            "--store-tls-skip-hostname-verification",
+        ],
+    );
+    check(
+        &[
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:1,b:2"),
+            ("REDIS_TLS", "true"),
+            ("REDIS_TLS_CACERT", "/ca.crt"),
+        ],
+        &["--store=rediss-cluster://a:1,b:2", "--store-tls-ca=/ca.crt"],
+    );
+    let ours = mapping(&env, &["store_tls_ca"]);
+    assert!(
+        ours.overridden
+            .contains(&("REDIS_TLS_CACERT", "--store-tls-ca")),
+        "{ours:?}"
+    );
+    assert!(!ours.args().any(|arg| arg.starts_with("--store-tls-ca")));
+    let plain = mapping(
+        &[("REDIS_URL", "r:1"), ("REDIS_TLS_CACERT", "/ca.crt")],
+        &[],
+    );
+    assert_eq!(
+        plain.warnings[0].to_string(),
+        "REDIS_TLS_CACERT: ignored: REDIS_TLS is not true"
+    );
+    assert!(!plain.args().any(|arg| arg.starts_with("--store-tls")));
+}
+
+#[test]
+fn tracing_speaks_either_protocol_with_the_references_sampling_and_resource() {
+    // Envoy Gateway's: the reference's default protocol (http) to a base endpoint.
+    check(
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318"),
+            ("TRACING_SERVICE_NAME", "rl"),
+            ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
+            ("TRACING_SERVICE_INSTANCE_ID", "rl-0"),
+            ("TRACING_SAMPLING_RATE", "0.25"),
+        ],
+        &[
+            "--otlp-protocol=http",
+            "--otlp-endpoint=http://otel:4318",
+            "--otlp-service-name=rl",
+            "--otlp-service-namespace=envoy-gateway-system",
+            "--otlp-service-instance-id=rl-0",
+            "--otlp-sampling-rate=0.25",
+        ],
+    );
     check(
         &[
             ("TRACING_ENABLED", "true"),
             ("TRACING_EXPORTER_PROTOCOL", "grpc"),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4317"),
-            ("TRACING_SERVICE_NAME", "rl"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://otel:4317"),
         ],
-        &["--otlp-endpoint=http://otel:4317", "--otlp-service-name=rl"],
+        &[
+            "--otlp-protocol=grpc",
+            "--otlp-traces-endpoint=http://otel:4317",
+        ],
     );
     assert_eq!(
         refused(&[
             ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318")
-        ]),
-        ["TRACING_ENABLED"],
-        "the reference's default protocol is http"
-    );
-    assert_eq!(
-        refused(&[
-            ("TRACING_ENABLED", "true"),
-            ("TRACING_EXPORTER_PROTOCOL", "http")
         ]),
         ["TRACING_EXPORTER_PROTOCOL"]
     );
     assert_eq!(
         refused(&[
             ("TRACING_ENABLED", "true"),
-            ("TRACING_EXPORTER_PROTOCOL", "grpc")
+            ("TRACING_EXPORTER_PROTOCOL", "http")
         ]),
-        ["TRACING_ENABLED"]
+        ["TRACING_ENABLED"],
+        "no endpoint"
     );
+    for rate in ["1.5", "-0.1", "half"] {
+        assert_eq!(
+            refused(&[
+                ("TRACING_ENABLED", "true"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318"),
+                ("TRACING_SAMPLING_RATE", rate)
+            ]),
+            ["TRACING_SAMPLING_RATE"],
+            "{rate}"
+        );
+    }
+    let ours = mapping(
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4318"),
+        ],
+        &["otlp_protocol", "otlp_endpoint"],
+    );
+    assert!(ours.args().next().is_none(), "{:?}", ours.flags);
+    assert!(
+        ours.overridden
+            .contains(&("TRACING_ENABLED", "--otlp-protocol"))
+            && ours
+                .overridden
+                .contains(&("TRACING_ENABLED", "--otlp-endpoint")),
+        "{:?}",
+        ours.overridden
+    );
+}
+
+/// The mapped tracing flags parse, and `Cli::otlp` resolves the endpoint as OTLP/HTTP
+/// defines it: `/v1/traces` added to OTEL_EXPORTER_OTLP_ENDPOINT, nothing to
+/// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT.
+#[test]
+fn the_otlp_http_endpoint_is_resolved_as_the_spec_says() {
+    let otlp = |args: &[&str]| {
+        let mut argv = vec!["ratekeeper", "serve"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).expect("parses").otlp()
+    };
+    let base = otlp(&["--otlp-protocol=http", "--otlp-endpoint=http://otel:4318/"]);
+    assert_eq!(
+        base.map(|otlp| otlp.endpoint).as_deref(),
+        Some("http://otel:4318/v1/traces")
+    );
+    let full = otlp(&[
+        "--otlp-protocol=http",
+        "--otlp-endpoint=http://otel:4318",
+        "--otlp-traces-endpoint=http://otel:4318/custom",
+    ]);
+    assert_eq!(
+        full.map(|otlp| otlp.endpoint).as_deref(),
+        Some("http://otel:4318/custom")
+    );
+    let grpc = otlp(&["--otlp-endpoint=http://otel:4317"]).expect("on");
+    assert_eq!(
+        (grpc.endpoint.as_str(), grpc.http),
+        ("http://otel:4317", false)
+    );
+    assert!(otlp(&[]).is_none(), "off without an endpoint");
+    let error = Cli::try_parse_from(["ratekeeper", "serve", "--otlp-sampling-rate=2"])
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(error.contains("--otlp-sampling-rate"), "{error}");
 }
 
 #[test]

@@ -6,8 +6,9 @@
 //! - A Sentinel-managed master (`redis-sentinel://`): the same pool, to the master the
 //!   sentinels name; after a failure the pool is dropped and the next call asks the
 //!   sentinels again, so a failover is followed.
-//! - A Redis Cluster (`redis-cluster://`): one cluster connection, which routes each
-//!   command by its key's hash slot and follows `MOVED`/`ASK` and resharding.
+//! - A Redis Cluster (`redis-cluster://`, `rediss-cluster://` for TLS): one cluster
+//!   connection, which routes each command by its key's hash slot and follows `MOVED`/`ASK`
+//!   and resharding.
 //!
 //! Connections are made lazily, on the first call: ratekeeper starts even when Redis is
 //! down (the store's failure policy answers meanwhile). Passwords never reach a log line.
@@ -24,6 +25,8 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo, RedisResult};
 use tokio::sync::Mutex;
 
+use super::tls::TlsFiles;
+
 /// A `--store` Redis address, parsed.
 #[derive(Clone, Debug)]
 pub enum Target {
@@ -36,8 +39,8 @@ pub enum Target {
         master: String,
         node: ConnectionInfo,
     },
-    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]`: any reachable nodes;
-    /// the others are discovered.
+    /// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]` (`rediss-cluster://` for
+    /// TLS): any reachable nodes; the others are discovered.
     Cluster(Vec<ConnectionInfo>),
 }
 
@@ -48,10 +51,19 @@ impl Target {
             .split_once("://")
             .ok_or_else(|| format!("{:?} is not a URL like redis://HOST:PORT", redact(text)))?;
         match scheme {
-            "redis" | "rediss" => text
-                .into_connection_info()
-                .map(|info| Target::Server(no_delay(info)))
-                .map_err(|error| format!("{}: {error}", redact(text))),
+            "redis" | "rediss" => {
+                let info = text
+                    .into_connection_info()
+                    .map_err(|error| format!("{}: {error}", redact(text)))?;
+                if super::tls::is_insecure(&info) {
+                    return Err(format!(
+                        "{}: {}",
+                        redact(text),
+                        super::tls::INSECURE_REFUSED
+                    ));
+                }
+                Ok(Target::Server(no_delay(info)))
+            }
             "redis-sentinel" => {
                 let (credentials, hosts, path) = split(rest);
                 let mut parts = path.split('/').filter(|part| !part.is_empty());
@@ -75,7 +87,7 @@ impl Target {
                     node,
                 })
             }
-            "redis-cluster" => {
+            "redis-cluster" | "rediss-cluster" => {
                 let (credentials, hosts, path) = split(rest);
                 if !path.trim_matches('/').is_empty() {
                     return Err(format!(
@@ -83,10 +95,19 @@ impl Target {
                         redact(text)
                     ));
                 }
-                nodes(&hosts, &credentials, "").map(Target::Cluster)
+                let scheme = scheme.strip_suffix("-cluster").unwrap_or(scheme);
+                let nodes = nodes_of(scheme, &hosts, &credentials, "")?;
+                if nodes.iter().any(super::tls::is_insecure) {
+                    return Err(format!(
+                        "{}: {}",
+                        redact(text),
+                        super::tls::INSECURE_REFUSED
+                    ));
+                }
+                Ok(Target::Cluster(nodes))
             }
             other => Err(format!(
-                "unknown store scheme {other:?} (expected memory, redis://, rediss://, redis-sentinel:// or redis-cluster://)"
+                "unknown store scheme {other:?} (expected memory, redis://, rediss://, redis-sentinel://, redis-cluster:// or rediss-cluster://)"
             )),
         }
     }
@@ -116,6 +137,16 @@ impl Target {
     /// Whether each request's checks must go one hash slot per command.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Target::Cluster(_))
+    }
+
+    /// Whether the connections are TLS (`rediss://`, `rediss-cluster://`).
+    pub fn is_tls(&self) -> bool {
+        let tls = |info: &ConnectionInfo| matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+        match self {
+            Target::Server(info) => tls(info),
+            Target::Cluster(nodes) => nodes.first().is_some_and(tls),
+            Target::Sentinel { .. } => false,
+        }
     }
 }
 
@@ -150,11 +181,21 @@ fn split(rest: &str) -> (String, String, String) {
 }
 
 fn nodes(hosts: &str, credentials: &str, path: &str) -> Result<Vec<ConnectionInfo>, String> {
+    nodes_of("redis", hosts, credentials, path)
+}
+
+/// [`nodes`] with `scheme` (`redis` or `rediss`).
+fn nodes_of(
+    scheme: &str,
+    hosts: &str,
+    credentials: &str,
+    path: &str,
+) -> Result<Vec<ConnectionInfo>, String> {
     let infos: Result<Vec<_>, String> = hosts
         .split(',')
         .filter(|host| !host.is_empty())
         .map(|host| {
-            format!("redis://{credentials}{host}{path}")
+            format!("{scheme}://{credentials}{host}{path}")
                 .into_connection_info()
                 .map(no_delay)
                 .map_err(|error| format!("{host:?}: {error}"))
@@ -193,14 +234,42 @@ pub enum Backend {
         timeout: Duration,
     },
     Cluster {
-        client: ClusterClient,
+        /// Made again when the TLS files change (see [`Backend::failed`]).
+        client: std::sync::Mutex<ClusterClient>,
         connection: Mutex<Option<ClusterConnection>>,
+        nodes: Vec<ConnectionInfo>,
+        timeout: Duration,
+        tls: Option<Arc<TlsFiles>>,
     },
+}
+
+/// The client of a Redis Cluster at `nodes`, with `tls`'s live files.
+fn cluster_client(
+    nodes: &[ConnectionInfo],
+    timeout: Duration,
+    tls: Option<&TlsFiles>,
+) -> RedisResult<ClusterClient> {
+    let mut builder = ClusterClient::builder(nodes.to_vec())
+        .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        .retries(1);
+    if let Some(files) = tls {
+        builder = builder
+            .certs(files.certificates())
+            .danger_accept_invalid_hostnames(files.skips_hostname());
+    }
+    builder.build()
 }
 
 /// Where a server pool's master comes from.
 pub enum Source {
     Direct(redis::Client),
+    /// A `rediss://` server with TLS files: the client is made again when they change.
+    DirectTls {
+        info: ConnectionInfo,
+        files: Arc<TlsFiles>,
+    },
     Sentinel(Mutex<SentinelClient>),
 }
 
@@ -213,8 +282,14 @@ pub enum Connection {
 
 impl Backend {
     /// The connections for `target` (made on first use), `pool` of them to one server,
-    /// each connect and response bounded by `timeout`.
-    pub fn new(target: &Target, pool: usize, timeout: Duration) -> RedisResult<Backend> {
+    /// each connect and response bounded by `timeout`, with `tls`'s files to a `rediss://`
+    /// server.
+    pub fn new(
+        target: &Target,
+        pool: usize,
+        timeout: Duration,
+        tls: Option<Arc<TlsFiles>>,
+    ) -> RedisResult<Backend> {
         let server = |source| Backend::Server {
             source,
             pool: ArcSwapOption::empty(),
@@ -224,7 +299,13 @@ impl Backend {
             timeout,
         };
         Ok(match target {
-            Target::Server(info) => server(Source::Direct(redis::Client::open(info.clone())?)),
+            Target::Server(info) => server(match tls {
+                Some(files) => Source::DirectTls {
+                    info: info.clone(),
+                    files,
+                },
+                None => Source::Direct(redis::Client::open(info.clone())?),
+            }),
             Target::Sentinel {
                 sentinels,
                 master,
@@ -241,13 +322,11 @@ impl Backend {
                 )?)))
             }
             Target::Cluster(nodes) => Backend::Cluster {
-                client: ClusterClient::builder(nodes.clone())
-                    .tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .retries(1)
-                    .build()?,
+                client: std::sync::Mutex::new(cluster_client(nodes, timeout, tls.as_deref())?),
                 connection: Mutex::new(None),
+                nodes: nodes.clone(),
+                timeout,
+                tls,
             },
         })
     }
@@ -276,6 +355,7 @@ impl Backend {
                 }
                 let client = match source {
                     Source::Direct(client) => client.clone(),
+                    Source::DirectTls { info, files } => files.client(info)?,
                     Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
                 };
                 let config = ConnectionManagerConfig::new()
@@ -294,11 +374,14 @@ impl Backend {
                     .map(Connection::Server)
                     .ok_or_else(|| (redis::ErrorKind::Client, "empty connection pool").into())
             }
-            Backend::Cluster { client, connection } => {
+            Backend::Cluster {
+                client, connection, ..
+            } => {
                 let mut slot = connection.lock().await;
                 if let Some(connection) = slot.as_ref() {
                     return Ok(Connection::Cluster(connection.clone()));
                 }
+                let client = client.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 let fresh = client.get_async_connection().await?;
                 *slot = Some(fresh.clone());
                 Ok(Connection::Cluster(fresh))
@@ -307,8 +390,10 @@ impl Backend {
     }
 
     /// After a failed call: connections to a Sentinel-named master are dropped (the next
-    /// call asks the sentinels which server is master now); a cluster connection that
-    /// never worked is made again. Direct connections reconnect by themselves.
+    /// call asks the sentinels which server is master now); so are those to a TLS server
+    /// whose certificate files changed (the next call connects with the new ones); a
+    /// cluster connection that never worked is made again. Other direct connections
+    /// reconnect by themselves.
     pub async fn failed(&self) {
         match self {
             Backend::Server {
@@ -316,8 +401,34 @@ impl Backend {
                 pool,
                 ..
             } => pool.store(None),
+            Backend::Server {
+                source: Source::DirectTls { files, .. },
+                pool,
+                ..
+            } => {
+                let files = Arc::clone(files);
+                let changed = tokio::task::spawn_blocking(move || files.changed()).await;
+                if changed.unwrap_or(false) {
+                    pool.store(None);
+                }
+            }
             Backend::Server { .. } => {}
-            Backend::Cluster { connection, .. } => {
+            Backend::Cluster {
+                client,
+                connection,
+                nodes,
+                timeout,
+                tls,
+            } => {
+                if let Some(files) = tls {
+                    let files = Arc::clone(files);
+                    let changed = tokio::task::spawn_blocking(move || files.changed()).await;
+                    if changed.unwrap_or(false)
+                        && let Ok(fresh) = cluster_client(nodes, *timeout, tls.as_deref())
+                    {
+                        *client.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+                    }
+                }
                 // The cluster connection refreshes its slots itself, but one whose nodes all
                 // went away never recovers: after a failure the next call connects afresh
                 // (the breaker keeps that to a probe per cooldown).
@@ -328,6 +439,45 @@ impl Backend {
         }
     }
 }
+
+impl Backend {
+    /// Why calls to a single server time out: one connection made and asked PING directly,
+    /// without the pool's retries (which outlast the call's deadline and so hide the
+    /// reason: a refused handshake, a wrong password). `None` when it answers, or for
+    /// sentinels and clusters.
+    pub async fn diagnose(&self) -> Option<String> {
+        let Backend::Server { source, .. } = self else {
+            return None;
+        };
+        let client = match source {
+            Source::Direct(client) => client.clone(),
+            Source::DirectTls { info, files } => match files.client(info) {
+                Ok(client) => client,
+                Err(error) => return Some(error.to_string()),
+            },
+            Source::Sentinel(_) => return None,
+        };
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(DIAGNOSE_TIMEOUT))
+            .set_response_timeout(Some(DIAGNOSE_TIMEOUT));
+        let ping = async {
+            let mut connection = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut connection)
+                .await
+        };
+        match tokio::time::timeout(DIAGNOSE_TIMEOUT * 2, ping).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!("no connection within {:?}", DIAGNOSE_TIMEOUT * 2)),
+        }
+    }
+}
+
+/// The deadlines of [`Backend::diagnose`]'s connection and PING.
+const DIAGNOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl Connection {
     /// `DEL keys`: how many existed. On a Redis Cluster the keys must share a hash slot
