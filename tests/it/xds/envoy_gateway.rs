@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor as RequestDescriptor;
@@ -36,8 +36,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use super::XdsServer;
 use super::tls::Pki;
 use crate::support::{
-    Leaf, Netns, Ratekeeper, TempDir, TestCa, cluster_members, eventually, http_get,
-    ratekeeper_command_as, read_repo_file, yaml_document, yaml_documents,
+    Envoy, Leaf, Netns, Ratekeeper, TempDir, TestCa, Upstream, cluster_members, eventually,
+    http_get, ratekeeper_command_as, read_repo_file, write_config, yaml_document, yaml_documents,
 };
 
 /// The listener's domain, as Envoy Gateway names it (`<namespace>/<gateway>/<listener>`).
@@ -323,5 +323,147 @@ async fn three_pods_with_envoy_gateways_environment_share_one_limit_without_redi
     let took = pushed.elapsed();
     assert!(live && took < LIVE_WITHIN, "the change took {took:?}");
     assert_eq!(admitted(&mut clients, "bob", 4).await, 8);
+
+    // A real Envoy, configured as Envoy Gateway's translator configures it, lets 8 of 12
+    // requests of one user through the three pods and answers 429 to the rest.
+    let endpoints: Vec<SocketAddr> = pods.iter().map(Ratekeeper::grpc_addr).collect();
+    let dir = files.dir.path().to_owned();
+    let (cert, key) = files.envoy.write(&dir, "envoy");
+    let tls = [cert, key, files.pki.ca.write(&dir, "envoy-ca.crt")];
+    let answers =
+        tokio::task::spawn_blocking(move || through_envoy(&dir, &tls, &endpoints, "carol", 12))
+            .await
+            .expect("Envoy's requests");
+    assert_eq!(answers, [vec![200; 8], vec![429; 4]].concat());
     drop(pods);
+}
+
+/// Sends `count` requests of `user` through a real Envoy whose rate limit filter asks
+/// `endpoints` over mutual TLS (`tls`: its client certificate and key, and the CA the
+/// service's certificate is checked against, with its name), with the route's actions as
+/// Envoy Gateway writes them: the answers' statuses, in order.
+fn through_envoy(
+    dir: &Path,
+    tls: &[PathBuf; 3],
+    endpoints: &[SocketAddr],
+    user: &str,
+    count: usize,
+) -> Vec<u16> {
+    let upstream = Upstream::start();
+    let [cert, key, ca] = tls;
+    let config = envoy_gateway_bootstrap(upstream.addr().port(), endpoints, [cert, key, ca]);
+    let config = write_config(dir, "envoy.yaml", &config);
+    let mut envoy = Envoy::start(&config, dir);
+    let listener = envoy.listener_addr("default/eg/http");
+    (0..count)
+        .map(|_| {
+            let answer = http_get(listener, "/", &[("x-user-id", user)]);
+            answer.map_or(0, |answer| answer.status)
+        })
+        .collect()
+}
+
+/// Envoy's bootstrap as Envoy Gateway's translator writes the parts that matter here: the
+/// listener's rate limit filter (its domain, failing open), the route's actions (the route
+/// rule's descriptor, then the header's value), and the rate limit cluster over mutual TLS
+/// with HTTP/2, its files `tls` (certificate, key, CA).
+fn envoy_gateway_bootstrap(upstream: u16, endpoints: &[SocketAddr], tls: [&Path; 3]) -> String {
+    let [cert, key, ca] = tls.map(|path| path.display().to_string());
+    let endpoints: String = endpoints
+        .iter()
+        .map(|addr| {
+            format!(
+                "              - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
+                addr.ip(),
+                addr.port()
+            )
+        })
+        .collect();
+    format!(
+        r#"
+admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: 0 }}
+static_resources:
+  listeners:
+    - name: default/eg/http
+      address:
+        socket_address: {{ address: 127.0.0.1, port_value: 0 }}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: http
+                route_config:
+                  name: default/eg/http
+                  virtual_hosts:
+                    - name: default/eg/http/www_example_com
+                      domains: ["*"]
+                      routes:
+                        - match: {{ prefix: "/" }}
+                          route:
+                            cluster: app
+                            rate_limits:
+                              - actions:
+                                  - header_value_match:
+                                      descriptor_key: {ROUTE_KEY}
+                                      descriptor_value: {ROUTE_KEY}
+                                      headers: [{{ name: x-user-id, present_match: true }}]
+                                  - request_headers:
+                                      header_name: x-user-id
+                                      descriptor_key: {USER_KEY}
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                      domain: {DOMAIN}
+                      enable_x_ratelimit_headers: DRAFT_VERSION_03
+                      disable_x_envoy_ratelimited_header: true
+                      timeout: 1s
+                      rate_limit_service:
+                        transport_api_version: V3
+                        grpc_service:
+                          envoy_grpc: {{ cluster_name: ratelimit_cluster }}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - name: app
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: app
+        endpoints:
+          - lb_endpoints:
+              - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {upstream} }} }} }}
+    - name: ratelimit_cluster
+      type: STATIC
+      connect_timeout: 10s
+      lb_policy: LEAST_REQUEST
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config:
+            http2_protocol_options: {{}}
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+          sni: {SERVICE_NAME}
+          common_tls_context:
+            tls_certificates:
+              - certificate_chain: {{ filename: {cert} }}
+                private_key: {{ filename: {key} }}
+            validation_context:
+              trusted_ca: {{ filename: {ca} }}
+              match_typed_subject_alt_names:
+                - san_type: DNS
+                  matcher: {{ exact: {SERVICE_NAME} }}
+      load_assignment:
+        cluster_name: ratelimit_cluster
+        endpoints:
+          - lb_endpoints:
+{endpoints}"#
+    )
 }
