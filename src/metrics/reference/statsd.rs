@@ -1,0 +1,113 @@
+//! The reference's StatsD push (`USE_STATSD`, `--statsd`): every `--statsd-flush-interval`
+//! (`STATS_FLUSH_INTERVAL`, 10 s), what each reference stat counted since the last push, as
+//! StatsD counter lines (`ratelimit.service.rate_limit.edge.api_key.over_limit:3|c`) over
+//! UDP, through cadence's buffered sink (lines joined into datagrams of at most 512 bytes).
+//! A stat that counted nothing since the last push sends nothing, as gostats does.
+//!
+//! The reference's gostats sink speaks TCP unless told otherwise (`STATSD_PROTOCOL`);
+//! ratekeeper sends UDP, which statsd_exporter (Envoy Gateway's sidecar, `:9125`) and StatsD
+//! servers take alike.
+
+use std::collections::HashMap;
+use std::net::UdpSocket;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cadence::{BufferedUdpMetricSink, Counted, StatsdClient};
+
+use super::ReferenceStats;
+use crate::reload::ReloadStats;
+
+/// Where and how often to push.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsdOptions {
+    /// `HOST:PORT`, resolved once at start.
+    pub addr: String,
+    pub flush_every: Duration,
+}
+
+/// Why the push cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsdError {
+    #[error("--statsd {addr}: cannot open a UDP socket: {source}")]
+    Socket {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("--statsd {addr}: {source}")]
+    Sink {
+        addr: String,
+        source: cadence::MetricError,
+    },
+}
+
+/// The push task: `spawn` starts it; it ends when its handle is aborted.
+#[derive(Debug)]
+pub struct Pusher {
+    stats: Arc<ReferenceStats>,
+    reloads: Arc<ReloadStats>,
+    client: StatsdClient,
+    every: Duration,
+    /// What was pushed so far, by name (bounded like the stats: a name per stat counter).
+    pushed: HashMap<String, u64>,
+}
+
+impl Pusher {
+    /// Resolves `options.addr` and opens the socket; pushes nothing yet.
+    pub fn new(
+        options: &StatsdOptions,
+        stats: Arc<ReferenceStats>,
+        reloads: Arc<ReloadStats>,
+    ) -> Result<Pusher, StatsdError> {
+        let addr = options.addr.clone();
+        let socket = UdpSocket::bind(("0.0.0.0", 0))
+            .and_then(|socket| socket.set_nonblocking(true).map(|()| socket))
+            .map_err(|source| StatsdError::Socket {
+                addr: addr.clone(),
+                source,
+            })?;
+        let sink = BufferedUdpMetricSink::from(addr.clone(), socket)
+            .map_err(|source| StatsdError::Sink { addr, source })?;
+        Ok(Pusher {
+            stats,
+            reloads,
+            client: StatsdClient::from_sink("", sink),
+            every: options.flush_every,
+            pushed: HashMap::new(),
+        })
+    }
+
+    pub fn spawn(self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(self.run())
+    }
+
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(self.every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The first tick is immediate: nothing counted yet.
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            self.push();
+        }
+    }
+
+    /// Sends what every stat counted since the last push.
+    pub fn push(&mut self) {
+        for (name, value) in self.stats.snapshot(Some(&self.reloads)) {
+            let before = self.pushed.get(&name).copied().unwrap_or(0);
+            let delta = value.saturating_sub(before);
+            if delta == 0 {
+                continue;
+            }
+            if let Err(error) = self.client.count_with_tags(&name, delta).try_send() {
+                tracing::debug!(%error, "statsd push failed; the next push sends it again");
+                continue;
+            }
+            self.pushed.insert(name, value);
+        }
+        if let Err(error) = self.client.flush() {
+            tracing::debug!(%error, "statsd flush failed");
+        }
+    }
+}
