@@ -460,6 +460,7 @@ mod tests {
                 "Admin listener:",
                 "RLQS:",
                 "Metrics:",
+                "Metrics in the reference service's names:",
                 "Logs and tracing:",
             ]
         );
@@ -487,6 +488,10 @@ mod tests {
             ("admin-token-file", "Admin listener:"),
             ("rlqs-exchange-every", "RLQS:"),
             ("metrics-max-series", "Metrics:"),
+            (
+                "prometheus-mapping",
+                "Metrics in the reference service's names:",
+            ),
             ("otlp-endpoint", "Logs and tracing:"),
         ] {
             assert_eq!(section_of(flag), heading, "--{flag}");

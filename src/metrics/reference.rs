@@ -20,11 +20,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use crate::reload::ReloadStats;
-
 pub mod mapper;
 pub mod names;
 pub mod prometheus;
+pub mod sinks;
 pub mod statsd;
 
 /// Where the per-limit stats live, before the key.
@@ -62,6 +61,12 @@ impl Kind {
             Kind::ShadowMode => "shadow_mode",
         }
     }
+}
+
+/// The limits loads so far, successes and failures (`config_load_success`,
+/// `config_load_error`): the reloader's figures (`reload` implements it).
+pub trait Loads: Send + Sync + std::fmt::Debug {
+    fn loads(&self) -> (u64, u64);
 }
 
 /// The counters of one stat key.
@@ -163,7 +168,7 @@ impl ReferenceStats {
 
     /// Every stat that counted something, by its full StatsD name, sorted; `reloads` gives
     /// `config_load_success` and `config_load_error`.
-    pub fn snapshot(&self, reloads: Option<&ReloadStats>) -> Vec<(String, u64)> {
+    pub fn snapshot(&self, reloads: Option<&dyn Loads>) -> Vec<(String, u64)> {
         let tags = &self.tags;
         let mut out = Vec::new();
         for (key, stat) in self.read().iter() {
@@ -176,15 +181,20 @@ impl ReferenceStats {
             }
         }
         let mut service = vec![
-            ("call.should_rate_limit.service_error", &self.service_errors),
-            ("call.should_rate_limit.redis_error", &self.store_errors),
+            (
+                "call.should_rate_limit.service_error",
+                self.service_errors.load(Ordering::Relaxed),
+            ),
+            (
+                "call.should_rate_limit.redis_error",
+                self.store_errors.load(Ordering::Relaxed),
+            ),
         ];
-        if let Some(reloads) = reloads {
-            service.push(("config_load_success", &reloads.successes));
-            service.push(("config_load_error", &reloads.failures));
+        if let Some((successes, failures)) = reloads.map(Loads::loads) {
+            service.push(("config_load_success", successes));
+            service.push(("config_load_error", failures));
         }
         for (name, value) in service {
-            let value = value.load(Ordering::Relaxed);
             if value > 0 {
                 out.push((format!("ratelimit.service.{name}{tags}"), value));
             }

@@ -43,6 +43,7 @@ mod operations;
 mod otlp_tracing;
 mod redis_store;
 mod reference_env;
+mod reference_metrics;
 mod reset;
 mod response_headers;
 mod rollout;

@@ -23,10 +23,9 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::ReferenceStats;
 use super::mapper::{Mapped, Mapper};
+use super::{Loads, ReferenceStats};
 use crate::metrics::Metrics;
-use crate::reload::ReloadStats;
 
 /// Where the Prometheus listener serves.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,7 +102,7 @@ pub fn mapped_text(snapshot: &[(String, u64)], mapper: &Mapper) -> String {
 pub struct Page {
     pub stats: Arc<ReferenceStats>,
     pub mapper: Arc<Mapper>,
-    pub reloads: Arc<ReloadStats>,
+    pub reloads: Arc<dyn Loads>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -113,7 +112,7 @@ pub fn router(page: Page, path: &str) -> Router {
 }
 
 async fn scrape(State(page): State<Page>) -> Response {
-    let snapshot = page.stats.snapshot(Some(&page.reloads));
+    let snapshot = page.stats.snapshot(Some(&*page.reloads));
     let mut text = mapped_text(&snapshot, &page.mapper);
     text.push_str(&page.metrics.encode());
     (

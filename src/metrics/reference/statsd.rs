@@ -2,6 +2,8 @@
 //! (`STATS_FLUSH_INTERVAL`, 10 s), what each reference stat counted since the last push, as
 //! StatsD counter lines (`ratelimit.service.rate_limit.edge.api_key.over_limit:3|c`) over
 //! UDP, through cadence's buffered sink (lines joined into datagrams of at most 512 bytes).
+//! The address is resolved at the first push that can (then kept): a StatsD server whose
+//! name does not resolve yet never stops the limiter, its stats wait.
 //! A stat that counted nothing since the last push sends nothing, as gostats does.
 //!
 //! The reference's gostats sink speaks TCP unless told otherwise (`STATSD_PROTOCOL`);
@@ -15,8 +17,7 @@ use std::time::Duration;
 
 use cadence::{BufferedUdpMetricSink, Counted, StatsdClient};
 
-use super::ReferenceStats;
-use crate::reload::ReloadStats;
+use super::{Loads, ReferenceStats};
 
 /// Where and how often to push.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,30 +35,30 @@ pub enum StatsdError {
         addr: String,
         source: std::io::Error,
     },
-    #[error("--statsd {addr}: {source}")]
-    Sink {
-        addr: String,
-        source: cadence::MetricError,
-    },
 }
 
 /// The push task: `spawn` starts it; it ends when its handle is aborted.
 #[derive(Debug)]
 pub struct Pusher {
     stats: Arc<ReferenceStats>,
-    reloads: Arc<ReloadStats>,
-    client: StatsdClient,
+    reloads: Arc<dyn Loads>,
+    addr: String,
+    socket: Option<UdpSocket>,
+    /// Made at the first push that can resolve `addr` (a name that does not resolve yet
+    /// must not stop the limiter: the counts wait for it).
+    client: Option<StatsdClient>,
+    warned: bool,
     every: Duration,
     /// What was pushed so far, by name (bounded like the stats: a name per stat counter).
     pushed: HashMap<String, u64>,
 }
 
 impl Pusher {
-    /// Resolves `options.addr` and opens the socket; pushes nothing yet.
+    /// Opens the socket; pushes nothing yet.
     pub fn new(
         options: &StatsdOptions,
         stats: Arc<ReferenceStats>,
-        reloads: Arc<ReloadStats>,
+        reloads: Arc<dyn Loads>,
     ) -> Result<Pusher, StatsdError> {
         let addr = options.addr.clone();
         let socket = UdpSocket::bind(("0.0.0.0", 0))
@@ -66,12 +67,13 @@ impl Pusher {
                 addr: addr.clone(),
                 source,
             })?;
-        let sink = BufferedUdpMetricSink::from(addr.clone(), socket)
-            .map_err(|source| StatsdError::Sink { addr, source })?;
         Ok(Pusher {
             stats,
             reloads,
-            client: StatsdClient::from_sink("", sink),
+            addr,
+            socket: Some(socket),
+            client: None,
+            warned: false,
             every: options.flush_every,
             pushed: HashMap::new(),
         })
@@ -92,21 +94,41 @@ impl Pusher {
         }
     }
 
+    /// The client, made on first use; `None` while the address does not resolve.
+    fn client(&mut self) -> Option<&StatsdClient> {
+        if self.client.is_none() {
+            let socket = self.socket.as_ref()?.try_clone().ok()?;
+            match BufferedUdpMetricSink::from(self.addr.clone(), socket) {
+                Ok(sink) => self.client = Some(StatsdClient::from_sink("", sink)),
+                Err(error) if !self.warned => {
+                    self.warned = true;
+                    tracing::warn!(addr = %self.addr, %error, "--statsd: cannot resolve the StatsD address yet; the stats wait for it");
+                }
+                Err(_) => {}
+            }
+        }
+        self.client.as_ref()
+    }
+
     /// Sends what every stat counted since the last push.
     pub fn push(&mut self) {
-        for (name, value) in self.stats.snapshot(Some(&self.reloads)) {
+        if self.client().is_none() {
+            return;
+        }
+        for (name, value) in self.stats.snapshot(Some(&*self.reloads)) {
             let before = self.pushed.get(&name).copied().unwrap_or(0);
             let delta = value.saturating_sub(before);
             if delta == 0 {
                 continue;
             }
-            if let Err(error) = self.client.count_with_tags(&name, delta).try_send() {
+            let Some(client) = &self.client else { return };
+            if let Err(error) = client.count_with_tags(&name, delta).try_send() {
                 tracing::debug!(%error, "statsd push failed; the next push sends it again");
                 continue;
             }
             self.pushed.insert(name, value);
         }
-        if let Err(error) = self.client.flush() {
+        if let Some(Err(error)) = self.client.as_ref().map(StatsdClient::flush) {
             tracing::debug!(%error, "statsd flush failed");
         }
     }
