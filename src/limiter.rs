@@ -28,7 +28,7 @@ use crate::check::{Charge, Check, Checks, Counter, Decision, RuleKeys, WaitPolic
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
 use crate::limits::{Applies, Domain, Limit, Limits, Metadata, Node, Walk, replaced_names};
-use crate::metrics::reference::Kind;
+use crate::metrics::reference::Hit;
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
 
@@ -767,20 +767,31 @@ fn record(
     shadow: bool,
     near_limit_ratio: f64,
 ) {
-    counters.add(Kind::TotalHits, cost);
+    counters.total_hits.inc_by(cost);
     if admitted {
-        counters.add(Kind::WithinLimit, cost);
+        counters.within_limit.inc_by(cost);
         // Written as used >= ratio * capacity: exact for round ratios like 0.8 * 5.
         let capacity = rate.capacity() as f64;
         if capacity - f64::from(decision.remaining) >= near_limit_ratio * capacity {
-            counters.add(Kind::NearLimit, cost);
+            counters.near_limit.inc_by(cost);
         }
     } else if !decision.allowed {
         if shadow {
-            counters.add(Kind::ShadowMode, cost);
+            counters.shadow_mode.inc_by(cost);
         } else {
-            counters.add(Kind::OverLimit, cost);
+            counters.over_limit.inc_by(cost);
         }
+    }
+    if let Some(stat) = &counters.reference {
+        let hit = Hit {
+            capacity: rate.capacity(),
+            remaining: u64::from(decision.remaining),
+            cost,
+            admitted,
+            refused: !decision.allowed,
+            shadow,
+        };
+        stat.record(&hit, near_limit_ratio);
     }
 }
 

@@ -33,7 +33,7 @@ pub mod catalog;
 pub mod reference;
 
 use self::reference::names::{self, Segment, Segments};
-use self::reference::{Kind, ReferenceStats, Stat};
+use self::reference::{ReferenceStats, Stat};
 
 /// Settings of the metrics.
 #[derive(Clone, Copy, Debug)]
@@ -90,24 +90,6 @@ pub struct LimitCounters {
     pub shadow_mode: Counter,
     /// The same counts in the reference service's names, when they are kept.
     pub reference: Option<Arc<Stat>>,
-}
-
-impl LimitCounters {
-    /// Counts `hits` under `kind`, in ratekeeper's family and the reference's stat.
-    #[inline]
-    pub fn add(&self, kind: Kind, hits: u64) {
-        let counter = match kind {
-            Kind::TotalHits => &self.total_hits,
-            Kind::OverLimit => &self.over_limit,
-            Kind::NearLimit => &self.near_limit,
-            Kind::WithinLimit => &self.within_limit,
-            Kind::ShadowMode => &self.shadow_mode,
-        };
-        counter.inc_by(hits);
-        if let Some(stat) = &self.reference {
-            stat.add(kind, hits);
-        }
-    }
 }
 
 #[derive(Debug, Default)]

@@ -1,5 +1,7 @@
-//! The reference service's stats (envoyproxy/ratelimit's `src/stats`): the hits ratekeeper
-//! counts per limit, also kept under the names the reference gives them
+//! The reference service's stats (envoyproxy/ratelimit's `src/stats`): the hits of every
+//! limit, counted as the reference counts them ([`Hit::counts`]: its near-limit threshold,
+//! the parts of a multi-hit request over and near the limit, shadow-mode hits also over
+//! it), under the names it gives them
 //! (`ratelimit.service.rate_limit.<domain>.<key path>.over_limit`, built by [`names`]),
 //! for a StatsD push ([`statsd`], `--statsd`) and a Prometheus listener with
 //! statsd_exporter's mapping applied ([`prometheus`], [`mapper`], `--prometheus-addr`):
@@ -9,7 +11,7 @@
 //! - Off unless a sink is configured: then [`crate::metrics::Metrics`] holds no
 //!   [`ReferenceStats`] and nothing on the request path looks at them.
 //! - The request path builds no name for a configured limit: its [`Stat`] is resolved once
-//!   per limits snapshot into the limit's `LimitCounters`, and a hit is one atomic add.
+//!   per limits snapshot into the limit's `LimitCounters`, and a hit is a few atomic adds.
 //!   Only `detailed_metric`, `value_to_metric` and a request's own limit build a key per
 //!   request (their names carry request values), as ratekeeper's own metrics do there.
 //! - At most `max_names` keys (`--metrics-max-series`); past it a new key is counted under
@@ -84,6 +86,70 @@ impl Stat {
 
     pub fn get(&self, kind: Kind) -> u64 {
         self.counts[kind as usize].load(Ordering::Relaxed)
+    }
+
+    /// Counts one limit's share of one descriptor check, as the reference counts it.
+    #[inline]
+    pub fn record(&self, hit: &Hit, near_limit_ratio: f64) {
+        for (kind, count) in Kind::ALL.into_iter().zip(hit.counts(near_limit_ratio)) {
+            if count > 0 {
+                self.add(kind, count);
+            }
+        }
+    }
+}
+
+/// One limit's share of one descriptor check.
+#[derive(Clone, Copy, Debug)]
+pub struct Hit {
+    /// The limit's capacity (`requests_per_unit`).
+    pub capacity: u64,
+    /// What is left of it after the check (a denied check consumed nothing).
+    pub remaining: u64,
+    /// The hits of the request (`hits_addend`).
+    pub cost: u64,
+    /// Every limit of the descriptor admitted the hits.
+    pub admitted: bool,
+    /// This limit refused them.
+    pub refused: bool,
+    /// The limit is in shadow mode.
+    pub shadow: bool,
+}
+
+impl Hit {
+    /// The counts, by [`Kind`], of the reference's `base_limiter.go`: the near-limit
+    /// threshold is `floor(capacity * ratio)` (in `float32`); of admitted hits, those past it
+    /// are near the limit; of refused ones, those past the capacity are over it (and in
+    /// shadow mode, shadow_mode too) and those between the threshold and the capacity near
+    /// it. A refused request counts whole when the limit was already used up.
+    pub fn counts(&self, near_limit_ratio: f64) -> [u64; 5] {
+        let Hit {
+            capacity,
+            remaining,
+            cost,
+            ..
+        } = *self;
+        // As Go's uint32(math.Floor(float64(float32(limit) * nearLimitRatio))).
+        let near = ((capacity as f32) * (near_limit_ratio as f32)).floor() as u64;
+        let used = capacity.saturating_sub(remaining);
+        let (mut over, mut near_limit, mut within) = (0, 0, 0);
+        if self.admitted {
+            within = cost;
+            let before = used.saturating_sub(cost);
+            if used > near {
+                near_limit = if before >= near { cost } else { used - near };
+            }
+        } else if self.refused {
+            let after = used.saturating_add(cost);
+            if used >= capacity {
+                over = cost;
+            } else {
+                over = after.saturating_sub(capacity);
+                near_limit = capacity - near.max(used);
+            }
+        }
+        let shadow = if self.shadow { over } else { 0 };
+        [cost, over, near_limit, within, shadow]
     }
 }
 

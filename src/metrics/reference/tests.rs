@@ -118,9 +118,9 @@ async fn keys_name_each_configured_entry_with_its_value() {
     );
     // A wildcard's pattern stands for its value.
     assert_eq!(rate_limit(&stats, "edge.path_/api*", "total_hits"), Some(1));
-    // Over a shadow-mode limit: shadow_mode, not over_limit.
+    // Over a shadow-mode limit: shadow_mode, and over_limit too, as the reference counts.
     assert_eq!(rate_limit(&stats, "edge.trial", "shadow_mode"), Some(1));
-    assert_eq!(rate_limit(&stats, "edge.trial", "over_limit"), None);
+    assert_eq!(rate_limit(&stats, "edge.trial", "over_limit"), Some(1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -231,4 +231,45 @@ fn the_page_adds_up_names_that_map_alike() {
         !text.contains("# EOF"),
         "ratekeeper's metrics follow: {text}"
     );
+}
+
+/// The reference's arithmetic (`base_limiter.go`), table-driven: capacity 10 and ratio 0.8
+/// put the near-limit threshold at 8.
+#[test]
+fn hits_count_as_the_reference_counts_them() {
+    let hit = |remaining: u64, cost: u64, admitted: bool, shadow: bool| Hit {
+        capacity: 10,
+        remaining,
+        cost,
+        admitted,
+        refused: !admitted,
+        shadow,
+    };
+    // [total_hits, over_limit, near_limit, within_limit, shadow_mode]
+    let cases = [
+        // The 8th hit is at the threshold, not past it; the 9th is past it.
+        (hit(2, 1, true, false), [1, 0, 0, 1, 0]),
+        (hit(1, 1, true, false), [1, 0, 1, 1, 0]),
+        // 3 hits from 6 to 9: one past the threshold.
+        (hit(1, 3, true, false), [3, 0, 1, 3, 0]),
+        // 5 hits refused at 6: one over the limit, two between threshold and limit.
+        (hit(4, 5, false, false), [5, 1, 2, 0, 0]),
+        // Refused when used up: all over.
+        (hit(0, 2, false, false), [2, 2, 0, 0, 0]),
+        // In shadow mode, over the limit is also shadow_mode.
+        (hit(0, 1, false, true), [1, 1, 0, 0, 1]),
+    ];
+    for (hit, expected) in cases {
+        assert_eq!(hit.counts(0.8), expected, "{hit:?}");
+    }
+    // The threshold is computed in float32: floor(5 * 0.8) is 4 there.
+    let five = Hit {
+        capacity: 5,
+        remaining: 0,
+        cost: 1,
+        admitted: true,
+        refused: false,
+        shadow: false,
+    };
+    assert_eq!(five.counts(0.8)[Kind::NearLimit as usize], 1);
 }
