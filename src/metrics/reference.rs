@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+pub mod docs;
 pub mod mapper;
 pub mod names;
 pub mod prometheus;
