@@ -145,9 +145,8 @@ a test fixture: `src/metrics/reference/testdata/envoy-gateway-statsd.yaml`.
 
 /// The section of `docs/metrics.md` on the reference's names.
 pub fn markdown() -> String {
-    let mut out = String::from(
-        "## The reference service's names (`--statsd`, `--prometheus-addr`)\n\n",
-    );
+    let mut out =
+        String::from("## The reference service's names (`--statsd`, `--prometheus-addr`)\n\n");
     out.push_str(INTRO);
     out.push_str(
         "\n| StatsD name | Prometheus name (default mapping) | what ratekeeper counts |\n\

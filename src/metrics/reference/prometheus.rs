@@ -56,6 +56,10 @@ impl Families {
             let Mapped::Metric { name, labels, help } = mapper.map_counter(name) else {
                 continue;
             };
+            // A name template that expanded to nothing names no metric.
+            if name.is_empty() {
+                continue;
+            }
             // OpenMetrics names a counter's family without `_total`; its sample adds it.
             let family = name.strip_suffix("_total").unwrap_or(&name).to_owned();
             let family = families.0.entry(family).or_default();
