@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use super::mapper::{Mapper, MapperError};
 use super::prometheus::{Page, PrometheusOptions, router};
-use super::statsd::{Pusher, StatsdError, StatsdOptions};
+use super::statsd::{Pusher, StatsdOptions};
 use super::{Loads, ReferenceStats};
 use crate::metrics::{Metrics, MetricsOptions};
 
@@ -34,8 +34,6 @@ impl ReferenceOptions {
 /// Why the sinks cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    #[error(transparent)]
-    Statsd(#[from] StatsdError),
     #[error("--prometheus-mapping {0}")]
     Mapping(#[from] MapperError),
     #[error("--prometheus-addr {addr}: {source}")]
@@ -87,7 +85,7 @@ pub async fn start(
         tasks: Vec::new(),
     };
     if let Some(statsd) = &options.statsd {
-        let pusher = Pusher::new(statsd, Arc::clone(&stats), Arc::clone(reloads))?;
+        let pusher = Pusher::new(statsd, Arc::clone(&stats), Arc::clone(reloads));
         running.tasks.push(pusher.spawn());
     }
     if let Some(prometheus) = &options.prometheus {

@@ -11,7 +11,7 @@
 //! servers take alike.
 
 use std::collections::HashMap;
-use std::net::UdpSocket;
+use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,19 +22,9 @@ use super::{Loads, ReferenceStats};
 /// Where and how often to push.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StatsdOptions {
-    /// `HOST:PORT`, resolved once at start.
+    /// `HOST:PORT`, resolved at the first push that can (its IPv4 address first).
     pub addr: String,
     pub flush_every: Duration,
-}
-
-/// Why the push cannot start.
-#[derive(Debug, thiserror::Error)]
-pub enum StatsdError {
-    #[error("--statsd {addr}: cannot open a UDP socket: {source}")]
-    Socket {
-        addr: String,
-        source: std::io::Error,
-    },
 }
 
 /// The push task: `spawn` starts it; it ends when its handle is aborted.
@@ -43,7 +33,6 @@ pub struct Pusher {
     stats: Arc<ReferenceStats>,
     reloads: Arc<dyn Loads>,
     addr: String,
-    socket: Option<UdpSocket>,
     /// Made at the first push that can resolve `addr` (a name that does not resolve yet
     /// must not stop the limiter: the counts wait for it).
     client: Option<StatsdClient>,
@@ -54,29 +43,21 @@ pub struct Pusher {
 }
 
 impl Pusher {
-    /// Opens the socket; pushes nothing yet.
+    /// A push to `options.addr`; nothing is resolved or sent yet.
     pub fn new(
         options: &StatsdOptions,
         stats: Arc<ReferenceStats>,
         reloads: Arc<dyn Loads>,
-    ) -> Result<Pusher, StatsdError> {
-        let addr = options.addr.clone();
-        let socket = UdpSocket::bind(("0.0.0.0", 0))
-            .and_then(|socket| socket.set_nonblocking(true).map(|()| socket))
-            .map_err(|source| StatsdError::Socket {
-                addr: addr.clone(),
-                source,
-            })?;
-        Ok(Pusher {
+    ) -> Pusher {
+        Pusher {
             stats,
             reloads,
-            addr,
-            socket: Some(socket),
+            addr: options.addr.clone(),
             client: None,
             warned: false,
             every: options.flush_every,
             pushed: HashMap::new(),
-        })
+        }
     }
 
     pub fn spawn(self) -> tokio::task::JoinHandle<()> {
@@ -90,29 +71,30 @@ impl Pusher {
         tick.tick().await;
         loop {
             tick.tick().await;
+            self.connect().await;
             self.push();
         }
     }
 
-    /// The client, made on first use; `None` while the address does not resolve.
-    fn client(&mut self) -> Option<&StatsdClient> {
-        if self.client.is_none() {
-            let socket = self.socket.as_ref()?.try_clone().ok()?;
-            match BufferedUdpMetricSink::from(self.addr.clone(), socket) {
-                Ok(sink) => self.client = Some(StatsdClient::from_sink("", sink)),
-                Err(error) if !self.warned => {
-                    self.warned = true;
-                    tracing::warn!(addr = %self.addr, %error, "--statsd: cannot resolve the StatsD address yet; the stats wait for it");
-                }
-                Err(_) => {}
-            }
+    /// Makes the client if there is none yet (a name that does not resolve yet is tried
+    /// again at the next push).
+    async fn connect(&mut self) {
+        if self.client.is_some() {
+            return;
         }
-        self.client.as_ref()
+        match connect(&self.addr).await {
+            Ok(client) => self.client = Some(client),
+            Err(error) if !self.warned => {
+                self.warned = true;
+                tracing::warn!(addr = %self.addr, %error, "--statsd: cannot reach the StatsD address yet; the stats wait for it");
+            }
+            Err(_) => {}
+        }
     }
 
     /// Sends what every stat counted since the last push.
     pub fn push(&mut self) {
-        if self.client().is_none() {
+        if self.client.is_none() {
             return;
         }
         for (name, value) in self.stats.snapshot(Some(&*self.reloads)) {
@@ -132,4 +114,24 @@ impl Pusher {
             tracing::debug!(%error, "statsd flush failed");
         }
     }
+}
+
+/// A client sending to `addr` (its first IPv4 address if it has one, as a sidecar on
+/// `localhost` may listen on IPv4 only) from a non-blocking socket of the same family.
+async fn connect(addr: &str) -> std::io::Result<StatsdClient> {
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(addr).await?.collect();
+    let to = addrs
+        .iter()
+        .find(|addr| addr.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| std::io::Error::other("no address"))?;
+    let from = match to {
+        SocketAddr::V4(_) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        SocketAddr::V6(_) => SocketAddr::from(([0u16; 8], 0)),
+    };
+    let socket = UdpSocket::bind(from)?;
+    socket.set_nonblocking(true)?;
+    let sink = BufferedUdpMetricSink::from(to, socket).map_err(std::io::Error::other)?;
+    Ok(StatsdClient::from_sink("", sink))
 }
