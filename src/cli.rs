@@ -507,6 +507,7 @@ mod tests {
                 "Admin listener:",
                 "RLQS:",
                 "Metrics:",
+                "Metrics in the reference service's names:",
                 "Logs and tracing:",
             ]
         );
@@ -535,6 +536,10 @@ mod tests {
             ("admin-token-file", "Admin listener:"),
             ("rlqs-exchange-every", "RLQS:"),
             ("metrics-max-series", "Metrics:"),
+            (
+                "prometheus-mapping",
+                "Metrics in the reference service's names:",
+            ),
             ("otlp-endpoint", "Logs and tracing:"),
         ] {
             assert_eq!(section_of(flag), heading, "--{flag}");

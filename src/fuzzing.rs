@@ -275,6 +275,51 @@ pub fn limits(data: &[u8]) {
     }
 }
 
+/// A statsd_exporter mapping file's text (`--prometheus-mapping`), then a few reference
+/// stat names through it: loaded, or one error naming the file; a mapped name is a valid
+/// Prometheus name and its labels have valid names.
+pub fn stats_mapping(data: &[u8]) {
+    use crate::metrics::reference::mapper::{Mapped, Mapper};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let mapper = match Mapper::parse("fuzz.yaml", text) {
+        Ok(mapper) => mapper,
+        Err(error) => {
+            assert!(error.to_string().starts_with("fuzz.yaml: "), "{error}");
+            return;
+        }
+    };
+    fn metric_char(ch: char) -> bool {
+        ch.is_ascii_alphanumeric() || ch == '_' || ch == ':'
+    }
+    fn label_char(ch: char) -> bool {
+        ch.is_ascii_alphanumeric() || ch == '_'
+    }
+    // Valid when the first character is one of `rest` but no digit.
+    let valid = |name: &str, rest: fn(char) -> bool| {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|ch| rest(ch) && !ch.is_ascii_digit())
+            && chars.all(rest)
+    };
+    for name in [
+        "ratelimit.service.rate_limit.edge.api_key_vip.path.over_limit",
+        "ratelimit_server.ShouldRateLimit.total_requests",
+        "ratelimit.service.config_load_success.__env=a",
+        "",
+    ] {
+        let Mapped::Metric { name, labels, .. } = mapper.map_counter(name) else {
+            continue;
+        };
+        assert!(name.is_empty() || valid(&name, metric_char), "{name:?}");
+        for (label, _) in labels {
+            assert!(valid(&label, label_char), "{label:?}");
+        }
+    }
+}
+
 /// The gRPC fast path's framing ([`crate::envoy::grpc`]): the first byte is the length of a
 /// `grpc-timeout` value that follows, the rest is the request body. A body is one message
 /// of exactly its declared length (then decided as [`crate::envoy::rls`] does), or refused

@@ -28,6 +28,7 @@ use crate::check::{Charge, Check, Checks, Counter, Decision, RuleKeys, WaitPolic
 use crate::error::{Error, StoreError};
 use crate::key::KeyBuilder;
 use crate::limits::{Applies, Domain, Limit, Limits, Metadata, Node, Walk, replaced_names};
+use crate::metrics::reference::Hit;
 use crate::metrics::{LimitCounters, LimitTable, Metrics, Outcome};
 use crate::store::Store;
 
@@ -276,8 +277,7 @@ impl Limiter {
             self.store.check(checks).wait().await?
         };
         let table = self.table_for(&snapshot);
-        // One lookup of the domain per request; each limit is then an index.
-        self.count(query, &plans, &decisions, table.domain(query.domain));
+        self.count(query, &plans, &decisions, &table);
         if let Some(observer) = &self.observer {
             observe(&**observer, query, &plans, &decisions);
         }
@@ -419,9 +419,11 @@ impl Limiter {
         query: &Query<'_>,
         plans: &[Plan<'_>],
         decisions: &[Decision],
-        table: &[LimitCounters],
+        table: &LimitTable,
     ) {
         let ratio = self.metrics.near_limit_ratio();
+        // One lookup of the domain per request; each limit is then an index.
+        let counters_of = table.domain(query.domain);
         for (plan, descriptor) in plans.iter().zip(&query.descriptors) {
             let Plan::Checked {
                 limits,
@@ -447,6 +449,7 @@ impl Limiter {
                         owned = self.metrics.detailed_counters(
                             query.domain,
                             &descriptor.entries,
+                            walk.steps(),
                             limit,
                         );
                         &owned
@@ -457,17 +460,20 @@ impl Limiter {
                             &descriptor.entries,
                             walk.steps(),
                             limit,
+                            table,
                         );
                         &owned
                     }
-                    Some(_) => match table.get(limit.index) {
+                    Some(_) => match counters_of.get(limit.index) {
                         Some(counters) => counters,
                         None => continue,
                     },
                     None => {
-                        owned = self
-                            .metrics
-                            .override_counters(query.domain, rate.unit.as_str());
+                        owned = self.metrics.override_counters(
+                            query.domain,
+                            &descriptor.entries,
+                            rate.unit.as_str(),
+                        );
                         &owned
                     }
                 };
@@ -775,6 +781,17 @@ fn record(
         } else {
             counters.over_limit.inc_by(cost);
         }
+    }
+    if let Some(stat) = &counters.reference {
+        let hit = Hit {
+            capacity: rate.capacity(),
+            remaining: u64::from(decision.remaining),
+            cost,
+            admitted,
+            refused: !decision.allowed,
+            shadow,
+        };
+        stat.record(&hit, near_limit_ratio);
     }
 }
 

@@ -56,7 +56,8 @@ fn serve(args: Box<ServeArgs>, runtime: &tokio::runtime::Runtime) -> ExitCode {
         let _reloads = AbortOnDrop(tokio::spawn(reload_on_sighup(hangup, server.limits_reload())).abort_handle());
         // Tests and scripts read this line to learn the bound addresses.
         let peer = server.peer_addr().map(|addr| format!(" peer={addr}")).unwrap_or_default();
-        println!("ratekeeper serving grpc={} http={} admin={}{peer}", server.grpc_endpoint(), server.http_addr(), server.admin_addr());
+        let prometheus = server.prometheus_addr().map(|addr| format!(" prometheus={addr}")).unwrap_or_default();
+        println!("ratekeeper serving grpc={} http={} admin={}{peer}{prometheus}", server.grpc_endpoint(), server.http_addr(), server.admin_addr());
         let _ = std::io::stdout().flush();
         tracing::info!(grpc = %server.grpc_endpoint(), http = %server.http_addr(), shards = options.engine.shards, "serving");
         server.run(shutdown_signal()).await

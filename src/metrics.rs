@@ -30,6 +30,10 @@ use crate::histogram::{AtomicHistogram, SharedHistogram};
 use crate::limits::{Limit, Limits, Node};
 
 pub mod catalog;
+pub mod reference;
+
+use self::reference::names::{self, Segment, Segments};
+use self::reference::{ReferenceStats, Stat};
 
 /// Settings of the metrics.
 #[derive(Clone, Copy, Debug)]
@@ -84,6 +88,8 @@ pub struct LimitCounters {
     pub near_limit: Counter,
     pub within_limit: Counter,
     pub shadow_mode: Counter,
+    /// The same counts in the reference service's names, when they are kept.
+    pub reference: Option<Arc<Stat>>,
 }
 
 #[derive(Debug, Default)]
@@ -108,6 +114,7 @@ impl LimitFamilies {
             near_limit: self.near_limit.get_or_create_owned(labels),
             within_limit: self.within_limit.get_or_create_owned(labels),
             shadow_mode: self.shadow_mode.get_or_create_owned(labels),
+            reference: None,
         }
     }
 
@@ -134,6 +141,8 @@ pub struct Metrics {
     latency_error: Arc<AtomicHistogram>,
     limits: Arc<LimitFamilies>,
     dropped_series: Counter,
+    /// The reference service's stats, when a sink wants them.
+    reference: Option<Arc<ReferenceStats>>,
 }
 
 impl Metrics {
@@ -220,7 +229,20 @@ impl Metrics {
             latency_error,
             limits,
             dropped_series,
+            reference: None,
         }
+    }
+
+    /// These metrics, also counting every limit's hits in `reference` (the reference
+    /// service's names).
+    pub fn with_reference(mut self, reference: Arc<ReferenceStats>) -> Metrics {
+        self.reference = Some(reference);
+        self
+    }
+
+    /// The reference service's stats, when they are kept.
+    pub fn reference(&self) -> Option<&Arc<ReferenceStats>> {
+        self.reference.as_ref()
     }
 
     /// The text exposition of every metric.
@@ -244,14 +266,23 @@ impl Metrics {
         };
         counter.inc();
         latency.observe(elapsed);
+        if let Some(reference) = &self.reference {
+            reference.request(outcome);
+        }
     }
 
-    /// Resolves the counters of every limit in `limits` (once per snapshot).
+    /// Resolves the counters of every limit in `limits` (once per snapshot), with their
+    /// reference stats when those are kept.
     pub fn limit_table(&self, limits: Arc<Limits>) -> LimitTable {
         let mut domains = HashMap::new();
+        let mut segments = Segments::new();
         for domain in limits.domains() {
             let mut table: Vec<LimitCounters> = Vec::new();
-            for node in domain.nodes() {
+            for (steps, node) in domain.entries() {
+                let path: Vec<Segment> = steps
+                    .into_iter()
+                    .map(|(key, step)| Segment { key, step })
+                    .collect();
                 for limit in node.limits.iter() {
                     let labels = LimitLabels {
                         domain: domain.name().to_owned(),
@@ -261,12 +292,23 @@ impl Metrics {
                     if table.len() <= limit.index {
                         table.resize_with(limit.index + 1, LimitCounters::default);
                     }
-                    table[limit.index] = self.counters_capped(labels);
+                    let mut counters = self.counters_capped(labels);
+                    counters.reference = self.reference.as_ref().map(|reference| {
+                        reference.stat(domain.name(), &names::limit_key(domain.name(), &path))
+                    });
+                    table[limit.index] = counters;
+                }
+                if let (Some(_), Some(last)) = (&self.reference, path.last()) {
+                    segments.insert(names::node_id(node), last.clone());
                 }
             }
             domains.insert(Box::<str>::from(domain.name()), table);
         }
-        LimitTable { limits, domains }
+        LimitTable {
+            limits,
+            domains,
+            segments,
+        }
     }
 
     /// The counters for `labels`, or the domain's `_other` ones past the series cap.
@@ -281,12 +323,27 @@ impl Metrics {
         })
     }
 
-    /// Counters of a `detailed_metric` limit for one request's values: a labelled lookup,
-    /// on the request path, bounded by the series cap.
+    /// `counters` with the reference stat of `key` (built only when they are kept).
+    fn with_stat(
+        &self,
+        mut counters: LimitCounters,
+        domain: &str,
+        key: impl FnOnce() -> String,
+    ) -> LimitCounters {
+        counters.reference = self
+            .reference
+            .as_ref()
+            .map(|reference| reference.stat(domain, &key()));
+        counters
+    }
+
+    /// Counters of a `detailed_metric` limit for one request's values (`steps`: the nodes
+    /// they matched): a labelled lookup, on the request path, bounded by the series cap.
     pub fn detailed_counters(
         &self,
         domain: &str,
         entries: &[(&str, &str)],
+        steps: &[&Node],
         limit: &Limit,
     ) -> LimitCounters {
         let mut label = String::new();
@@ -294,10 +351,13 @@ impl Metrics {
             let separator = if index == 0 { "" } else { "." };
             let _ = write!(label, "{separator}{key}={value}");
         }
-        self.counters_capped(LimitLabels {
+        let counters = self.counters_capped(LimitLabels {
             domain: domain.to_owned(),
             limit: label,
             unit: unit_label(limit),
+        });
+        self.with_stat(counters, domain, || {
+            names::detailed_key(domain, entries, steps)
         })
     }
 
@@ -310,6 +370,7 @@ impl Metrics {
         entries: &[(&str, &str)],
         steps: &[&Node],
         limit: &Limit,
+        table: &LimitTable,
     ) -> LimitCounters {
         let mut label = String::new();
         for (index, (key, value)) in entries.iter().enumerate() {
@@ -322,20 +383,29 @@ impl Metrics {
                 label.push_str(value);
             }
         }
-        self.counters_capped(LimitLabels {
+        let counters = self.counters_capped(LimitLabels {
             domain: domain.to_owned(),
             limit: label,
             unit: unit_label(limit),
+        });
+        self.with_stat(counters, domain, || {
+            names::value_key(domain, entries, steps, &table.segments)
         })
     }
 
     /// Counters for limits a request brings itself (a descriptor's `limit` field).
-    pub fn override_counters(&self, domain: &str, unit: &str) -> LimitCounters {
-        self.counters_capped(LimitLabels {
+    pub fn override_counters(
+        &self,
+        domain: &str,
+        entries: &[(&str, &str)],
+        unit: &str,
+    ) -> LimitCounters {
+        let counters = self.counters_capped(LimitLabels {
             domain: domain.to_owned(),
             limit: "_request_override".to_owned(),
             unit: unit.to_owned(),
-        })
+        });
+        self.with_stat(counters, domain, || names::override_key(domain, entries))
     }
 }
 
@@ -359,6 +429,9 @@ fn unit_label(limit: &Limit) -> String {
 pub struct LimitTable {
     limits: Arc<Limits>,
     domains: HashMap<Box<str>, Vec<LimitCounters>>,
+    /// How each node matches, for `value_to_metric` stat keys (empty unless the reference
+    /// stats are kept).
+    segments: Segments,
 }
 
 impl LimitTable {

@@ -92,6 +92,13 @@ pub struct ReloadStats {
 /// The most bytes of a failed reload's errors kept for the dashboard.
 pub const MAX_ERROR_TEXT: usize = 8 * 1024;
 
+impl crate::metrics::reference::Loads for ReloadStats {
+    fn loads(&self) -> (u64, u64) {
+        let successes = self.successes.load(Ordering::Relaxed);
+        (successes, self.failures.load(Ordering::Relaxed))
+    }
+}
+
 impl ReloadStats {
     /// Stats for limits already live at `version` (as returned by [`load`]).
     pub fn with_version(version: u64) -> ReloadStats {

@@ -39,6 +39,8 @@ use crate::envoy::xds::{XdsClient, XdsOptions, XdsStats, XdsTls};
 use crate::http::Health;
 use crate::limiter::{Limiter, LimiterOptions};
 use crate::limits::Limits;
+use crate::metrics::reference::Loads;
+use crate::metrics::reference::sinks::{self, ReferenceOptions, SinkError};
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::quota::RlqsStats;
 use crate::quota::cluster::{Exchanger, Owner, forget_after};
@@ -175,6 +177,8 @@ pub struct ServerOptions {
     pub admin_token: Option<PathBuf>,
     /// The Rate Limit Quota Service (`StreamRateLimitQuotas`) on the gRPC listener.
     pub rlqs: RlqsOptions,
+    /// The reference service's stats: a StatsD push, a Prometheus listener (off by default).
+    pub reference: ReferenceOptions,
 }
 
 impl ServerOptions {
@@ -201,6 +205,7 @@ impl ServerOptions {
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_token: None,
             rlqs: RlqsOptions::default(),
+            reference: ReferenceOptions::default(),
         }
     }
 }
@@ -229,6 +234,8 @@ pub enum ServeError {
     Admin(std::io::Error),
     #[error("cannot handle SIGHUP: {0}")]
     Signal(std::io::Error),
+    #[error(transparent)]
+    Reference(#[from] SinkError),
 }
 
 pub struct Server {
@@ -258,6 +265,8 @@ pub struct Server {
     rlqs_stats: RlqsStats,
     /// Why RLQS streams are refused on this node (`--store redis`).
     rlqs_refused: Option<String>,
+    /// The reference stats' StatsD push and Prometheus listener, running until dropped.
+    reference: Option<sinks::Running>,
 }
 
 /// What is read before anything listens, so a bad file fails the start: the gRPC
@@ -389,6 +398,18 @@ fn reload_stats_at_start(version: u64, from_files: bool) -> Arc<ReloadStats> {
     stats
 }
 
+/// The metrics over `registry` (every owner's collector registered), counting the
+/// reference service's stats too when a sink for them is asked for, and those sinks.
+async fn start_metrics(
+    options: &ServerOptions,
+    registry: prometheus_client::registry::Registry,
+    reloads: &Arc<ReloadStats>,
+) -> Result<(Arc<Metrics>, Option<sinks::Running>), ServeError> {
+    let loads: Arc<dyn Loads> = Arc::clone(reloads) as _;
+    let started = sinks::start(&options.reference, options.metrics, registry, &loads).await?;
+    Ok(started)
+}
+
 /// Why RLQS streams are refused on this node, if they are.
 fn rlqs_refusal(store: &StoreOptions) -> Option<String> {
     store.is_redis().then(|| {
@@ -440,7 +461,7 @@ impl Server {
         secrets.register_metrics(&mut registry);
         let rlqs_stats = RlqsStats::default();
         rlqs_stats.register(&mut registry);
-        let metrics = Arc::new(Metrics::new(options.metrics, registry));
+        let (metrics, reference) = start_metrics(options, registry, &reload_stats).await?;
         let watches = Watches::start(options, &limits, &secrets, &reload_stats, &xds_stats)?;
         // The counter names (`--counter-names`) live with admin, fed by the limiter.
         let names = (options.admin.counter_names > 0)
@@ -476,6 +497,7 @@ impl Server {
             rlqs: options.rlqs,
             rlqs_stats,
             rlqs_refused: rlqs_refusal(&options.store),
+            reference,
         })
     }
 
@@ -505,6 +527,11 @@ impl Server {
     /// The admin listener's address (the operator endpoints).
     pub fn admin_addr(&self) -> SocketAddr {
         self.admin_addr
+    }
+
+    /// The Prometheus listener's address (`--prometheus-addr`), when it serves.
+    pub fn prometheus_addr(&self) -> Option<SocketAddr> {
+        self.reference.as_ref()?.prometheus_addr()
     }
 
     /// The peer listener's address, in cluster mode.

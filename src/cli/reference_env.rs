@@ -10,7 +10,7 @@
 //!   keeps ratekeeper's loopback host);
 //! - a variable asking for what ratekeeper does not do (memcache, a second Redis for
 //!   per-second limits, DogStatsD, ...) is an error naming it; one that changes nothing that
-//!   matters (statsd, flush intervals, pipelining knobs) is a warning saying it is ignored.
+//!   matters (pipelining knobs, jitter) is a warning saying it is ignored.
 //!
 //! Pure: the environment comes in as a map and the ids of ratekeeper's explicitly given
 //! arguments as a set; nothing here reads the process environment. Every variable of
@@ -25,6 +25,7 @@ mod limiter;
 mod listen;
 mod redis;
 mod sources;
+mod stats;
 
 /// Every variable of the reference's `settings.go`, in its order.
 pub const VARIABLES: &[&str] = &[

@@ -23,6 +23,9 @@ use crate::failure::FailurePolicy;
 use crate::limiter::{HeaderNames, HeaderStyle, LimiterOptions};
 use crate::limits::{ConfigErrors, Limits, LoadOptions};
 use crate::metrics::MetricsOptions;
+use crate::metrics::reference::prometheus::PrometheusOptions;
+use crate::metrics::reference::sinks::ReferenceOptions;
+use crate::metrics::reference::statsd::StatsdOptions;
 use crate::quota::HubOptions;
 use crate::reload::{self as reloader, ReloadOptions};
 use crate::server::ServerOptions;
@@ -58,6 +61,8 @@ pub struct ServeArgs {
     pub rlqs: RlqsArgs,
     #[command(flatten)]
     pub metrics: MetricsArgs,
+    #[command(flatten)]
+    pub reference_stats: ReferenceStatsArgs,
 }
 
 // Where ratekeeper listens, and how long it drains at shutdown.
@@ -511,6 +516,84 @@ pub struct MetricsArgs {
     pub metrics_max_series: usize,
 }
 
+// The reference service's stats, where Envoy Gateway looks for them.
+#[derive(Args)]
+#[command(next_help_heading = "Metrics in the reference service's names")]
+pub struct ReferenceStatsArgs {
+    /// Push the reference service's stats (ratelimit.service.rate_limit.*, as its USE_STATSD
+    /// does) to this StatsD server, HOST:PORT, over UDP.
+    #[arg(long, env = "RATEKEEPER_STATSD")]
+    pub statsd: Option<String>,
+    /// How often the StatsD push sends what was counted since the last one.
+    #[arg(long, env = "RATEKEEPER_STATSD_FLUSH_INTERVAL", value_parser = duration, default_value = "10s")]
+    pub statsd_flush_interval: Duration,
+    /// Serve the reference service's stats with Prometheus names (as its USE_PROMETHEUS
+    /// does), and ratekeeper's own metrics, on a listener of its own at this address
+    /// (`:PORT`: every interface).
+    #[arg(long, env = "RATEKEEPER_PROMETHEUS_ADDR", value_parser = listen_addr)]
+    pub prometheus_addr: Option<SocketAddr>,
+    /// The one path the Prometheus listener serves.
+    #[arg(long, env = "RATEKEEPER_PROMETHEUS_PATH", value_parser = url_path, default_value = "/metrics")]
+    pub prometheus_path: String,
+    /// A statsd_exporter mapping file giving the Prometheus listener's names and labels
+    /// (default: the reference service's default mapping).
+    #[arg(long, env = "RATEKEEPER_PROMETHEUS_MAPPING")]
+    pub prometheus_mapping: Option<PathBuf>,
+    /// A tag for the reference service's stat names, KEY:VALUE (repeat it, or separate
+    /// tags with commas), as its EXTRA_TAGS.
+    #[arg(long = "stats-tag", env = "RATEKEEPER_STATS_TAGS", value_parser = stats_tag, value_delimiter = ',')]
+    pub stats_tags: Vec<(String, String)>,
+}
+
+impl ReferenceStatsArgs {
+    /// The sinks these flags ask for.
+    fn options(&self) -> Result<ReferenceOptions, String> {
+        if self.statsd_flush_interval.is_zero() {
+            return Err("--statsd-flush-interval must be longer than 0s".into());
+        }
+        Ok(ReferenceOptions {
+            statsd: self.statsd.clone().map(|addr| StatsdOptions {
+                addr,
+                flush_every: self.statsd_flush_interval,
+            }),
+            prometheus: self.prometheus_addr.map(|addr| PrometheusOptions {
+                addr,
+                path: self.prometheus_path.clone(),
+                mapping: self.prometheus_mapping.clone(),
+            }),
+            tags: self.stats_tags.clone(),
+        })
+    }
+}
+
+/// A listen address; `:PORT` (Go's way to say every interface) is `0.0.0.0:PORT`.
+pub fn listen_addr(text: &str) -> Result<SocketAddr, String> {
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    full.parse()
+        .map_err(|_| format!("{text:?} is not IP:PORT or :PORT"))
+}
+
+/// A path to serve: starting with `/`, without the router's `{`, `}` or `*`.
+fn url_path(text: &str) -> Result<String, String> {
+    if !text.starts_with('/') || text.contains(['{', '}', '*']) {
+        return Err(format!(
+            "{text:?} is not a path starting with / (without {{, }} or *)"
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+/// `KEY:VALUE`.
+fn stats_tag(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{text:?} is not KEY:VALUE")),
+    }
+}
+
 impl ServeArgs {
     /// How the limits files become limits, at start and on every reload.
     pub fn load_options(&self) -> LoadOptions {
@@ -686,6 +769,7 @@ impl ServeArgs {
                 near_limit_ratio: self.metrics.near_limit_ratio,
                 max_series: self.metrics.metrics_max_series,
             },
+            reference: self.reference_stats.options()?,
             watch: (self.limits.config_source == ConfigSource::File)
                 .then(|| self.limits.config.clone()),
             xds: self.xds_options()?,

@@ -49,6 +49,11 @@ fn limits_inputs_replay() {
 }
 
 #[test]
+fn stats_mapping_inputs_replay() {
+    replay("stats_mapping", super::stats_mapping);
+}
+
+#[test]
 fn grpc_inputs_replay() {
     replay("grpc", super::grpc);
 }

@@ -733,6 +733,7 @@ pub fn markdown() -> String {
         }
         out.push('\n');
     }
+    out.push_str(&super::reference::docs::markdown());
     out
 }
 

@@ -44,6 +44,7 @@ mod otlp_tracing;
 mod redis_store;
 mod redis_tls;
 mod reference_env;
+mod reference_metrics;
 mod reset;
 mod response_headers;
 mod rollout;

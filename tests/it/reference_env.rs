@@ -214,27 +214,30 @@ fn a_variable_ratekeeper_cannot_honour_stops_the_start_naming_it() {
 fn a_harmless_variable_starts_with_a_warning_and_our_flags_win() {
     let dir = TempDir::new("reference-env-warn");
     write_config(dir.path(), "limits.yaml", LIMITS);
-    // Ratekeeper::start_with_env gives --http-addr 127.0.0.1:0, which wins over PORT.
+    // Ratekeeper::start_with_env gives --http-addr 127.0.0.1:0, which wins over PORT, and
+    // --statsd wins over USE_STATSD's address.
     let node = Ratekeeper::start_with_env(
         dir.path(),
-        &[],
+        &["--statsd", "127.0.0.1:9"],
         &[
             ("USE_STATSD", "true"),
             ("STATSD_HOST", "statsd"),
+            ("EXPIRATION_JITTER_MAX_SECONDS", "300"),
             ("PORT", "1"),
             ("SHADOW_MODE", "true"),
         ],
     );
     assert_ne!(node.http_addr().port(), 1);
-    let stderr = node.stderr_with("STATSD_HOST: ignored");
+    let stderr = node.stderr_with("EXPIRATION_JITTER_MAX_SECONDS: ignored");
     assert!(
-        stderr.contains("USE_STATSD: ignored, nothing is pushed")
-            && stderr.contains("STATSD_HOST: ignored"),
+        stderr.contains("EXPIRATION_JITTER_MAX_SECONDS: ignored")
+            && !stderr.contains("USE_STATSD: ignored"),
         "{stderr}"
     );
     assert!(
         stderr.contains("applied the reference service's environment: SHADOW_MODE")
-            && stderr.contains("won over PORT (--http-addr)"),
+            && stderr.contains("won over PORT (--http-addr)")
+            && stderr.contains("USE_STATSD (--statsd), STATSD_HOST (--statsd)"),
         "{stderr}"
     );
 }

@@ -25,6 +25,8 @@ pub struct Ratekeeper {
     http_addr: SocketAddr,
     admin_addr: SocketAddr,
     peer_addr: Option<SocketAddr>,
+    /// The Prometheus listener (`--prometheus-addr`), when it serves one.
+    prometheus_addr: Option<SocketAddr>,
     /// The admin listener's bearer token, when it was started with one.
     admin_token: Option<String>,
     /// Files the process reads (its token file), kept as long as it runs.
@@ -130,6 +132,7 @@ impl Ratekeeper {
             mut http_addr,
             mut admin_addr,
             peer_addr,
+            prometheus_addr,
         }) = parse_serving_line(&line)
         else {
             process.fail(&format!("printed {line:?} instead of the serving line"));
@@ -154,6 +157,7 @@ impl Ratekeeper {
             http_addr,
             admin_addr,
             peer_addr,
+            prometheus_addr,
             admin_token: None,
             kept: None,
         }
@@ -194,6 +198,14 @@ impl Ratekeeper {
             .map(|value| ("Authorization", value.as_str()))
             .collect();
         http_request(self.admin_addr, method, path, &headers, body)
+    }
+
+    /// The Prometheus listener's address (with `--prometheus-addr` only).
+    pub fn prometheus_addr(&self) -> SocketAddr {
+        match self.prometheus_addr {
+            Some(addr) => addr,
+            None => panic!("this ratekeeper serves no Prometheus listener"),
+        }
     }
 
     /// The peer listener's address (cluster mode only).
@@ -275,9 +287,10 @@ struct Serving {
     http_addr: SocketAddr,
     admin_addr: SocketAddr,
     peer_addr: Option<SocketAddr>,
+    prometheus_addr: Option<SocketAddr>,
 }
 
-/// `ratekeeper serving grpc=ADDR http=ADDR admin=ADDR [peer=ADDR]`.
+/// `ratekeeper serving grpc=ADDR http=ADDR admin=ADDR [peer=ADDR] [prometheus=ADDR]`.
 fn parse_serving_line(line: &str) -> Option<Serving> {
     let rest = line.trim().strip_prefix("ratekeeper serving ")?;
     let text = |name: &str| {
@@ -294,6 +307,7 @@ fn parse_serving_line(line: &str) -> Option<Serving> {
         http_addr: field("http")?,
         admin_addr: field("admin")?,
         peer_addr: field("peer"),
+        prometheus_addr: field("prometheus"),
     })
 }
 

@@ -1,47 +1,9 @@
-//! What the limiter answers and reports: stats and Prometheus, the near-limit ratio, the
-//! over-limit behaviour, response headers, the global modes, tracing.
+//! What the limiter answers and reports: the near-limit ratio, the over-limit behaviour,
+//! response headers, the global modes, tracing (the stats are `stats`).
 
 use super::{OTEL_ENDPOINTS, Reader};
 
 impl Reader<'_> {
-    pub(super) fn stats(&mut self) {
-        let scrape = "ratekeeper keeps Prometheus metrics, scraped at /metrics on PORT (and \
-                      DEBUG_PORT)";
-        if self.is_true("USE_DOG_STATSD") {
-            let text = format!("ratekeeper does not send DogStatsD: {scrape}");
-            self.refuse("USE_DOG_STATSD", text);
-        }
-        if self.is_true("USE_STATSD") {
-            self.warn(
-                "USE_STATSD",
-                format!("ignored, nothing is pushed: {scrape}"),
-            );
-        }
-        if self.is_true("DISABLE_STATS") {
-            self.warn("DISABLE_STATS", format!("ignored: {scrape}"));
-        }
-        if self.is_true("USE_PROMETHEUS") {
-            self.warn(
-                "USE_PROMETHEUS",
-                "ignored: the metrics are at /metrics on PORT (and DEBUG_PORT), not on \
-                 PROMETHEUS_ADDR: point the scrape there (their names: docs/metrics.md)",
-            );
-        }
-        self.unused(
-            &[
-                "USE_DOG_STATSD_MOGRIFIERS",
-                "STATSD_HOST",
-                "STATSD_PORT",
-                "EXTRA_TAGS",
-                "STATS_FLUSH_INTERVAL",
-                "PROMETHEUS_ADDR",
-                "PROMETHEUS_PATH",
-                "PROMETHEUS_MAPPER_YAML",
-            ],
-            scrape,
-        );
-    }
-
     pub(super) fn limiter(&mut self) {
         if let Some(ratio) = self.get("NEAR_LIMIT_RATIO") {
             match ratio.parse::<f64>() {

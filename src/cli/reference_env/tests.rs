@@ -842,16 +842,15 @@ fn counting_rejected_hits_follows_stop_cache_key_increment_when_overlimit() {
 #[test]
 fn harmless_variables_are_ignored_with_a_warning_that_says_so() {
     let env = [
-        ("USE_STATSD", "true"),
+        // Set without USE_STATSD or USE_PROMETHEUS, they change nothing.
         ("STATSD_HOST", "statsd"),
         ("STATSD_PORT", "9125"),
         ("STATS_FLUSH_INTERVAL", "5s"),
         ("EXTRA_TAGS", "env:prod"),
+        ("PROMETHEUS_ADDR", ":9090"),
         ("GRPC_MAX_CONNECTION_AGE", "1h"),
         ("EXPIRATION_JITTER_MAX_SECONDS", "60"),
         ("LOCAL_CACHE_SIZE_IN_BYTES", "1048576"),
-        ("USE_PROMETHEUS", "true"),
-        ("PROMETHEUS_ADDR", ":9090"),
         ("REDIS_PIPELINE_WINDOW", "150us"),
     ];
     let mut warned = ignored(&env);
@@ -863,6 +862,98 @@ fn harmless_variables_are_ignored_with_a_warning_that_says_so() {
     let same = mapping(&[("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "true")], &[]);
     assert!(same.warnings.is_empty() && same.errors.is_empty() && same.flags.is_empty());
     assert_eq!(same.applied, ["STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"]);
+}
+
+/// Envoy Gateway's two ways: a statsd_exporter sidecar fed by `USE_STATSD`, or the
+/// reference's own Prometheus listener with its mapping file.
+#[test]
+fn stats_map_to_the_statsd_push_and_the_prometheus_listener() {
+    check(
+        &[("USE_STATSD", "true"), ("STATSD_PORT", "9125")],
+        &["--statsd=localhost:9125"],
+    );
+    check(
+        &[
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", "fd00::1"),
+            ("STATSD_PORT", "9125"),
+            ("STATS_FLUSH_INTERVAL", "5s"),
+            ("EXTRA_TAGS", "env:prod,zone:a"),
+        ],
+        &[
+            "--statsd=[fd00::1]:9125",
+            "--statsd-flush-interval=5s",
+            "--stats-tag=env:prod,zone:a",
+        ],
+    );
+    let newer = [
+        ("USE_STATSD", "false"),
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":19001"),
+        ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+    ];
+    let expected = [
+        "--prometheus-addr=:19001",
+        "--prometheus-mapping=/etc/statsd-exporter/conf.yaml",
+    ];
+    check(&newer, &expected);
+    check(
+        &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "/stats")],
+        &["--prometheus-addr=:9090", "--prometheus-path=/stats"],
+    );
+    // What the flags mean: the listener on every interface, the mapping file.
+    let mut args = vec!["ratekeeper".to_owned(), "serve".to_owned()];
+    args.extend(flags(&newer));
+    let cli = Cli::try_parse_from(&args).expect("ratekeeper takes the flags");
+    let Command::Serve(serve) = cli.command else {
+        panic!("serve expected");
+    };
+    let reference = serve.server_options().expect("valid flags").reference;
+    let prometheus = reference.prometheus.expect("a listener");
+    assert_eq!(
+        prometheus.addr,
+        "0.0.0.0:19001".parse().expect("an address")
+    );
+    assert_eq!(prometheus.path, "/metrics");
+    assert_eq!(
+        prometheus.mapping.as_deref(),
+        Some(std::path::Path::new("/etc/statsd-exporter/conf.yaml"))
+    );
+    assert_eq!(reference.statsd, None);
+    // The interval is read at each scrape with Prometheus; nothing at all with
+    // DISABLE_STATS, as the reference.
+    let scrape = [("USE_PROMETHEUS", "true"), ("STATS_FLUSH_INTERVAL", "1s")];
+    assert_eq!(mapping(&scrape, &[]).warnings.len(), 1);
+    let disabled = [("DISABLE_STATS", "true"), ("USE_STATSD", "true")];
+    assert_eq!(ignored(&disabled), ["USE_STATSD"]);
+    // Ours win.
+    let ours = mapping(&[("USE_STATSD", "true")], &["statsd"]);
+    assert!(ours.flags.is_empty());
+    assert_eq!(ours.overridden, [("USE_STATSD", "--statsd")]);
+}
+
+#[test]
+fn stats_the_reference_would_refuse_are_refused() {
+    for (env, variable) in [
+        (
+            &[("USE_STATSD", "true"), ("USE_PROMETHEUS", "true")][..],
+            "USE_PROMETHEUS",
+        ),
+        (
+            &[("USE_STATSD", "true"), ("STATSD_PORT", "x")],
+            "STATSD_PORT",
+        ),
+        (
+            &[("USE_PROMETHEUS", "true"), ("PROMETHEUS_ADDR", "nowhere")],
+            "PROMETHEUS_ADDR",
+        ),
+        (
+            &[("USE_STATSD", "true"), ("EXTRA_TAGS", "a:b,c")],
+            "EXTRA_TAGS",
+        ),
+    ] {
+        assert_eq!(refused(env), [variable], "{env:?}");
+    }
 }
 
 #[test]
