@@ -132,7 +132,7 @@ impl Ratekeeper {
             mut http_addr,
             mut admin_addr,
             peer_addr,
-            prometheus_addr,
+            mut prometheus_addr,
         }) = parse_serving_line(&line)
         else {
             process.fail(&format!("printed {line:?} instead of the serving line"));
@@ -147,6 +147,7 @@ impl Ratekeeper {
             };
             http_addr = reached(http_addr);
             admin_addr = reached(admin_addr);
+            prometheus_addr = prometheus_addr.map(reached);
             if let Grpc::Tcp(addr) = grpc {
                 grpc = Grpc::Tcp(reached(addr));
             }

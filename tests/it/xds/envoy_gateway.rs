@@ -53,9 +53,10 @@ const SERVICE_NAME: &str = "envoy-ratelimit.envoy-gateway-system.svc.cluster.loc
 /// How soon a policy pushed over xDS must be enforced on every pod.
 const LIVE_WITHIN: Duration = Duration::from_secs(1);
 
-/// The environment of Envoy Gateway's rate limit container, in its order; `{certs}` is
-/// where Envoy Gateway mounts the Secret `envoy-rate-limit`.
-const ENVOY_GATEWAY_ENV: [(&str, &str); 19] = [
+/// The environment of Envoy Gateway's rate limit container, in its order (with its newer
+/// releases' Prometheus mode); `{certs}` is where Envoy Gateway mounts the Secret
+/// `envoy-rate-limit`, `{statsd_exporter}` its ConfigMap of the mapping file.
+const ENVOY_GATEWAY_ENV: [(&str, &str); 23] = [
     ("REDIS_SOCKET_TYPE", "tcp"),
     ("REDIS_URL", "redis.redis.svc:6379"),
     ("RUNTIME_ROOT", "/data"),
@@ -75,6 +76,10 @@ const ENVOY_GATEWAY_ENV: [(&str, &str); 19] = [
     ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "{certs}/tls.crt"),
     ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "{certs}/tls.key"),
     ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "{certs}/ca.crt"),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+    ("USE_PROMETHEUS", "true"),
+    ("PROMETHEUS_ADDR", ":19001"),
+    ("PROMETHEUS_MAPPER_YAML", "{statsd_exporter}/conf.yaml"),
 ];
 
 /// A `RateLimitConfig` as Envoy Gateway's translator emits it for one listener: the route
@@ -161,6 +166,10 @@ impl Files {
         let peers = TestCa::new("envoy-ratelimit-peer-ca");
         peers.write(&peer_tls, "ca.crt");
         peers.peer(&[PEERS_SERVICE]).write(&peer_tls, "tls");
+        let mapping = dir.path().join("statsd-exporter");
+        std::fs::create_dir_all(&mapping).expect("a directory for the ConfigMap");
+        let file = "src/metrics/reference/testdata/envoy-gateway-statsd.yaml";
+        write_config(&mapping, "conf.yaml", &read_repo_file(file));
         let link = dir.path().join("ratelimit");
         std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ratekeeper"), link).expect("a link");
         let envoy = pki.ca.client(&["envoy"]);
@@ -170,11 +179,13 @@ impl Files {
     /// The pod at `pod_ip`'s whole environment.
     fn env(&self, pod_ip: &str, xds_port: u16) -> BTreeMap<String, String> {
         let certs = self.dir.path().join("certs").display().to_string();
+        let mapping = self.dir.path().join("statsd-exporter").display().to_string();
         let mut env: BTreeMap<String, String> = ENVOY_GATEWAY_ENV
             .iter()
             .map(|(name, value)| {
                 let value = value
                     .replace("{certs}", &certs)
+                    .replace("{statsd_exporter}", &mapping)
                     .replace("{xds_port}", &xds_port.to_string());
                 ((*name).to_owned(), value)
             })
@@ -254,6 +265,25 @@ async fn admitted(
     admitted
 }
 
+/// What pod `pod`'s Prometheus listener serves: the reference's stats, mapped; checks that
+/// it is at port 19001 on the pod's own address.
+fn scrape_reference_stats(pod: &Ratekeeper) -> String {
+    let addr = pod.prometheus_addr();
+    assert_eq!((addr.ip(), addr.port()), (pod.http_addr().ip(), 19001));
+    let scrape = http_get(addr, "/metrics", &[]).expect("the Prometheus listener answers");
+    assert_eq!(scrape.status, 200, "{}", scrape.body);
+    scrape.body
+}
+
+/// The sum of the samples in `scrape` whose line starts with `prefix` (every label set).
+fn sample_sum(scrape: &str, prefix: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|line| line.starts_with(prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Whether every pod's `/rlconfig` says the user limit is `per_hour`.
 fn every_pod_has(pods: &[Ratekeeper], per_hour: u32) -> bool {
     let wanted = format!("{USER_KEY}: unit=HOUR requests_per_unit={per_hour}");
@@ -315,6 +345,14 @@ async fn three_pods_with_envoy_gateways_environment_share_one_limit_without_redi
         clients.push(envoy_client(pod.grpc_addr(), &files).await);
     }
     assert_eq!(admitted(&mut clients, "alice", 4).await, 5);
+    // Each pod counts what it answered, under the reference's names as Envoy Gateway's
+    // mapping file makes them, on the Prometheus listener at :19001.
+    let scrapes: Vec<String> = pods.iter().map(scrape_reference_stats).collect();
+    for (stat, count) in [("total_hits", 12.0), ("within_limit", 5.0), ("over_limit", 7.0)] {
+        let name = format!("ratelimit_service_rate_limit_{stat}_total{{");
+        let sum: f64 = scrapes.iter().map(|scrape| sample_sum(scrape, &name)).sum();
+        assert_eq!(sum, count, "{stat} across the pods: {scrapes:#?}");
+    }
 
     // A policy change goes live on every pod within a second.
     xds.publish("2", &[policy(8)]);
