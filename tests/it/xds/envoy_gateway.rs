@@ -82,26 +82,54 @@ const ENVOY_GATEWAY_ENV: [(&str, &str); 23] = [
     ("PROMETHEUS_MAPPER_YAML", "{statsd_exporter}/conf.yaml"),
 ];
 
-/// A `RateLimitConfig` as Envoy Gateway's translator emits it for one listener: the route
-/// rule's descriptor, and under it the header's, limited to `per_hour`.
+/// The route rules of the other shapes Envoy Gateway's translator writes: a client IP
+/// match (every address of a CIDR counted apart), `requests: 0`, and a shadow-mode limit.
+const BY_IP_KEY: &str = "httproute/default/backend/rule/1/match/0/www_example_com";
+const BLOCKED_KEY: &str = "httproute/default/backend/rule/2/match/0/www_example_com";
+const SHADOW_KEY: &str = "httproute/default/backend/rule/3/match/0/www_example_com";
+
+/// A `RateLimitConfig` as Envoy Gateway's translator emits it for one listener: each route
+/// rule's descriptor, and under the first the header's, limited to `per_hour`; under the
+/// others a client IP match (2 an hour per address in `0.0.0.0/0`), `requests: 0`, and a
+/// shadow-mode limit of 1.
 fn policy(per_hour: u32) -> RateLimitConfig {
+    let limit = |requests_per_unit: u32| {
+        Some(RateLimitPolicy {
+            unit: RateLimitUnit::Hour.into(),
+            requests_per_unit,
+            ..RateLimitPolicy::default()
+        })
+    };
+    let rule = |key: &str, descriptors: Vec<RateLimitDescriptor>| RateLimitDescriptor {
+        key: key.to_owned(),
+        value: key.to_owned(),
+        descriptors,
+        ..RateLimitDescriptor::default()
+    };
+    let leaf = |key: &str, rate_limit| RateLimitDescriptor {
+        key: key.to_owned(),
+        rate_limit,
+        ..RateLimitDescriptor::default()
+    };
+    let masked = RateLimitDescriptor {
+        key: "masked_remote_address".to_owned(),
+        value: "0.0.0.0/0".to_owned(),
+        descriptors: vec![leaf("remote_address", limit(2))],
+        ..RateLimitDescriptor::default()
+    };
+    let shadow = RateLimitDescriptor {
+        shadow_mode: true,
+        ..leaf(USER_KEY, limit(1))
+    };
     RateLimitConfig {
         name: DOMAIN.to_owned(),
         domain: DOMAIN.to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            key: ROUTE_KEY.to_owned(),
-            value: ROUTE_KEY.to_owned(),
-            descriptors: vec![RateLimitDescriptor {
-                key: USER_KEY.to_owned(),
-                rate_limit: Some(RateLimitPolicy {
-                    unit: RateLimitUnit::Hour.into(),
-                    requests_per_unit: per_hour,
-                    ..RateLimitPolicy::default()
-                }),
-                ..RateLimitDescriptor::default()
-            }],
-            ..RateLimitDescriptor::default()
-        }],
+        descriptors: vec![
+            rule(ROUTE_KEY, vec![leaf(USER_KEY, limit(per_hour))]),
+            rule(BY_IP_KEY, vec![masked]),
+            rule(BLOCKED_KEY, vec![leaf(USER_KEY, limit(0))]),
+            rule(SHADOW_KEY, vec![shadow]),
+        ],
     }
 }
 
@@ -179,7 +207,12 @@ impl Files {
     /// The pod at `pod_ip`'s whole environment.
     fn env(&self, pod_ip: &str, xds_port: u16) -> BTreeMap<String, String> {
         let certs = self.dir.path().join("certs").display().to_string();
-        let mapping = self.dir.path().join("statsd-exporter").display().to_string();
+        let mapping = self
+            .dir
+            .path()
+            .join("statsd-exporter")
+            .display()
+            .to_string();
         let mut env: BTreeMap<String, String> = ENVOY_GATEWAY_ENV
             .iter()
             .map(|(name, value)| {
@@ -348,7 +381,11 @@ async fn three_pods_with_envoy_gateways_environment_share_one_limit_without_redi
     // Each pod counts what it answered, under the reference's names as Envoy Gateway's
     // mapping file makes them, on the Prometheus listener at :19001.
     let scrapes: Vec<String> = pods.iter().map(scrape_reference_stats).collect();
-    for (stat, count) in [("total_hits", 12.0), ("within_limit", 5.0), ("over_limit", 7.0)] {
+    for (stat, count) in [
+        ("total_hits", 12.0),
+        ("within_limit", 5.0),
+        ("over_limit", 7.0),
+    ] {
         let name = format!("ratelimit_service_rate_limit_{stat}_total{{");
         let sum: f64 = scrapes.iter().map(|scrape| sample_sum(scrape, &name)).sum();
         assert_eq!(sum, count, "{stat} across the pods: {scrapes:#?}");
@@ -368,37 +405,47 @@ async fn three_pods_with_envoy_gateways_environment_share_one_limit_without_redi
     let dir = files.dir.path().to_owned();
     let (cert, key) = files.envoy.write(&dir, "envoy");
     let tls = [cert, key, files.pki.ca.write(&dir, "envoy-ca.crt")];
-    let answers =
-        tokio::task::spawn_blocking(move || through_envoy(&dir, &tls, &endpoints, "carol", 12))
-            .await
-            .expect("Envoy's requests");
-    assert_eq!(answers, [vec![200; 8], vec![429; 4]].concat());
+    let answers = tokio::task::spawn_blocking(move || through_envoy(&dir, &tls, &endpoints))
+        .await
+        .expect("Envoy's requests");
+    let expected = [
+        ("/", [vec![200; 8], vec![429; 4]].concat()),
+        ("/by-ip", vec![200, 200, 429, 429]),
+        ("/blocked", vec![429, 429]),
+        ("/shadow", vec![200, 200, 200]),
+    ];
+    assert_eq!(
+        answers,
+        expected.map(|(path, statuses)| (path.to_owned(), statuses))
+    );
     drop(pods);
 }
 
-/// Sends `count` requests of `user` through a real Envoy whose rate limit filter asks
+/// Sends requests of the user `carol` through a real Envoy whose rate limit filter asks
 /// `endpoints` over mutual TLS (`tls`: its client certificate and key, and the CA the
-/// service's certificate is checked against, with its name), with the route's actions as
-/// Envoy Gateway writes them: the answers' statuses, in order.
+/// service's certificate is checked against, with its name), with the routes' actions as
+/// Envoy Gateway writes them: each path asked and its answers' statuses, in order (12 on
+/// the header's rule, 4 on the client IP's, 2 on the blocked one, 3 on the shadow one).
 fn through_envoy(
     dir: &Path,
     tls: &[PathBuf; 3],
     endpoints: &[SocketAddr],
-    user: &str,
-    count: usize,
-) -> Vec<u16> {
+) -> [(String, Vec<u16>); 4] {
     let upstream = Upstream::start();
     let [cert, key, ca] = tls;
     let config = envoy_gateway_bootstrap(upstream.addr().port(), endpoints, [cert, key, ca]);
     let config = write_config(dir, "envoy.yaml", &config);
     let mut envoy = Envoy::start(&config, dir);
     let listener = envoy.listener_addr("default/eg/http");
-    (0..count)
-        .map(|_| {
-            let answer = http_get(listener, "/", &[("x-user-id", user)]);
-            answer.map_or(0, |answer| answer.status)
-        })
-        .collect()
+    [("/", 12), ("/by-ip", 4), ("/blocked", 2), ("/shadow", 3)].map(|(path, count)| {
+        let statuses = (0..count)
+            .map(|_| {
+                let answer = http_get(listener, path, &[("x-user-id", "carol")]);
+                answer.map_or(0, |answer| answer.status)
+            })
+            .collect();
+        (path.to_owned(), statuses)
+    })
 }
 
 /// Envoy's bootstrap as Envoy Gateway's translator writes the parts that matter here: the
@@ -439,6 +486,28 @@ static_resources:
                     - name: default/eg/http/www_example_com
                       domains: ["*"]
                       routes:
+                        - match: {{ path: "/by-ip" }}
+                          route:
+                            cluster: app
+                            rate_limits:
+                              - actions:
+                                  - generic_key: {{ descriptor_key: {BY_IP_KEY}, descriptor_value: {BY_IP_KEY} }}
+                                  - masked_remote_address: {{ v4_prefix_mask_len: 0 }}
+                                  - remote_address: {{}}
+                        - match: {{ path: "/blocked" }}
+                          route:
+                            cluster: app
+                            rate_limits:
+                              - actions:
+                                  - generic_key: {{ descriptor_key: {BLOCKED_KEY}, descriptor_value: {BLOCKED_KEY} }}
+                                  - request_headers: {{ header_name: x-user-id, descriptor_key: {USER_KEY} }}
+                        - match: {{ path: "/shadow" }}
+                          route:
+                            cluster: app
+                            rate_limits:
+                              - actions:
+                                  - generic_key: {{ descriptor_key: {SHADOW_KEY}, descriptor_value: {SHADOW_KEY} }}
+                                  - request_headers: {{ header_name: x-user-id, descriptor_key: {USER_KEY} }}
                         - match: {{ prefix: "/" }}
                           route:
                             cluster: app
