@@ -112,6 +112,53 @@ fn the_reference_entry_point_serves_on_every_interface_with_no_argument() {
     );
 }
 
+/// Envoy Gateway runs the container with a read-only root filesystem: the reference's entry
+/// point, in a mount namespace whose root (the limits files' directory included) is
+/// remounted read-only, starts, answers, reloads its limits on SIGHUP and exits cleanly on
+/// SIGTERM, and never met a read-only file system on the way. Needs root (`unshare`), as
+/// the other namespace tests.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_reference_entry_point_runs_on_a_read_only_root_filesystem() {
+    let dir = TempDir::new("read-only-root");
+    let config = dir.path().join("rl").join("config");
+    std::fs::create_dir_all(&config).expect("the runtime directory");
+    write_config(&config, "limits.yaml", LIMITS);
+    let link = dir.path().join("ratelimit");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ratekeeper"), &link).expect("a link");
+    let (http, grpc) = (free_port(), free_port());
+    // `unshare` and `sh` exec: the process signalled below is ratekeeper itself.
+    let mut command = crate::support::ratekeeper_command_as(Path::new("unshare"));
+    command
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount -o remount,bind,ro / && exec "$0""#)
+        .arg(&link)
+        .envs([
+            ("RUNTIME_ROOT", dir.path().to_string_lossy().into_owned()),
+            ("RUNTIME_SUBDIRECTORY", "rl".to_owned()),
+            ("PORT", http.to_string()),
+            ("GRPC_PORT", grpc.to_string()),
+        ]);
+    let mut node = tokio::task::spawn_blocking(move || {
+        Ratekeeper::start_command(&mut command, IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+    })
+    .await
+    .expect("starts");
+    let written = std::fs::write(dir.path().join("probe"), "x");
+    assert!(written.is_ok(), "the test's own view stays writable");
+    let mut client = grpc_client(&node).await;
+    assert_eq!(edge_decide(&mut client, "read-only").await, Code::Ok);
+    node.process().signal("-HUP");
+    let reloaded = node.stderr_with("SIGHUP: reloading limits");
+    assert!(reloaded.contains("SIGHUP: reloading limits"), "{reloaded}");
+    assert_eq!(edge_decide(&mut client, "read-only").await, Code::Ok);
+    node.process().signal("-TERM");
+    let exited =
+        crate::support::eventually_some(Duration::from_secs(10), || node.process().exited());
+    let stderr = node.stderr();
+    assert!(exited.is_some_and(|status| status.success()), "{stderr}");
+    assert!(!stderr.contains("Read-only file system"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_kubernetes_example_environment_alone_serves_its_ports_files_and_redis() {
     let root = TempDir::new("reference-env");
