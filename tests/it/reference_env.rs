@@ -137,6 +137,8 @@ async fn the_reference_entry_point_runs_on_a_read_only_root_filesystem() {
             ("RUNTIME_SUBDIRECTORY", "rl".to_owned()),
             ("PORT", http.to_string()),
             ("GRPC_PORT", grpc.to_string()),
+            // Not the default 6070, which the test above takes at the same time.
+            ("DEBUG_PORT", free_port().to_string()),
         ]);
     let mut node = tokio::task::spawn_blocking(move || {
         Ratekeeper::start_command(&mut command, IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
