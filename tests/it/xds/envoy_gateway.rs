@@ -244,6 +244,28 @@ fn start_pod(
     Ratekeeper::start_command(&mut command, net.client_ip(node))
 }
 
+/// Starts the three pods at once, as a Deployment's start, the control plane at
+/// `envoy-gateway:xds_port`.
+fn start_pods(net: &Netns, files: &Files, xds_port: u16) -> Vec<Ratekeeper> {
+    std::thread::scope(|scope| {
+        let starting: Vec<_> = (0..3)
+            .map(|node| {
+                scope.spawn(move || {
+                    let env = files.env(&net.peer_ip(node).to_string(), xds_port);
+                    start_pod(net, node, files, &env)
+                })
+            })
+            .collect();
+        starting
+            .into_iter()
+            .map(|pod| {
+                pod.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
+}
+
 /// A client of the pod serving gRPC at `addr`, as an Envoy of Envoy Gateway's: over TLS,
 /// checking the service's name, presenting its client certificate.
 async fn envoy_client(addr: SocketAddr, files: &Files) -> RateLimitServiceClient<Channel> {
@@ -338,24 +360,7 @@ async fn three_pods_with_envoy_gateways_environment_share_one_limit_without_redi
 
     // The three pods start at once, as a Deployment's do; each is ready on its own address
     // at 8080 (the kubelet's probe), with no PORT set.
-    let (shared, files_ref, port) = (&net, &files, xds.addr.port());
-    let pods: Vec<Ratekeeper> = std::thread::scope(|scope| {
-        let starting: Vec<_> = (0..3)
-            .map(|node| {
-                scope.spawn(move || {
-                    let env = files_ref.env(&shared.peer_ip(node).to_string(), port);
-                    start_pod(shared, node, files_ref, &env)
-                })
-            })
-            .collect();
-        starting
-            .into_iter()
-            .map(|pod| {
-                pod.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-            .collect()
-    });
+    let pods = start_pods(&net, &files, xds.addr.port());
     for (node, pod) in pods.iter().enumerate() {
         assert_eq!(pod.http_addr(), SocketAddr::new(net.client_ip(node), 8080));
         assert_eq!(pod.grpc_addr(), SocketAddr::new(net.client_ip(node), 8081));
