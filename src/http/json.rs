@@ -50,7 +50,7 @@ struct JsonOverride {
     unit: String,
 }
 
-/// A parsed body whose units are checked: [`JsonRequest::query`] cannot fail.
+/// A parsed body whose units are checked: [`ParsedRequest::query`] cannot fail.
 pub(crate) struct ParsedRequest {
     request: JsonRequest,
     limits: Vec<Option<LimitOverride>>,
