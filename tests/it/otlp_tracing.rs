@@ -270,19 +270,40 @@ async fn spans_arrive(collector: &HttpCollector, count: usize) -> bool {
 /// Spans leave every 200 ms instead of the SDK's 5 s, so the tests wait less.
 const QUICK_BATCHES: (&str, &str) = ("OTEL_BSP_SCHEDULE_DELAY", "200");
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spans_reach_an_otlp_http_collector_with_the_resource_attributes() {
-    let dir = TempDir::new("tracing-http");
+/// An OTLP/HTTP collector and a ratekeeper started with `args` and `env` (quick batches
+/// added), where `ENDPOINT` stands for the collector's base URL. Keep the dir as long as
+/// the node.
+async fn traced_by_http(
+    label: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (TempDir, HttpCollector, Ratekeeper) {
+    let dir = TempDir::new(label);
     let config = write_config(dir.path(), "limits.yaml", LIMITS);
     let (collector, addr) = start_http_collector().await;
     let endpoint = format!("http://{addr}");
-    let node = Ratekeeper::start_with_env(
-        &config,
+    let at = |text: &str| text.replace("ENDPOINT", &endpoint);
+    let args: Vec<String> = args.iter().map(|arg| at(arg)).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let env: Vec<(&str, String)> = env.iter().map(|(name, value)| (*name, at(value))).collect();
+    let mut env: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect();
+    env.push(QUICK_BATCHES);
+    let node = Ratekeeper::start_with_env(&config, &args, &env);
+    (dir, collector, node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_an_otlp_http_collector_with_the_resource_attributes() {
+    let (_dir, collector, node) = traced_by_http(
+        "tracing-http",
         &[
             "--otlp-protocol",
             "http",
             "--otlp-endpoint",
-            &endpoint,
+            "ENDPOINT",
             "--otlp-service-name",
             "rk-http",
             "--otlp-service-namespace",
@@ -290,8 +311,9 @@ async fn spans_reach_an_otlp_http_collector_with_the_resource_attributes() {
             "--otlp-service-instance-id",
             "rk-0",
         ],
-        &[QUICK_BATCHES],
-    );
+        &[],
+    )
+    .await;
     let mut client = client(&node).await;
     for _ in 0..2 {
         client.should_rate_limit(request()).await.expect("answers");
@@ -324,22 +346,19 @@ async fn spans_reach_an_otlp_http_collector_with_the_resource_attributes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_rate_zero_traces_only_the_calls_their_caller_sampled() {
-    let dir = TempDir::new("tracing-sampling");
-    let config = write_config(dir.path(), "limits.yaml", LIMITS);
-    let (collector, addr) = start_http_collector().await;
-    let endpoint = format!("http://{addr}");
-    let node = Ratekeeper::start_with_env(
-        &config,
+    let (_dir, collector, node) = traced_by_http(
+        "tracing-sampling",
         &[
             "--otlp-protocol",
             "http",
             "--otlp-endpoint",
-            &endpoint,
+            "ENDPOINT",
             "--otlp-sampling-rate",
             "0",
         ],
-        &[QUICK_BATCHES],
-    );
+        &[],
+    )
+    .await;
     let mut client = client(&node).await;
     for _ in 0..20 {
         client
@@ -360,22 +379,18 @@ async fn sampling_rate_zero_traces_only_the_calls_their_caller_sampled() {
 /// OTEL_EXPORTER_OTLP_ENDPOINT, its service name, namespace and sampling rate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_references_tracing_environment_exports_over_otlp_http_unchanged() {
-    let dir = TempDir::new("tracing-reference");
-    let config = write_config(dir.path(), "limits.yaml", LIMITS);
-    let (collector, addr) = start_http_collector().await;
-    let endpoint = format!("http://{addr}");
-    let node = Ratekeeper::start_with_env(
-        &config,
+    let (_dir, collector, node) = traced_by_http(
+        "tracing-reference",
         &[],
         &[
-            QUICK_BATCHES,
             ("TRACING_ENABLED", "true"),
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "ENDPOINT"),
             ("TRACING_SERVICE_NAME", "envoy-ratelimit"),
             ("TRACING_SERVICE_NAMESPACE", "envoy-gateway-system"),
             ("TRACING_SAMPLING_RATE", "1"),
         ],
-    );
+    )
+    .await;
     let mut client = client(&node).await;
     client
         .should_rate_limit(request_without_context())

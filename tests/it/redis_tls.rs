@@ -39,6 +39,25 @@ fn path(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
 }
 
+/// `--store url` over TLS with `tls`'s CA and client certificate, the deny policy, and a
+/// store deadline of `timeout`.
+fn store_flags<'a>(url: &'a str, tls: &'a RedisTls, timeout: &'a str) -> [&'a str; 12] {
+    [
+        "--store",
+        url,
+        "--store-tls-ca",
+        path(&tls.ca),
+        "--store-tls-cert",
+        path(&tls.client_cert),
+        "--store-tls-key",
+        path(&tls.client_key),
+        "--store-failure",
+        "deny",
+        "--store-timeout",
+        timeout,
+    ]
+}
+
 #[test]
 fn limits_are_exact_over_a_tls_redis_requiring_client_certificates() {
     let dir = TempDir::new("redis-tls-exact");
@@ -46,23 +65,7 @@ fn limits_are_exact_over_a_tls_redis_requiring_client_certificates() {
     let redis = RedisServer::start_tls(dir.path(), &tls, &["--requirepass", PASSWORD]);
     let config = write_config(dir.path(), "limits.yaml", LIMITS);
     let url = format!("rediss://:{PASSWORD}@127.0.0.1:{}", redis.port());
-    let ours = Ratekeeper::start(
-        &config,
-        &[
-            "--store",
-            &url,
-            "--store-tls-ca",
-            path(&tls.ca),
-            "--store-tls-cert",
-            path(&tls.client_cert),
-            "--store-tls-key",
-            path(&tls.client_key),
-            "--store-failure",
-            "deny",
-            "--store-timeout",
-            "5s",
-        ],
-    );
+    let ours = Ratekeeper::start(&config, &store_flags(&url, &tls, "5s"));
     // Envoy Gateway's variables, nothing of ours but the limits and the listeners.
     let port = redis.port().to_string();
     let reference = Ratekeeper::start_with_env(
@@ -240,23 +243,7 @@ fn rotated_files_are_taken_when_redis_must_be_reached_again() {
     let mut redis = RedisServer::start_tls(dir.path(), &tls, &[]);
     let config = write_config(dir.path(), "limits.yaml", LIMITS);
     let url = format!("rediss://127.0.0.1:{}", redis.port());
-    let node = Ratekeeper::start(
-        &config,
-        &[
-            "--store",
-            &url,
-            "--store-tls-ca",
-            path(&tls.ca),
-            "--store-tls-cert",
-            path(&tls.client_cert),
-            "--store-tls-key",
-            path(&tls.client_key),
-            "--store-failure",
-            "deny",
-            "--store-timeout",
-            "2s",
-        ],
-    );
+    let node = Ratekeeper::start(&config, &store_flags(&url, &tls, "2s"));
     assert_eq!(ask(node.http_addr(), "before"), 200, "counted in redis");
     redis.kill();
     // The same paths, every file renewed under a new CA.
@@ -284,23 +271,7 @@ fn a_tls_redis_cluster_keeps_exact_limits() {
     let url = cluster.url();
     assert!(url.starts_with("rediss-cluster://"), "{url}");
     let config = write_config(dir.path(), "limits.yaml", LIMITS);
-    let node = Ratekeeper::start(
-        &config,
-        &[
-            "--store",
-            &url,
-            "--store-tls-ca",
-            path(&tls.ca),
-            "--store-tls-cert",
-            path(&tls.client_cert),
-            "--store-tls-key",
-            path(&tls.client_key),
-            "--store-failure",
-            "deny",
-            "--store-timeout",
-            "5s",
-        ],
-    );
+    let node = Ratekeeper::start(&config, &store_flags(&url, &tls, "5s"));
     // Keys spread over the masters' slots; each has its own limit of 10.
     for key in ["a", "b", "c", "d"] {
         let admitted = (0..12)
