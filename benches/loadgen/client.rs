@@ -261,7 +261,7 @@ async fn drive(config: &Config) -> Result<Report, String> {
             let worker = Worker {
                 sender: link.sender.clone(),
                 generation: 0,
-                link: link.failover.then(|| Arc::clone(link)),
+                link: link.fails_over().then(|| Arc::clone(link)),
                 uri: uri.clone(),
                 bodies,
                 schedule: schedule.clone(),
@@ -341,9 +341,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 struct Link {
     /// The first connection, cloned by the workers.
     sender: SendRequest<Bytes>,
-    /// Whether `fallbacks` were given: a broken connection is replaced, a refused call sent
-    /// again.
-    failover: bool,
     /// `addr`, then the fallbacks: the order new connections try.
     endpoints: Vec<SocketAddr>,
     /// The connection now and its generation (0 for the first); replaced by one worker.
@@ -351,12 +348,17 @@ struct Link {
 }
 
 impl Link {
+    /// Whether `fallbacks` were given: a broken connection is replaced, a refused call sent
+    /// again.
+    fn fails_over(&self) -> bool {
+        self.endpoints.len() > 1
+    }
+
     async fn open(config: &Config) -> Result<Arc<Link>, String> {
         let sender = connect(config.addr).await?;
         Ok(Arc::new(Link {
             current: tokio::sync::Mutex::new((0, sender.clone())),
             sender,
-            failover: !config.fallbacks.is_empty(),
             endpoints: std::iter::once(config.addr)
                 .chain(config.fallbacks.iter().copied())
                 .collect(),
